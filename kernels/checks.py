@@ -1,0 +1,66 @@
+"""Input validation shared by the GPU and CPU entry points of gate_residual."""
+
+from __future__ import annotations
+
+import torch
+
+from runner.errors import OpInputError
+
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+def check_inputs(residual, gate, y, index, *, device: str):
+    """Validate gate_residual's inputs and return them contiguous.
+
+    Rejects what eager PyTorch rejects (a float ``index``, an index out of [0, G)) and what
+    the kernels do not support (broadcasting, mixed float dtypes), each with a one-line
+    :class:`runner.errors.OpInputError`: ``residual``/``y`` must be (N, D), ``gate`` (G, D),
+    ``index`` (N,) int64/int32, all on one ``device`` type ("cuda" or "cpu"), one dtype
+    among bfloat16, float16, float32. The index range check reads two scalars back from the
+    device (one synchronisation) when N > 0.
+    """
+    tensors = {"residual": residual, "gate": gate, "y": y, "index": index}
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise OpInputError(
+                f"gate_residual: {name} must be a torch.Tensor, got {type(t).__name__}")
+    devices = {t.device for t in tensors.values()}
+    if len(devices) != 1:
+        found = ", ".join(f"{n}={t.device}" for n, t in tensors.items())
+        raise OpInputError(f"gate_residual: tensors are on different devices ({found})")
+    (dev,) = devices
+    if dev.type != device:
+        raise OpInputError(f"gate_residual: expected {device} tensors, got {dev}")
+    if index.dtype not in INDEX_DTYPES:
+        raise OpInputError(f"gate_residual: index must be int64 or int32, got {index.dtype}")
+    if residual.dtype not in FLOAT_DTYPES:
+        raise OpInputError(
+            f"gate_residual: residual must be bfloat16, float16 or float32, got {residual.dtype}"
+        )
+    for name in ("gate", "y"):
+        if tensors[name].dtype != residual.dtype:
+            raise OpInputError(
+                f"gate_residual: {name} is {tensors[name].dtype} but residual is {residual.dtype}"
+            )
+    if residual.dim() != 2 or y.shape != residual.shape:
+        raise OpInputError(
+            f"gate_residual: residual and y must both be (N, D), got {tuple(residual.shape)} "
+            f"and {tuple(y.shape)}"
+        )
+    if gate.dim() != 2 or gate.shape[1] != residual.shape[1]:
+        raise OpInputError(
+            f"gate_residual: gate must be (G, D={residual.shape[1]}), got {tuple(gate.shape)}"
+        )
+    if index.dim() != 1 or index.shape[0] != residual.shape[0]:
+        raise OpInputError(
+            f"gate_residual: index must be (N={residual.shape[0]},), got {tuple(index.shape)}"
+        )
+    if index.numel():
+        lo, hi = (int(v) for v in torch.aminmax(index))
+        if lo < 0 or hi >= gate.shape[0]:
+            bad = lo if lo < 0 else hi
+            raise OpInputError(
+                f"gate_residual: index holds {bad}, outside [0, G={gate.shape[0]})"
+            )
+    return residual.contiguous(), gate.contiguous(), y.contiguous(), index.contiguous()

@@ -1,0 +1,293 @@
+"""gate_residual on the GPU with numba.cuda: kernels, launchers, autograd Function.
+
+    out = residual + gate.index_select(0, index) * y
+
+Shapes: ``residual``, ``y``, ``out``: (N, D); ``gate``: (G, D); ``index``: (N,) int64 or int32
+in [0, G). Storage dtypes: bfloat16, float16, float32. Backward, for upstream ``grad_out``
+(N, D): ``grad_residual = grad_out`` (the same tensor, as autograd passes it through an add);
+``grad_y = gate[index] * grad_out``; ``grad_gate[k] = sum over rows i with index[i] == k of
+grad_out[i] * y[i]``.
+
+Bits (see ``kernels/rounding.py`` and ``../shared/NOTES.md``):
+
+* forward and ``grad_y`` follow eager PyTorch: the product is rounded to the storage dtype,
+  then the sum is computed in float32 and rounded again. No FMA contraction.
+* ``grad_gate`` is accumulated in float32 in the fixed order of :data:`SUMMATION_ORDER`,
+  then rounded once to the storage dtype. The order depends only on N and
+  :data:`CHUNK_ROWS` (a constant of the algorithm), never on the GPU, the block size, the
+  grid or timing; there are no atomics. ``kernels/gate_residual_cpu.py`` runs the same
+  order on the CPU and gives the same bits.
+
+Example::
+
+    >>> out = gate_residual(residual, gate, y, index)            # doctest: +SKIP
+    >>> out = GateResidual.apply(residual, gate, y, index)       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from numba import cuda, float32
+
+from kernels.rounding import CODECS, add_rn, mul_rn
+
+#: Rows per chunk of the grad_gate reduction. Part of the algorithm (it fixes the summation
+#: order), not a launch parameter.
+CHUNK_ROWS = 128
+
+SUMMATION_ORDER = (
+    "grad_gate[k, d]: rows are split into consecutive chunks of CHUNK_ROWS=128; within a "
+    "chunk, s = +0.0 then s = fadd_rn(s, fmul_rn(grad_out[i, d], y[i, d])) for rows i with "
+    "index[i] == k in increasing i; then t = +0.0 and t = fadd_rn(t, s_c) over chunks c in "
+    "increasing c; float32 throughout; t rounded once to the storage dtype."
+)
+
+#: Threads per block along the columns.
+BLOCK_COLS = 128
+#: Dynamic shared memory per block for the grad_gate accumulators, bytes (portable limit).
+MAX_SHARED_BYTES = 48 * 1024
+#: Largest grid.y: the hardware limit is 65535; rows (or chunks) beyond it are looped.
+MAX_GRID_Y = 65535
+
+
+def _make_kernels(load, store):
+    """Build the three kernels for one storage dtype's ``load``/``store`` device functions."""
+
+    @cuda.jit
+    def forward(out, residual, gate, y, index):
+        # grid: x over column blocks, y over rows (strided when N > MAX_GRID_Y)
+        col = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if col >= out.shape[1]:
+            return
+        row = cuda.blockIdx.y
+        while row < out.shape[0]:
+            k = index[row]
+            product = store(mul_rn(load(gate[k, col]), load(y[row, col])))
+            out[row, col] = store(add_rn(load(residual[row, col]), load(product)))
+            row += cuda.gridDim.y
+
+    @cuda.jit
+    def backward_chunks(grad_y, partial, grad_out, gate, y, index):
+        # grid: x over column blocks, y over chunks of CHUNK_ROWS rows (strided).
+        # Shared memory: acc[k * blockDim.x + threadIdx.x], one float32 per gate row per
+        # thread; each thread owns its slots, so no barrier is needed.
+        acc = cuda.shared.array(0, dtype=float32)
+        tx = cuda.threadIdx.x
+        width = cuda.blockDim.x
+        col = cuda.blockIdx.x * width + tx
+        n_rows = grad_out.shape[0]
+        n_gate = gate.shape[0]
+        if col >= grad_out.shape[1]:
+            return
+        chunk = cuda.blockIdx.y
+        while chunk < partial.shape[0]:
+            for k in range(n_gate):
+                acc[k * width + tx] = float32(0.0)
+            start = chunk * CHUNK_ROWS
+            stop = min(start + CHUNK_ROWS, n_rows)
+            for i in range(start, stop):
+                k = index[i]
+                go = load(grad_out[i, col])
+                grad_y[i, col] = store(mul_rn(go, load(gate[k, col])))
+                slot = k * width + tx
+                acc[slot] = add_rn(acc[slot], mul_rn(go, load(y[i, col])))
+            for k in range(n_gate):
+                partial[chunk, k, col] = acc[k * width + tx]
+            chunk += cuda.gridDim.y
+
+    @cuda.jit
+    def reduce_chunks(grad_gate, partial):
+        # one thread per (k, d) element of grad_gate; chunks summed in increasing order
+        flat = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        n_gate = grad_gate.shape[0]
+        width = grad_gate.shape[1]
+        if flat >= n_gate * width:
+            return
+        k = flat // width
+        col = flat - k * width
+        total = float32(0.0)
+        for c in range(partial.shape[0]):
+            total = add_rn(total, partial[c, k, col])
+        grad_gate[k, col] = store(total)
+
+    return forward, backward_chunks, reduce_chunks
+
+
+_KERNELS: dict[str, tuple] = {}
+
+
+def kernels_for(dtype: str):
+    """The (forward, backward_chunks, reduce_chunks) numba.cuda kernels for a storage dtype.
+
+    ``dtype`` is ``"bfloat16"``, ``"float16"`` or ``"float32"``; kernels are built once per
+    process and compiled by numba on first launch for each argument type signature.
+    Raises ``KeyError`` for any other dtype.
+    """
+    if dtype not in _KERNELS:
+        load, store, _ = CODECS[dtype]
+        _KERNELS[dtype] = _make_kernels(load, store)
+    return _KERNELS[dtype]
+
+
+def n_chunks(n_rows: int) -> int:
+    """Number of CHUNK_ROWS-row chunks the grad_gate reduction splits N rows into."""
+    return -(-n_rows // CHUNK_ROWS)
+
+
+def block_cols_for(n_gate: int) -> int:
+    """Threads per block for backward_chunks so that G float32 accumulators fit in shared memory.
+
+    Raises ``ValueError`` when G > MAX_SHARED_BYTES / (4 * 32) = 384 gate rows.
+    """
+    width = BLOCK_COLS
+    while width > 32 and n_gate * width * 4 > MAX_SHARED_BYTES:
+        width //= 2
+    if n_gate * width * 4 > MAX_SHARED_BYTES:
+        raise ValueError(
+            f"gate has {n_gate} rows; the shared-memory accumulators hold at most "
+            f"{MAX_SHARED_BYTES // (4 * 32)}"
+        )
+    return width
+
+
+def launch_forward(out, residual, gate, y, index, dtype: str, stream=0, *,
+                   block_cols: int = BLOCK_COLS, max_grid_y: int = MAX_GRID_Y) -> None:
+    """Launch the forward kernel on device arrays (numba device arrays, or numpy in the simulator).
+
+    Arrays hold the storage dtype's elements (bfloat16 as int16 bits); shapes as in the module
+    docstring; ``out`` is written in full. Nothing is checked here: see :func:`gate_residual`.
+    ``block_cols`` and ``max_grid_y`` change the launch only (tests vary them: the bits must
+    not move).
+    """
+    n_rows, width = out.shape
+    if n_rows == 0 or width == 0:
+        return
+    forward, _, _ = kernels_for(dtype)
+    grid = (math.ceil(width / block_cols), min(n_rows, max_grid_y))
+    forward[grid, block_cols, stream](out, residual, gate, y, index)
+
+
+def launch_backward(grad_y, grad_gate, partial, grad_out, gate, y, index, dtype: str,
+                    stream=0, *, block_cols: int | None = None,
+                    max_grid_y: int = MAX_GRID_Y) -> None:
+    """Launch the two backward kernels on device arrays.
+
+    ``partial`` is float32 scratch of shape (n_chunks(N), G, D). Writes ``grad_y`` (N, D) and
+    ``grad_gate`` (G, D) in full (``grad_gate`` is +0.0 where no row selects a gate row).
+    ``block_cols`` (default: :func:`block_cols_for`) and ``max_grid_y`` change the launch only.
+    """
+    width = grad_out.shape[1]
+    n_gate = gate.shape[0]
+    if width == 0 or n_gate == 0:
+        return
+    _, backward_chunks, reduce_chunks = kernels_for(dtype)
+    chunks = partial.shape[0]
+    if chunks:
+        cols = block_cols or block_cols_for(n_gate)
+        grid = (math.ceil(width / cols), min(chunks, max_grid_y))
+        shared = n_gate * cols * 4
+        backward_chunks[grid, cols, stream, shared](grad_y, partial, grad_out, gate, y, index)
+    threads = 256
+    reduce_chunks[math.ceil(n_gate * width / threads), threads, stream](grad_gate, partial)
+
+
+# --------------------------------------------------------------------------- torch wrappers
+
+_STORAGE = {"bfloat16": "int16", "float16": "float16", "float32": "float32"}
+
+
+def _dtype_name(t) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _device_array(t):
+    """A numba view of a contiguous CUDA tensor's memory (bfloat16 viewed as int16), no sync."""
+    name = _dtype_name(t)
+    view = t.view(getattr(torch, _STORAGE[name])) if name in _STORAGE else t
+    return cuda.as_cuda_array(view.detach(), sync=False)
+
+
+def _stream():
+    return cuda.external_stream(torch.cuda.current_stream().cuda_stream)
+
+
+def gate_residual_forward(residual, gate, y, index):
+    """``residual + gate.index_select(0, index) * y`` with the numba.cuda forward kernel.
+
+    Args: ``residual``, ``y``: (N, D) CUDA tensors; ``gate``: (G, D); ``index``: (N,) int64
+    or int32 in [0, G); one floating dtype (bfloat16, float16 or float32) for all three.
+    Non-contiguous inputs are made contiguous. Returns a new (N, D) tensor, bitwise equal to
+    eager. Raises :class:`runner.errors.OpInputError` (a ``ValueError``) for bad input.
+    """
+    from kernels.checks import check_inputs
+
+    residual, gate, y, index = check_inputs(residual, gate, y, index, device="cuda")
+    out = torch.empty_like(residual)
+    launch_forward(_device_array(out), _device_array(residual), _device_array(gate),
+                   _device_array(y), _device_array(index), _dtype_name(out), _stream())
+    return out
+
+
+def gate_residual_backward(grad_out, gate, y, index):
+    """(grad_y, grad_gate) for upstream ``grad_out`` (N, D), with the numba.cuda kernels.
+
+    ``grad_gate`` (G, D) is deterministic: :data:`SUMMATION_ORDER`. Scratch: one float32
+    buffer of n_chunks(N) * G * D elements.
+    """
+    grad_out = grad_out.contiguous()
+    n_rows, width = grad_out.shape
+    grad_y = torch.empty_like(grad_out)
+    grad_gate = torch.empty_like(gate)
+    partial = torch.empty((n_chunks(n_rows), gate.shape[0], width), dtype=torch.float32,
+                          device=grad_out.device)
+    launch_backward(_device_array(grad_y), _device_array(grad_gate), _device_array(partial),
+                    _device_array(grad_out), _device_array(gate), _device_array(y),
+                    _device_array(index), _dtype_name(grad_out), _stream())
+    return grad_y, grad_gate
+
+
+class GateResidual(torch.autograd.Function):
+    """Autograd Function: forward and backward with the numba.cuda kernels.
+
+    ``GateResidual.apply(residual, gate, y, index)`` -> out (N, D). Gradients flow to
+    ``residual`` (``grad_out`` itself), ``gate`` and ``y``; ``index`` has none.
+    """
+
+    @staticmethod
+    def forward(ctx, residual, gate, y, index):
+        from kernels.checks import check_inputs
+
+        residual, gate, y, index = check_inputs(residual, gate, y, index, device="cuda")
+        ctx.save_for_backward(gate, y, index)
+        return gate_residual_forward(residual, gate, y, index)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        gate, y, index = ctx.saved_tensors
+        grad_y, grad_gate = gate_residual_backward(grad_out, gate, y, index)
+        return grad_out, grad_gate, grad_y, None
+
+
+def gate_residual(residual, gate, y, index):
+    """Differentiable ``residual + gate.index_select(0, index) * y`` (numba.cuda kernels).
+
+    Same arguments, result and errors as :func:`gate_residual_forward`; use it inside
+    autograd graphs. Example: ``out = gate_residual(r, g, y, idx); out.backward(grad)``.
+    """
+    return GateResidual.apply(residual, gate, y, index)
+
+
+__all__ = [
+    "CHUNK_ROWS",
+    "SUMMATION_ORDER",
+    "GateResidual",
+    "gate_residual",
+    "gate_residual_backward",
+    "gate_residual_forward",
+    "kernels_for",
+    "launch_backward",
+    "launch_forward",
+    "n_chunks",
+]

@@ -1,0 +1,132 @@
+"""Device functions that fix every rounding of the gate_residual kernels.
+
+Two facts decide the bits (``../shared/NOTES.md``, measured on an H200 with numba-cuda 0.30.4):
+
+* numba-cuda lets NVVM contract ``r + g * y`` into one FMA (one rounding instead of two),
+  with ``fastmath=False`` too. :func:`mul_rn` and :func:`add_rn` use libdevice's
+  ``__nv_fmul_rn`` / ``__nv_fadd_rn``, which emit ``mul.rn.f32`` / ``add.rn.f32``; PTX
+  instructions with an explicit rounding modifier are never contracted (PTX ISA, "Floating
+  Point Instructions: add/mul"). ``tests/test_contraction.py`` compiles the kernels to PTX
+  and fails if an ``fma`` appears.
+* Storage conversions give the results of the instructions PyTorch's ``c10::BFloat16`` /
+  ``c10::Half`` use on the GPU (``cvt.rn.bf16.f32`` on sm_80+, ``cvt.rn.f16.f32``): round to
+  nearest even, NaN stored as the canonical ``0x7FFF``. float16 uses ``cvt`` itself; bfloat16
+  the same rounding in integer operations (see :func:`store_bf16`).
+
+Each storage dtype has a ``load_*`` (storage element -> float32, exact) and a ``store_*``
+(float32 -> storage element, round to nearest even). bfloat16 is held in ``int16`` arrays
+(a view of the torch tensor's bits), float16 in ``float16`` arrays, float32 in ``float32``.
+
+Under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) libdevice functions are empty stubs and
+there is no bfloat16, so the same names are bound to numpy implementations with the GPU's
+semantics (float32 round to nearest even, canonical NaN ``0x7FFFFFFF`` from arithmetic, NaN
+stored as ``0x7FFF``). They exist so that the kernels' indexing and summation order can be
+tested without a GPU; the GPU bindings are what run on hardware.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import config, cuda, float32
+
+SIMULATOR = bool(config.ENABLE_CUDASIM)
+
+if not SIMULATOR:
+    from numba.cuda import libdevice
+    @cuda.jit(device=True, inline="always")
+    def mul_rn(a, b):
+        """float32 a * b rounded to nearest even; never contracted into an FMA."""
+        return libdevice.fmul_rn(a, b)
+
+    @cuda.jit(device=True, inline="always")
+    def add_rn(a, b):
+        """float32 a + b rounded to nearest even; never contracted into an FMA."""
+        return libdevice.fadd_rn(a, b)
+
+    @cuda.jit(device=True, inline="always")
+    def load_bf16(bits):
+        """bfloat16 bits (int16) -> float32, exact: the bits become the float32's top half."""
+        return libdevice.int_as_float(np.int32((np.int64(bits) & 0xFFFF) << 16))
+
+    @cuda.jit(device=True, inline="always")
+    def store_bf16(x):
+        """float32 -> bfloat16 bits (int16): round to nearest even; any NaN -> 0x7FFF.
+
+        The result of ``cvt.rn.bf16.f32`` (what ``c10::BFloat16`` uses on sm_80+), in integer
+        operations that NVVM inlines; numba-cuda's own ``float32_to_bfloat16_rn`` is an
+        out-of-line call through local memory on every element.
+        """
+        u = np.int64(libdevice.float_as_int(x)) & 0xFFFFFFFF
+        if (u & 0x7FFFFFFF) > 0x7F800000:
+            return np.int16(0x7FFF)
+        return np.int16((u + 0x7FFF + ((u >> 16) & 1)) >> 16)
+
+    @cuda.jit(device=True, inline="always")
+    def load_f16(h):
+        """float16 -> float32, exact."""
+        return float32(h)
+
+    @cuda.jit(device=True, inline="always")
+    def store_f16(x):
+        """float32 -> float16, ``cvt.rn.f16.f32``."""
+        return np.float16(x)
+
+    @cuda.jit(device=True, inline="always")
+    def load_f32(x):
+        """float32 -> float32 (identity)."""
+        return x
+
+    @cuda.jit(device=True, inline="always")
+    def store_f32(x):
+        """float32 -> float32 (identity)."""
+        return x
+
+else:  # pragma: no cover - exercised only with NUMBA_ENABLE_CUDASIM=1
+    _CANONICAL_NAN32 = np.uint32(0x7FFFFFFF).view(np.float32)
+
+    def _canon(x):
+        x = np.float32(x)
+        return _CANONICAL_NAN32 if x != x else x
+
+    def mul_rn(a, b):
+        with np.errstate(all="ignore"):
+            return _canon(np.float32(a) * np.float32(b))
+
+    def add_rn(a, b):
+        with np.errstate(all="ignore"):
+            return _canon(np.float32(a) + np.float32(b))
+
+    def load_bf16(bits):
+        u = np.uint32(np.uint16(np.int16(bits).view(np.uint16))) << np.uint32(16)
+        return np.uint32(u).view(np.float32)
+
+    def store_bf16(x):
+        u = int(np.float32(x).view(np.uint32))
+        if (u & 0x7FFFFFFF) > 0x7F800000:
+            return np.int16(0x7FFF)
+        u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+        return np.uint16(u & 0xFFFF).view(np.int16)
+
+    def load_f16(h):
+        return np.float32(h)
+
+    def store_f16(x):
+        x = np.float32(x)
+        if x != x:
+            return np.uint16(0x7FFF).view(np.float16)
+        with np.errstate(all="ignore"):
+            return np.float16(x)
+
+    def load_f32(x):
+        return np.float32(x)
+
+    def store_f32(x):
+        return _canon(x)
+
+
+#: storage dtype name -> (load, store, numpy dtype of the array that holds it)
+CODECS = {
+    "bfloat16": (load_bf16, store_bf16, np.int16),
+    "float16": (load_f16, store_f16, np.float16),
+    "float32": (load_f32, store_f32, np.float32),
+}

@@ -1,0 +1,219 @@
+"""Run one cell in this process and build its report (``docs/report-format.md``).
+
+For every case: build the inputs from the seed (:mod:`runner.inputs`), run every
+implementation ``repeats`` times on fresh clones (forward, then backward with the fixed
+``grad_out``), check in-process repeatability bit for bit, compare every implementation
+with the baseline bitwise (:func:`runner.compare.bitwise`) and with the accuracy reference
+(:func:`runner.compare.accuracy`), then time forward and forward+backward.
+
+An implementation that raises is recorded (status ``error`` or ``oom`` with the message) and
+the others go on; the cell's status is the worst of its implementations', or ``mismatch``
+when an implementation breaks one of its ``bitwise_claims``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import time
+import traceback
+
+import torch
+
+from runner import compare, environment, timing
+from runner.implementations import Implementation, get
+from runner.inputs import make_inputs
+
+KIND = "gate_residual_matrix"
+SCHEMA_VERSION = 1
+TENSORS = ("out", "res", "y", "gate")
+_SEVERITY = {"ok": 0, "mismatch": 1, "unavailable": 0, "error": 2, "oom": 2}
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def case_key(case) -> int | str:
+    """The case id as the report's ``cases`` list holds it: int N, or ``"<N>-specials"``."""
+    return f"{case.n}-specials" if case.specials else case.n
+
+
+def fingerprint(matrix, cell, cases, project: dict, extra: dict | None = None) -> str:
+    """sha256 over what decides a cell's bits: stack, mode, target, matrix content, the
+    selected cases, this project's commit and dirty flag, plus backend extras (image id)."""
+    doc = {"stack": cell.stack, "mode": cell.mode, "target": cell.target,
+           "matrix": matrix.content_hash(), "cases": [str(case_key(c)) for c in cases],
+           "project": project, "extra": extra or {}}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def skeleton(matrix, cell, cases, *, backend: str, run_id: str, status: str,
+             reason: str | None = None, env: dict | None = None) -> dict:
+    """A report with no results: the frame every report shares (also for skipped cells)."""
+    project = (env or {}).get("project") or environment.project_state()
+    p = matrix.problem
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": KIND,
+        "op": "gate_residual",
+        "run_id": run_id,
+        "cell": {"id": cell.id, "stack": cell.stack, "mode": cell.mode, "target": cell.target,
+                 "backend": backend},
+        "status": status,
+        "reason": reason,
+        "log_tail": None,
+        "exit_code": None,
+        "fingerprint": fingerprint(matrix, cell, cases, project),
+        "started_at": _now(),
+        "finished_at": _now(),
+        "duration_s": 0.0,
+        "problem": {"D": p.D, "G": p.G, "dtype": p.dtype, "index_dtype": p.index_dtype,
+                    "seed": p.seed},
+        "cases": [case_key(c) for c in cases],
+        "baseline": matrix.baseline,
+        "accuracy_reference": matrix.accuracy_reference,
+        "repeats": matrix.repeats,
+        "environment": env or {"project": project},
+        "inputs": {},
+        "results": {},
+    }
+
+
+def _clone(inputs: dict) -> dict:
+    return {k: v.clone() for k, v in inputs.items()}
+
+
+def _run_repeats(impl: Implementation, inputs: dict, repeats: int):
+    """First run's outputs and, per tensor, whether every repeat had the same bits."""
+    first = impl.run(_clone(inputs), backward=impl.has_backward)
+    first = {k: v.detach() for k, v in first.items() if k in TENSORS}
+    same = {k: True for k in first}
+    for _ in range(repeats - 1):
+        again = impl.run(_clone(inputs), backward=impl.has_backward)
+        for k in first:
+            same[k] = same[k] and torch.equal(compare.bits(first[k]), compare.bits(again[k]))
+        del again
+    return first, same
+
+
+def _layout(tensors: dict, fn, *, out_list: bool = True) -> dict:
+    """``{"out": [fn("out")], "grads": {"res": ..., ...}}`` for the tensors present
+    (``out`` is a list in the reference report's comparisons, an object elsewhere)."""
+    entry = {"out": [fn("out")] if out_list else fn("out")} if "out" in tensors else {}
+    grads = {k: fn(k) for k in ("res", "y", "gate") if k in tensors}
+    if grads:
+        entry["grads"] = grads
+    return entry
+
+
+def _claims_broken(impl: Implementation, cmp_entry: dict, target: str) -> list[str]:
+    """Claimed tensors that differ from the baseline. On the CPU target NaN payloads are
+    exempt: eager's own bfloat16 NaN bits there depend on the element's position (vectorised
+    block or tail), see kernels/gate_residual_cpu.py."""
+    broken = []
+    for name in impl.bitwise_claims:
+        cmp = cmp_entry["out"][0] if name == "out" else cmp_entry.get("grads", {}).get(name)
+        if cmp is None:
+            continue
+        allowed = cmp["nan_payload_differ"] if target == "cpu" else 0
+        if cmp["differ"] > allowed:
+            broken.append(name)
+    return broken
+
+
+def _timings(impl: Implementation, inputs: dict, device: str, matrix) -> dict:
+    budget = 10.0 if device == "cuda" else 3.0
+    kw = {"device": device, "warmup": matrix.timing.warmup, "iters": matrix.timing.iters,
+          "max_seconds": budget}
+    fwd = timing.median_ms(lambda _i: impl.run(inputs, backward=False), **kw)
+    out = {"forward_ms": fwd["median_ms"], "forward_iters": fwd["iters"]}
+    if impl.has_backward:
+        both = timing.median_ms(lambda _i: impl.run(inputs, backward=True), **kw)
+        out.update(forward_backward_ms=both["median_ms"], forward_backward_iters=both["iters"])
+    return out
+
+
+def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
+             timings: bool = True) -> dict:
+    """Run ``cases`` of ``matrix`` for ``cell`` here and return the report dict (not written).
+
+    ``cell.target`` "cuda" needs ``torch.cuda.is_available()``; the caller checks. The
+    accuracy reference always computes on the CPU in float64.
+    """
+    t0 = time.perf_counter()
+    device = "cuda" if cell.target == "cuda" else "cpu"
+    mode_env = {cell.mode: dict(matrix.modes[cell.mode].env)}
+    env = environment.capture(cell.target, mode_env)
+    report = skeleton(matrix, cell, cases, backend=backend, run_id=run_id, status="ok", env=env)
+    impls = [get(name) for name in matrix.implementations]
+    results = report["results"]
+    for impl in impls:
+        results[impl.name] = {"source": impl.source, "has_backward": impl.has_backward,
+                              "role": impl.role, "status": "ok", "reason": None, "sha256": {},
+                              "repeatable": {}, "accuracy": {}, "timings": {}}
+        why = impl.unavailable_reason(cell.target)
+        if why:
+            results[impl.name].update(status="unavailable", reason=why)
+    broken: list[str] = []
+    p = matrix.problem
+    for case in cases:
+        key = str(case_key(case))
+        x = make_inputs(n=case.n, d=p.D, g=p.G, dtype=p.dtype, index_dtype=p.index_dtype,
+                        seed=p.seed, specials=case.specials)
+        report["inputs"][key] = {"n": case.n, "specials": case.specials, "sha256": x.sha256(),
+                                 "index_counts": x.index_counts(p.G)}
+        on_device = {k: v.to(device) for k, v in x.tensors.items()}
+        outputs: dict[str, dict] = {}
+        for impl in impls:
+            entry = results[impl.name]
+            if entry["status"] == "unavailable":
+                continue
+            repeats = 1 if impl.role == "accuracy_reference" else matrix.repeats
+            try:
+                inputs = on_device if impl.device is None else x.tensors
+                first, same = _run_repeats(impl, inputs, repeats)
+                if impl.role != "accuracy_reference" and timings:
+                    entry["timings"][key] = _timings(impl, inputs, device, matrix)
+            except torch.cuda.OutOfMemoryError as err:
+                entry.update(status="oom", reason=f"case {key}: {str(err).splitlines()[0]}")
+                torch.cuda.empty_cache()
+                continue
+            except Exception as err:  # an implementation's failure is data, not a crash
+                entry.update(status="error", reason=f"case {key}: {type(err).__name__}: {err}",
+                             traceback=traceback.format_exc()[-4000:])
+                continue
+            outputs[impl.name] = first
+            entry["sha256"][key] = {k: compare.tensor_sha256(v) for k, v in first.items()}
+            entry["repeatable"][key] = same if repeats > 1 else {k: None for k in same}
+        ref = outputs.get(matrix.accuracy_reference) if matrix.accuracy_reference else None
+        base = outputs.get(matrix.baseline)
+        for impl in impls:
+            mine = outputs.get(impl.name)
+            if mine is None or impl.role == "accuracy_reference":
+                continue
+            if ref is not None:
+                results[impl.name]["accuracy"][key] = _layout(
+                    mine, lambda k, m=mine, r=ref: compare.accuracy(m[k], r[k]), out_list=False)
+            if base is not None and impl.name != matrix.baseline:
+                cmp_entry = _layout(mine, lambda k, m=mine, b=base: compare.bitwise(m[k], b[k]))
+                results[impl.name].setdefault(f"vs {matrix.baseline}", {})[key] = cmp_entry
+                results[matrix.baseline].setdefault(f"vs {impl.name}", {})[key] = cmp_entry
+                broken += [f"{impl.name}.{t}@{key}" for t in _claims_broken(impl, cmp_entry,
+                                                                            cell.target)]
+        del outputs, on_device
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    worst = max((r["status"] for r in results.values()), key=lambda s: _SEVERITY.get(s, 0))
+    if _SEVERITY.get(worst, 0) >= 2:
+        report["status"] = worst
+        report["reason"] = "; ".join(f"{n}: {r['reason']}" for n, r in results.items()
+                                     if r["status"] in ("error", "oom"))
+    elif broken:
+        report["status"] = "mismatch"
+        report["reason"] = "bitwise claim broken: " + ", ".join(broken)
+    report["finished_at"] = _now()
+    report["duration_s"] = round(time.perf_counter() - t0, 3)
+    report["exit_code"] = 0
+    return report

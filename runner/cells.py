@@ -1,0 +1,133 @@
+"""Expand the matrix into cells and select some of them (stage 2 of the pipeline).
+
+A cell is one (stack, mode, target); it runs every selected case with every
+implementation and writes one report, ``reports/<cell id>.json``.
+
+Example::
+
+    >>> from runner.config import load_matrix
+    >>> m = load_matrix("matrix.yaml")
+    >>> [c.id for c in select(expand(m), targets=["cpu"])]
+    ['host-plain-cpu']
+    >>> [c.id for c in select_cases(m, ["257-specials"])]
+    ['257-specials']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+
+from runner.config import Case, Matrix
+from runner.errors import SelectionError
+
+__all__ = ["Cell", "expand", "select", "select_cases"]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell of the matrix: a stack name, a mode name and a target (``cuda`` or ``cpu``).
+
+    Example::
+
+        >>> Cell("host", "plain", "cuda").id
+        'host-plain-cuda'
+    """
+
+    stack: str
+    mode: str
+    target: str
+
+    @property
+    def id(self) -> str:
+        """``<stack>-<mode>-<target>``: the report's file name; unique within a matrix."""
+        return f"{self.stack}-{self.mode}-{self.target}"
+
+
+def expand(matrix: Matrix) -> tuple[Cell, ...]:
+    """Every cell of ``matrix``: stacks x modes x targets, each in file order, stack outermost.
+
+    Example::
+
+        >>> from runner.config import load_matrix
+        >>> [c.id for c in expand(load_matrix("matrix.yaml"))]
+        ['host-plain-cuda', 'host-plain-cpu']
+    """
+    return tuple(Cell(stack, mode, target)
+                 for stack in matrix.stacks for mode in matrix.modes for target in matrix.targets)
+
+
+def select(cells: Iterable[Cell], *, stacks: Collection[str] | None = None,
+           modes: Collection[str] | None = None,
+           targets: Collection[str] | None = None) -> tuple[Cell, ...]:
+    """The ``cells`` whose stack, mode and target are among those named, in their order.
+
+    ``None`` leaves that dimension unfiltered; a plain string counts as one name.
+    Raises SelectionError when a name is not one of the cells' values (the message lists
+    those) or when nothing is left.
+
+    Example::
+
+        >>> from runner.config import load_matrix
+        >>> select(expand(load_matrix("matrix.yaml")), targets=["gpu"])
+        Traceback (most recent call last):
+        runner.errors.SelectionError: --target: unknown target "gpu"; choose from cuda, cpu
+    """
+    cells = tuple(cells)
+    wanted = {"stack": stacks, "mode": modes, "target": targets}
+    for field, names in wanted.items():
+        if names is not None:
+            wanted[field] = _check_names(field, names, [getattr(c, field) for c in cells])
+    chosen = tuple(c for c in cells
+                   if all(names is None or getattr(c, field) in names
+                          for field, names in wanted.items()))
+    if not chosen:
+        asked = ", ".join(f"--{field} {' '.join(names) or '(none)'}"
+                          for field, names in wanted.items() if names is not None)
+        raise SelectionError(f"no cell matches {asked or 'the selection'}; "
+                             f"cells: {', '.join(c.id for c in cells) or 'none'}")
+    return chosen
+
+
+def select_cases(matrix: Matrix, case_ids: Iterable[str | int] | None = None,
+                 ) -> tuple[Case, ...]:
+    """The cases of ``matrix`` whose ids (``"257"``, ``"257-specials"``) are named, in file order.
+
+    ``None`` selects every case; an int ``257`` is taken as ``"257"``. Raises
+    SelectionError for an unknown id (listing the known ones) or an empty selection.
+
+    Example::
+
+        >>> from runner.config import load_matrix
+        >>> [c.n for c in select_cases(load_matrix("matrix.yaml"), ["1", "4097"])]
+        [1, 4097]
+    """
+    if case_ids is None:
+        return matrix.cases
+    names = _check_names("case", case_ids, [c.id for c in matrix.cases])
+    chosen = tuple(c for c in matrix.cases if c.id in names)
+    if not chosen:
+        raise SelectionError("--case: no case selected; choose from "
+                             + ", ".join(c.id for c in matrix.cases))
+    return chosen
+
+
+def _as_names(names: Iterable[str | int] | str) -> list[str | int]:
+    return [names] if isinstance(names, (str, int)) else list(names)
+
+
+def _check_names(field: str, names: Iterable[str | int] | str,
+                 allowed: Iterable[str]) -> tuple[str, ...]:
+    """``names`` as a tuple; SelectionError for the first one not in ``allowed``."""
+    choices = tuple(dict.fromkeys(allowed))  # unique, first-seen order
+    names = tuple(str(n) for n in _as_names(names))
+    for name in names:
+        if name not in choices:
+            raise SelectionError(f"--{field}: unknown {field} {_quote(name)}; "
+                                 f"choose from {', '.join(choices) or 'nothing'}")
+    return names
+
+
+def _quote(name: str) -> str:
+    """A user's name in double quotes, escaped so the message stays one line."""
+    return '"' + name.encode("unicode_escape").decode("ascii").replace('"', '\\"') + '"'

@@ -1,0 +1,148 @@
+"""Bitwise comparison and accuracy figures for two tensors.
+
+Everything "bitwise" here compares integer views of the storage (int16 for bfloat16 and
+float16, int32 for float32, int64 for float64), never values: NaN payloads, +0.0 vs -0.0
+and subnormals all count. Field meanings: ``docs/report-format.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+
+_INT_VIEW = {
+    torch.bfloat16: torch.int16,
+    torch.float16: torch.int16,
+    torch.float32: torch.int32,
+    torch.float64: torch.int64,
+}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """Signed-integer view of a floating tensor's bits (same shape); integers pass through."""
+    return t.view(_INT_VIEW[t.dtype]) if t.dtype in _INT_VIEW else t
+
+
+def tensor_sha256(t: torch.Tensor) -> str:
+    """sha256 hex digest of a tensor's bytes (moved to the CPU, made contiguous, row-major)."""
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return hashlib.sha256(t.numpy().tobytes()).hexdigest()
+
+
+def ordered(t: torch.Tensor) -> torch.Tensor:
+    """Map float bits to int64 so that adjacent representable values differ by 1.
+
+    Non-negative floats keep their magnitude bits; negative ones map to ``-magnitude - 1``,
+    so +0.0 -> 0 and -0.0 -> -1: the ULP distance counts the two zeros one apart, matching
+    the bitwise view in which they differ.
+    """
+    width = t.element_size() * 8
+    raw = bits(t).to(torch.int64)
+    sign_mask = 1 << (width - 1)
+    magnitude = raw & (sign_mask - 1)
+    return torch.where(raw < 0, -magnitude - 1, magnitude)
+
+
+def _num(x: float) -> float | str:
+    return "inf" if math.isinf(x) else float(x)
+
+
+def bitwise(a: torch.Tensor, b: torch.Tensor) -> dict:
+    """Compare two tensors of one shape and dtype bit for bit.
+
+    Returns the report's CMP object: ``equal``, ``differ``, ``numel``, ``max_abs`` (float or
+    ``"inf"``), ``max_ulp`` (int or None), ``nan_differ`` (differing elements with a NaN on either
+    side), ``nan_payload_differ`` (of those, NaN on both sides with other bits) and
+    ``first_differ`` (flat index or None). Raises ``ValueError`` when shapes or dtypes differ.
+    """
+    if a.shape != b.shape or a.dtype != b.dtype:
+        raise ValueError(
+            f"cannot compare {tuple(a.shape)} {a.dtype} with {tuple(b.shape)} {b.dtype}"
+        )
+    if a.device != b.device:
+        b = b.to(a.device)
+    a_flat, b_flat = a.reshape(-1), b.reshape(-1)
+    mask = bits(a_flat) != bits(b_flat)
+    where = torch.nonzero(mask).reshape(-1)
+    differ = int(where.numel())
+    result = {
+        "equal": differ == 0,
+        "differ": differ,
+        "numel": int(a.numel()),
+        "max_abs": 0.0,
+        "max_ulp": None if differ else 0,
+        "nan_differ": 0,
+        "nan_payload_differ": 0,
+        "first_differ": int(where[0]) if differ else None,
+    }
+    if not differ or not a.is_floating_point():
+        if differ:
+            result["max_abs"] = _num(float((a_flat[where] - b_flat[where]).abs().max()))
+        return result
+    da, db = a_flat[where], b_flat[where]
+    nan_a, nan_b = torch.isnan(da), torch.isnan(db)
+    result["nan_differ"] = int((nan_a | nan_b).sum())
+    result["nan_payload_differ"] = int((nan_a & nan_b).sum())
+    keep = ~(nan_a | nan_b)
+    if bool(keep.any()):
+        da, db = da[keep], db[keep]
+        with torch.no_grad():
+            diff = (da.double() - db.double()).abs()
+        diff = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff)
+        result["max_abs"] = _num(float(diff.max()))
+        result["max_ulp"] = int((ordered(da) - ordered(db)).abs().max())
+    return result
+
+
+def ulp_at(x: float, dtype: torch.dtype) -> float:
+    """One unit in the last place of ``dtype`` at magnitude ``x`` (>= the smallest normal).
+
+    ulp(x) = eps * 2**floor(log2 |x|), eps from ``torch.finfo`` (bfloat16 2**-7, float16
+    2**-10, float32 2**-23); below the smallest normal it is the subnormal spacing.
+    """
+    info = torch.finfo(dtype)
+    x = abs(x)
+    if x < info.smallest_normal or x == 0:
+        return info.smallest_normal * info.eps
+    if math.isinf(x):
+        return math.inf
+    return info.eps * 2.0 ** math.floor(math.log2(x))
+
+
+def accuracy(a: torch.Tensor, ref: torch.Tensor) -> dict:
+    """Error of ``a`` (any float dtype) against a float64 reference of the same shape.
+
+    Over elements where ``ref`` is finite and within the range of ``a``'s dtype (an overflow
+    that the storage dtype cannot hold is not an error of the implementation): ``max_abs``,
+    ``max_rel`` (max |a-ref|/|ref| where ref != 0), ``rel_l2`` (||a-ref||_2 / ||ref||_2) and ``max_abs_ulps`` (max_abs over one
+    ULP of ``a``'s dtype at max |ref|). Non-finite ``a`` where ``ref`` is finite makes the
+    figures ``"inf"``. ``finite`` counts the elements compared.
+    """
+    ref = ref.detach().to("cpu", torch.float64).reshape(-1)
+    got = a.detach().to("cpu").reshape(-1)
+    dtype = got.dtype
+    got = got.to(torch.float64)
+    finite = torch.isfinite(ref) & (ref.abs() <= torch.finfo(dtype).max)
+    ref, got = ref[finite], got[finite]
+    out = {"max_abs": 0.0, "max_rel": 0.0, "rel_l2": 0.0, "max_abs_ulps": 0.0,
+           "finite": int(finite.sum())}
+    if ref.numel() == 0:
+        return out
+    err = (got - ref).abs()
+    if not bool(torch.isfinite(err).all()):
+        return {**out, "max_abs": "inf", "max_rel": "inf", "rel_l2": "inf",
+                "max_abs_ulps": "inf"}
+    max_abs = float(err.max())
+    nonzero = ref != 0
+    max_ref = float(ref.abs().max())
+    norm = float(torch.linalg.vector_norm(ref))
+    out["max_abs"] = max_abs
+    if bool(nonzero.any()):
+        out["max_rel"] = float((err[nonzero] / ref[nonzero].abs()).max())
+    out["rel_l2"] = float(torch.linalg.vector_norm(err)) / norm if norm else 0.0
+    out["max_abs_ulps"] = max_abs / ulp_at(max_ref, dtype) if dtype != torch.float64 else 0.0
+    return out

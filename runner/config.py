@@ -1,0 +1,457 @@
+"""Load and validate matrix.yaml into frozen, typed objects (stage 1 of the pipeline).
+
+Parse once, at the boundary: unknown keys, wrong types and bad values are errors, and
+each becomes one :class:`~runner.errors.ConfigError` with a one-line message,
+``<file>: <key path>: expected <what>, got <what was found>``, e.g.
+``matrix.yaml: cases[2].n: expected an integer >= 1, got 0``.
+
+Example::
+
+    >>> m = load_matrix("matrix.yaml")
+    >>> [c.id for c in m.cases], m.baseline, list(m.modes)
+    (['1', '257', '4097', '32768', '257-specials'], 'eager', ['plain'])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import types
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    WrapSerializer,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from runner.errors import ConfigError
+
+__all__ = ["KNOWN_IMPLEMENTATIONS", "SCHEMA_VERSION", "Case", "FrozenMap", "HostStack",
+           "Matrix", "Mode", "Problem", "Stack", "Timing", "TorchSettings", "load_matrix",
+           "parse_matrix"]
+
+SCHEMA_VERSION = 1
+KNOWN_IMPLEMENTATIONS: tuple[str, ...] = ("eager", "numba", "fp64")
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"  # mode and stack names: they become file names
+ENV_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]*$"
+_PATTERN_WORDS = {
+    NAME_PATTERN: "a name of 1-63 characters from a-z 0-9 _ . - starting with a letter or digit",
+    ENV_NAME_PATTERN: f"an environment variable name matching {ENV_NAME_PATTERN}",
+}
+
+
+class FrozenMap(Mapping):
+    """A read-only, hashable mapping that keeps insertion (file) order."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, items: Mapping[Any, Any] | None = None) -> None:
+        self._data = dict(items or {})
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._data.items()))
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._data!r})"
+
+
+def _map_of(key: Any, value: Any, min_length: int = 0) -> Any:
+    """``Mapping[key, value]``: validated as a dict, kept as a FrozenMap, dumped as a dict."""
+    return Annotated[Mapping[key, value], Field(min_length=min_length),
+                     AfterValidator(FrozenMap), WrapSerializer(lambda v, dump: dump(dict(v)))]
+
+
+def _list_of(item: Any) -> Any:
+    """A non-empty YAML list kept as a tuple (lax only about list -> tuple; items stay strict)."""
+    return Annotated[tuple[item, ...], Field(strict=False, min_length=1)]
+
+
+def _env_value(value: str) -> str:
+    if any(c in value for c in "\n\r\0"):
+        raise PydanticCustomError("matrix", "bad value", {"expected": "no newline or NUL"})
+    return value
+
+
+Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME_PATTERN)]
+EnvValue = Annotated[StrictStr, AfterValidator(_env_value)]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Problem(_Frozen):
+    """Fixed sizes: ``D`` hidden size, ``G`` gate rows, storage/index dtypes, input ``seed``."""
+
+    D: Annotated[StrictInt, Field(ge=1)]
+    G: Annotated[StrictInt, Field(ge=1)]
+    dtype: Literal["bfloat16", "float16", "float32"]
+    index_dtype: Literal["int64", "int32"]
+    seed: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)]
+
+
+class Case(_Frozen):
+    """One size: ``n`` rows; ``specials`` plants NaN, +-Inf, +-0.0, subnormals, extremes."""
+
+    n: Annotated[StrictInt, Field(ge=1)]
+    specials: StrictBool = False
+
+    @property
+    def id(self) -> str:
+        """``"257"`` or ``"257-specials"``: this case's key in reports and ``--case``."""
+        return f"{self.n}-specials" if self.specials else str(self.n)
+
+
+class Timing(_Frozen):
+    """Timing loop: ``warmup`` untimed calls, then ``iters`` timed ones."""
+
+    warmup: Annotated[StrictInt, Field(ge=0)] = 5
+    iters: Annotated[StrictInt, Field(ge=1)] = 50
+
+
+class TorchSettings(_Frozen):
+    """Torch switches a mode sets; ``None`` (unset) leaves torch's default alone."""
+
+    deterministic: StrictBool | None = None  # torch.use_deterministic_algorithms
+    tf32: StrictBool | None = None  # TF32 in matmul and cuDNN
+    inference_mode: StrictBool | None = None  # run under torch.inference_mode()
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, dump: Any) -> dict[str, Any]:
+        return {k: v for k, v in dump(self).items() if v is not None}
+
+
+class Mode(_Frozen):
+    """A run mode: ``env`` for the cell process (name -> value) and ``torch`` settings."""
+
+    env: _map_of(EnvName, EnvValue) = FrozenMap()
+    torch: TorchSettings = TorchSettings()
+
+
+class HostStack(_Frozen):
+    """``kind: host``: the interpreter that runs the matrix, as it is."""
+
+    kind: Literal["host"]
+
+
+# One model per backend, told apart by `kind`: add DockerStack to the Union.
+Stack = Annotated[Union[HostStack], Field(discriminator="kind")]  # noqa: UP007
+
+
+class Matrix(_Frozen):
+    """The validated matrix; a cell (stack, mode, target) runs every case x implementation.
+
+    Fields: ``schema_version`` (1), ``op``, ``problem``, ``cases``, ``implementations``,
+    ``baseline`` (compared bitwise with all), ``accuracy_reference`` (or None), ``repeats``,
+    ``timing``, ``modes`` and ``stacks`` (name -> Mode / Stack, file order), ``targets``.
+    Lists are tuples, mappings are read-only :class:`FrozenMap`. Build one with
+    :func:`load_matrix` or :func:`parse_matrix`, which raise ConfigError.
+
+    Example::
+
+        >>> m = load_matrix("matrix.yaml"); m.to_dict()["targets"], len(m.content_hash())
+        (['cuda', 'cpu'], 64)
+    """
+
+    schema_version: StrictInt
+    op: Literal["gate_residual"]
+    problem: Problem
+    cases: _list_of(Case)
+    implementations: _list_of(StrictStr)
+    baseline: StrictStr
+    accuracy_reference: StrictStr | None = None
+    repeats: Annotated[StrictInt, Field(ge=1)] = 3
+    timing: Timing = Timing()
+    modes: _map_of(Name, Mode, min_length=1)
+    stacks: _map_of(Name, Stack, min_length=1)
+    targets: _list_of(Literal["cuda", "cpu"])
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_schema(cls, v: int) -> int:
+        if v != SCHEMA_VERSION:
+            newer = " (this file is newer than this runner: update the runner)"
+            raise PydanticCustomError("matrix", "unknown schema version", {
+                "expected": f"{SCHEMA_VERSION}{newer if v > SCHEMA_VERSION else ''}"})
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self, info: ValidationInfo) -> Matrix:
+        known = (info.context or {}).get("known_implementations", KNOWN_IMPLEMENTATIONS)
+        problems = list(_cross_checks(self, tuple(known)))
+        if problems:
+            path, expected, got = problems[0]
+            raise PydanticCustomError("matrix", "{path}: expected {expected}, got {got}", {
+                "path": path, "expected": expected, "got": got, "more": len(problems) - 1})
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """The validated content as plain JSON-ready data, defaults filled in, file order."""
+        return self.model_dump(mode="json")
+
+    def content_hash(self) -> str:
+        """sha256 hex of the canonical JSON of :meth:`to_dict` (sorted keys, no spaces).
+
+        Defaults count as written; the order of keys (so of ``modes`` and ``stacks``) does
+        not count, the order of lists (``cases``, ``implementations``, ``targets``) does.
+        """
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _cross_checks(m: Matrix, known: tuple[str, ...]) -> Iterator[tuple[str, str, str]]:
+    """Yield (key path, expected, found) for each broken rule that spans several keys."""
+    yield from _duplicates("cases", [c.id for c in m.cases], "unique case ids")
+    for i, name in enumerate(m.implementations):
+        if name not in known:
+            yield f"implementations[{i}]", f"one of {', '.join(known)}", _show(name)
+    yield from _duplicates("implementations", m.implementations, "unique names")
+    for key in ("baseline", "accuracy_reference"):
+        name = getattr(m, key)
+        if name is not None and name not in m.implementations:
+            yield key, f"one of implementations ({', '.join(m.implementations)})", _show(name)
+    if m.baseline == m.accuracy_reference:
+        yield "baseline", "an implementation other than accuracy_reference", _show(m.baseline)
+    yield from _duplicates("targets", m.targets, "unique targets")
+    made: dict[str, str] = {}  # "<stack>-<mode>" -> its names; names may contain "-"
+    for stack in m.stacks:
+        for mode in m.modes:
+            names, cell = f"stack {_show(stack)} + mode {_show(mode)}", f"{stack}-{mode}"
+            if cell in made:
+                yield f"modes.{mode}", "names that make unique cell ids", (
+                    f"cell id {_show(cell + '-<target>')} twice: {made[cell]}, {names}")
+            made.setdefault(cell, names)
+
+
+def _duplicates(key: str, values: Collection[str], expected: str) -> Iterator[tuple[str, ...]]:
+    seen: set[str] = set()
+    for i, value in enumerate(values):
+        if value in seen:
+            yield f"{key}[{i}]", expected, f"a second {_show(value)}"
+        seen.add(value)
+
+
+def parse_matrix(data: Any, source: str = "matrix.yaml", *,
+                 known_implementations: Collection[str] = KNOWN_IMPLEMENTATIONS) -> Matrix:
+    """Validate parsed YAML ``data`` (a dict) into a :class:`Matrix`.
+
+    ``source`` starts every message; ``known_implementations`` are the names
+    ``implementations`` may use. Raises ConfigError, one line, for the first problem
+    found, ending ``(+K more)`` when there are K others.
+
+    Example::
+
+        >>> parse_matrix({"schema_version": 1, "op": "gate_residual"})
+        Traceback (most recent call last):
+        runner.errors.ConfigError: matrix.yaml: problem: expected a value, got nothing (the key is missing) (+6 more)
+    """  # noqa: E501
+    known = known_implementations
+    known = tuple(known) if isinstance(known, Sequence) else tuple(sorted(known))
+    context = {"known_implementations": known}
+    try:
+        return Matrix.model_validate(data, context=context)
+    except ValidationError as err:
+        raise ConfigError(_one_line(f"{source}: {_describe(err, Matrix)}")) from err
+
+
+def load_matrix(path: str | Path, *,
+                known_implementations: Collection[str] = KNOWN_IMPLEMENTATIONS) -> Matrix:
+    """Read the matrix file at ``path`` and validate it (see :func:`parse_matrix`).
+
+    Raises ConfigError naming the file when it cannot be read, is not UTF-8, is not
+    YAML (a duplicate key included) or fails validation.
+
+    Example::
+
+        >>> load_matrix("matrix.yaml").problem.D
+        5376
+    """
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise ConfigError(_one_line(f"{source}: cannot read the matrix file: {why}")) from err
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a yaml.SafeLoader
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(err, "problem", None) or err
+        raise ConfigError(_one_line(f"{source}: {where}invalid YAML: {problem}")) from err
+    return parse_matrix(data, source, known_implementations=known_implementations)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a duplicate key rather than keep the last value."""
+
+
+def _unique_key_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[tuple[type, Any]] = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` may be overridden
+            continue
+        key = loader.construct_object(key_node)
+        if isinstance(key, (str, int, float)):
+            if (type(key), key) in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {_show(key)}", key_node.start_mark)
+            seen.add((type(key), key))
+    return loader.construct_mapping(node)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                                 _unique_key_mapping)
+
+# --- a pydantic ValidationError as one line ------------------------------------------
+
+_EXPECTED = {
+    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+    "bool_type": "true or false", "bool_parsing": "true or false", "string_type": "a string",
+    "dict_type": "a mapping", "model_type": "a mapping", "mapping_type": "a mapping",
+    "model_attributes_type": "a mapping",
+    "list_type": "a list", "tuple_type": "a list", "missing": "a value",
+    "greater_than_equal": "an integer >= {ge}", "less_than_equal": "an integer <= {le}",
+}
+
+
+def _describe(err: ValidationError, root: type[BaseModel]) -> str:
+    """``<key path>: expected <x>, got <y>`` for the first error, plus ``(+K more)``."""
+    errors = [e for e in err.errors() if not _follow_up(e)] or err.errors()
+    kind, ctx, found = errors[0]["type"], errors[0].get("ctx") or {}, errors[0].get("input")
+    parts, parent, node = _walk(errors[0]["loc"], root)
+    expected, got, more = _EXPECTED.get(kind, "").format(**ctx), _show(found), len(errors) - 1
+    if kind == "matrix":
+        parts = [ctx["path"]] if "path" in ctx else parts
+        expected, got, more = ctx["expected"], ctx.get("got", got), more + ctx.get("more", 0)
+    elif kind == "extra_forbidden":
+        keys = _fields(parent) or ["(none)"]
+        expected = f"one of the keys {', '.join(keys)}" if len(keys) > 1 else f"the key {keys[0]}"
+        got = f"unknown key {_show(parts[-1])}"
+    elif kind == "literal_error":
+        expected = _one_of(re.findall(r"'([^']*)'", ctx["expected"]))
+    elif kind in ("union_tag_invalid", "union_tag_not_found"):
+        parts.append(ctx["discriminator"].strip("'"))
+        expected = _one_of([str(_tag(v)) for v in _variants(node)])
+        got = _show(ctx["tag"]) if "tag" in ctx else "nothing (the key is missing)"
+    elif kind == "too_short":
+        expected = "a non-empty " + ("mapping" if ctx["field_type"] == "Dictionary" else "list")
+    elif kind == "string_pattern_mismatch":
+        expected = _PATTERN_WORDS.get(ctx["pattern"], f"a string matching {ctx['pattern']}")
+    elif kind == "invalid_key":  # a key that YAML made a number, bool or null
+        parts, expected, got = parts[:-1], "string keys", f"the key {got}"
+    elif kind == "model_type" and not parts and found is None:
+        got = "an empty document"
+    elif kind == "missing":
+        got = "nothing (the key is missing)"
+    elif not expected:
+        expected = f"a valid value ({errors[0]['msg']})"
+    path = parts[0] if kind == "matrix" and "path" in ctx else _path(parts)
+    return f"{path}: expected {expected}, got {got}" + (f" (+{more} more)" if more else "")
+
+
+def _follow_up(error: Any) -> bool:
+    """A list's "too short after validation" that only echoes errors in its items."""
+    ctx = error.get("ctx") or {}
+    return error["type"] == "too_short" and len(error["input"]) >= ctx.get("min_length", 1)
+
+
+def _one_of(choices: list[str]) -> str:
+    return f"one of {', '.join(choices)}" if len(choices) > 1 else "".join(choices) or "nothing"
+
+
+def _walk(loc: tuple[int | str, ...], root: Any) -> tuple[list[int | str], Any, Any]:
+    """The key path to show for a pydantic ``loc``, and the types at its parent and at it."""
+    parent = node = root
+    parts: list[int | str] = []
+    for part in loc:
+        if part == "[key]":  # the mapping key itself is bad: the path ends at the key
+            continue
+        models = [v for v in _variants(node) if _is_model(v)]
+        parent, tagged = node, [v for v in models if _tag(v) == part]
+        if tagged and not any(part in v.model_fields for v in models):
+            node = tagged[0]  # pydantic puts a union's tag in the loc; the file has no such key
+            continue
+        parts.append(part)
+        fields = [v.model_fields[part].annotation for v in models if part in v.model_fields]
+        args = [a for a in get_args(_bare(node)) if a is not Ellipsis]  # item or value type
+        node = fields[0] if fields else (args[-1] if args else None)
+    return parts, parent, node
+
+
+def _bare(tp: Any) -> Any:
+    while get_origin(tp) is Annotated:
+        tp = get_args(tp)[0]
+    return tp
+
+
+def _variants(tp: Any) -> list[Any]:
+    tp = _bare(tp)
+    return [_bare(a) for a in get_args(tp)] if get_origin(tp) in (Union, types.UnionType) else [tp]
+
+
+def _is_model(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, BaseModel)
+
+
+def _tag(model: Any) -> str | None:
+    field = model.model_fields.get("kind") if _is_model(model) else None
+    return get_args(field.annotation)[0] if field else None
+
+
+def _fields(tp: Any) -> list[str]:
+    return [name for v in _variants(tp) if _is_model(v) for name in v.model_fields]
+
+
+def _path(parts: list[int | str]) -> str:
+    """``cases[2].n``; keys that are not plain words are quoted: ``modes["a/b"]``."""
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        else:
+            out += (f".{p}" if out else p) if re.fullmatch(r"[\w-]+", p, re.A) else f"[{_show(p)}]"
+    return out or "top level"
+
+
+def _show(value: Any) -> str:
+    """A found value as messages show it: YAML-like scalars, JSON-quoted strings, kinds."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return json.dumps(value)
+    if isinstance(value, str):
+        return json.dumps(value if len(value) <= 60 else value[:57] + "...")
+    if isinstance(value, (Mapping, list, tuple)):
+        kind = "mapping" if isinstance(value, Mapping) else "list"
+        return f"a {kind}" if value else f"an empty {kind}"
+    return f"a {type(value).__name__} {_show(str(value))}"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.splitlines())

@@ -1,0 +1,51 @@
+"""Errors a user can meet, one class per kind, each with its exit code.
+
+The command line (``runner.__main__``) catches :class:`MatrixError` in one place,
+prints its one-line message and exits with ``exit_code``. Failures *inside a cell*
+are not exceptions at this level: they become data (a report with a non-``ok``
+status), so one failing cell never stops the matrix.
+"""
+
+from __future__ import annotations
+
+
+class MatrixError(Exception):
+    """Base class of every error the runner reports to the user (exit code 1)."""
+
+    exit_code = 1
+
+
+class ConfigError(MatrixError):
+    """matrix.yaml or a command-line option is invalid (exit code 2).
+
+    The message names the key path, what was expected and what was found, e.g.
+    ``matrix.yaml: cases[2].n: expected an integer >= 1, got 0``.
+    """
+
+    exit_code = 2
+
+
+class SelectionError(ConfigError):
+    """A selection (``--stack``, ``--mode``, ``--target``, ``--case``) matches nothing."""
+
+
+class ReportError(MatrixError):
+    """A report file is corrupt, truncated, of another schema or fails validation (exit 3)."""
+
+    exit_code = 3
+
+
+class OpInputError(MatrixError, ValueError):
+    """Bad input to the gate_residual op: shape, dtype, device or index range."""
+
+
+class BackendError(MatrixError):
+    """A backend (host or docker) cannot run at all, e.g. no Docker engine answers (exit 4)."""
+
+    exit_code = 4
+
+
+class CellsFailed(MatrixError):
+    """The matrix ran to the end but at least one cell did not end ``ok`` (exit 5)."""
+
+    exit_code = 5

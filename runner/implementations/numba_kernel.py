@@ -1,0 +1,35 @@
+"""``numba``: our kernels (numba.cuda on the ``cuda`` target, numba on the CPU for ``cpu``)."""
+
+from __future__ import annotations
+
+import torch
+
+from runner.implementations import Implementation
+
+
+def run(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
+    """Forward (and backward) through ``GateResidual`` or ``GateResidualCPU`` by device."""
+    device = inputs["residual"].device.type
+    if device == "cuda":
+        from kernels.gate_residual import GateResidual as Fn
+        from kernels.gate_residual import gate_residual_forward as forward
+    else:
+        from kernels.gate_residual_cpu import GateResidualCPU as Fn
+        from kernels.gate_residual_cpu import gate_residual_cpu as forward
+    args = (inputs["residual"], inputs["gate"], inputs["y"], inputs["index"])
+    if not backward:
+        return {"out": forward(*args)}
+    residual, gate, y = (t.detach().requires_grad_() for t in args[:3])
+    out = Fn.apply(residual, gate, y, inputs["index"])
+    out.backward(inputs["grad_out"])
+    return {"out": out.detach(), "res": residual.grad, "y": y.grad, "gate": gate.grad}
+
+
+NUMBA = Implementation(
+    name="numba",
+    source=("gate_residual numba.cuda kernels (kernels/gate_residual.py); "
+            "CPU: kernels/gate_residual_cpu.py"),
+    has_backward=True,
+    run=run,
+    bitwise_claims=("out", "res", "y"),
+)

@@ -1,0 +1,156 @@
+"""Inputs whose bits are a pure function of (seed, case, tensor name), on any platform.
+
+torch's and numpy's random generators are not promised to be stable across releases, so
+the bits come from SplitMix64 (Steele, Lea & Flood, "Fast splittable pseudorandom number
+generators", OOPSLA 2014) over a counter, in numpy uint64 integer arithmetic. Each 64-bit
+word becomes one value: the sum of its four 16-bit fields, each / 65536, is an Irwin-Hall(4)
+variate computed exactly in float64; ``(s - 2) * sqrt(3)`` (one correctly rounded multiply)
+has mean 0 and variance 1. Rounding to the storage dtype is numpy's IEEE conversion to
+float32, then float16 (numpy) or bfloat16 (round to nearest even on the bits, below). No
+library's random generator, no libm call: the same bits everywhere.
+
+With ``specials=True``, about 1 element in 61 of ``residual``, ``gate``, ``y`` and
+``grad_out`` is replaced by one of :func:`special_values` (NaN, +-Inf, +-0.0, subnormals,
+the largest finite values, ...), at positions drawn from the same stream.
+
+Example::
+
+    >>> from runner.inputs import make_inputs
+    >>> x = make_inputs(n=257, d=5376, g=9, dtype="bfloat16", index_dtype="int64", seed=1)
+    >>> sorted(x.tensors)
+    ['gate', 'grad_out', 'index', 'residual', 'y']
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from runner.compare import tensor_sha256
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_SPECIAL_EVERY = 61
+
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+INDEX_DTYPES = {"int64": torch.int64, "int32": torch.int32}
+
+
+def splitmix64(key: int, count: int) -> np.ndarray:
+    """``count`` uint64 words of the SplitMix64 stream that starts at state ``key``.
+
+    Word i is mix(key + (i + 1) * 0x9E3779B97F4A7C15), mix being SplitMix64's finaliser.
+    """
+    with np.errstate(over="ignore"):
+        z = np.uint64(key) + (np.arange(1, count + 1, dtype=np.uint64) * _GOLDEN)
+        z = (z ^ (z >> np.uint64(30))) * _MIX1
+        z = (z ^ (z >> np.uint64(27))) * _MIX2
+        return z ^ (z >> np.uint64(31))
+
+
+def stream_key(seed: int, case_id: str, name: str) -> int:
+    """64-bit stream key for one tensor: the first 8 bytes of sha256("seed/case/name")."""
+    digest = hashlib.sha256(f"{seed}/{case_id}/{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def standard_values(words: np.ndarray) -> np.ndarray:
+    """float64 values with mean 0 and variance 1, one per uint64 word (Irwin-Hall of 4)."""
+    total = np.zeros(words.shape, dtype=np.float64)
+    for shift in (0, 16, 32, 48):
+        total += ((words >> np.uint64(shift)) & np.uint64(0xFFFF)).astype(np.float64) / 65536.0
+    return (total - 2.0) * np.sqrt(3.0)
+
+
+def bf16_bits(values32: np.ndarray) -> np.ndarray:
+    """float32 array -> bfloat16 bits (uint16), round to nearest even, NaN -> 0x7FC0 | sign."""
+    u = np.ascontiguousarray(values32, dtype=np.float32).view(np.uint32)
+    rounded = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+    rounded = rounded.astype(np.uint16)  # NaN words may wrap above; they are fixed next
+    nan = np.isnan(values32)
+    if nan.any():
+        rounded[nan] = ((u[nan] >> np.uint32(16)).astype(np.uint16) & 0x8000) | 0x7FC0
+    return rounded
+
+
+def to_storage(values: np.ndarray, dtype: str) -> torch.Tensor:
+    """float64/float32 numpy values -> a CPU tensor of the storage dtype, rounded as documented."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        v32 = values.astype(np.float32)
+    if dtype == "bfloat16":
+        return torch.from_numpy(bf16_bits(v32).view(np.int16)).view(torch.bfloat16)
+    if dtype == "float16":
+        with np.errstate(over="ignore"):
+            return torch.from_numpy(v32.astype(np.float16))
+    if dtype == "float32":
+        return torch.from_numpy(v32)
+    raise ValueError(f"unknown storage dtype {dtype!r}; choose from bfloat16, float16, float32")
+
+
+def special_values(dtype: str) -> np.ndarray:
+    """The special values planted by ``specials=True``, as float64 (exact in ``dtype``).
+
+    NaN, +Inf, -Inf, +0.0, -0.0, the smallest and largest subnormals, the smallest normal,
+    +-the largest finite value, and 2**k values whose products overflow or underflow.
+    """
+    info = torch.finfo(TORCH_DTYPES[dtype])
+    tiny = float(info.tiny)
+    smallest_sub = float(info.smallest_normal) * float(info.eps)
+    return np.array(
+        [np.nan, np.inf, -np.inf, 0.0, -0.0, smallest_sub, tiny - smallest_sub, tiny,
+         float(info.max), -float(info.max), 2.0 ** (int(np.log2(info.max)) // 2 + 1),
+         -(2.0 ** -(int(np.log2(info.max)) // 2 + 1))],
+        dtype=np.float64,
+    )
+
+
+@dataclass(frozen=True)
+class CaseInputs:
+    """One case's inputs as CPU tensors: residual, y, grad_out (N, D); gate (G, D); index (N,)."""
+
+    case_id: str
+    n: int
+    specials: bool
+    tensors: dict[str, torch.Tensor]
+
+    def sha256(self) -> dict[str, str]:
+        """sha256 of each tensor's bytes (row-major, little-endian storage)."""
+        return {name: tensor_sha256(t) for name, t in self.tensors.items()}
+
+    def index_counts(self, g: int) -> list[int]:
+        """Rows per gate index, length G (grad_gate's error grows with the count)."""
+        return torch.bincount(self.tensors["index"].long(), minlength=g).tolist()
+
+
+def make_inputs(*, n: int, d: int, g: int, dtype: str, index_dtype: str, seed: int,
+                specials: bool = False, case_id: str | None = None) -> CaseInputs:
+    """Build one case's inputs (CPU tensors); bits depend only on the arguments.
+
+    Args: ``n`` rows (>= 0), ``d`` columns, ``g`` gate rows (>= 1), ``dtype`` one of
+    bfloat16/float16/float32, ``index_dtype`` int64/int32, ``seed`` >= 0. ``case_id``
+    defaults to ``str(n)`` (``f"{n}-specials"`` with specials) and keys the streams.
+    Raises ``ValueError`` for an unknown dtype.
+    """
+    if index_dtype not in INDEX_DTYPES:
+        raise ValueError(f"unknown index dtype {index_dtype!r}; choose from int64, int32")
+    case_id = case_id or (f"{n}-specials" if specials else str(n))
+    shapes = {"residual": (n, d), "gate": (g, d), "y": (n, d), "grad_out": (n, d)}
+    tensors: dict[str, torch.Tensor] = {}
+    for name, shape in shapes.items():
+        count = shape[0] * shape[1]
+        words = splitmix64(stream_key(seed, case_id, name), count)
+        values = standard_values(words)
+        if specials and count:
+            pick = splitmix64(stream_key(seed, case_id, name + "/specials"), count)
+            chosen = (pick % np.uint64(_SPECIAL_EVERY)) == 0
+            table = special_values(dtype)
+            values[chosen] = table[(pick[chosen] >> np.uint64(32)) % np.uint64(len(table))]
+        tensors[name] = to_storage(values, dtype).reshape(shape)
+    index_words = splitmix64(stream_key(seed, case_id, "index"), n)
+    index = ((index_words >> np.uint64(32)) % np.uint64(g)).astype(np.int64)
+    tensors["index"] = torch.from_numpy(index).to(INDEX_DTYPES[index_dtype])
+    return CaseInputs(case_id=case_id, n=n, specials=specials, tensors=tensors)

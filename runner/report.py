@@ -1,0 +1,430 @@
+"""Validate, write and read cell reports (docs/report-format.md, schema_version 1).
+
+Writing: :func:`write_report` validates against ``runner/schema/report.schema.json``
+and the rules JSON Schema cannot state, then writes ``<cell id>.json`` atomically
+(temporary file in the same directory, fsync, ``os.replace``, fsync of the directory),
+so a reader never sees half a report and a failed validation never touches an
+existing file.
+
+Reading: :func:`read_reports` / :func:`read_report` never raise for a bad file; the
+file comes back as a :class:`LoadedReport` whose ``problem`` says why (corrupt or
+truncated JSON, not an object, a newer ``schema_version``, failed validation), so
+the tables can list it. Reports without ``schema_version`` laid out like the RL-Kernel
+reference report (``results[impl]["vs <other>"][case]``, ``environment``, ``cases``)
+are read as ``origin="foreign"``. Older schema versions are upgraded one step at a
+time by :func:`upgrade`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import secrets
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+import jsonschema
+from jsonschema.exceptions import best_match
+from referencing import Registry
+from referencing.jsonschema import DRAFT202012
+
+from runner.errors import ReportError
+
+__all__ = ["SCHEMA_PATH", "SCHEMA_VERSION", "TENSORS", "UPGRADES", "LoadedReport", "PairRow",
+           "ReadResult", "iter_pairs", "read_report", "read_reports", "upgrade", "validate",
+           "write_report", "write_text_atomic"]
+
+SCHEMA_VERSION = 1
+SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "report.schema.json"
+TENSORS = ("out", "res", "y", "gate")
+"""Tensor names in display order: the forward output, then the three gradients."""
+
+CELL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MAX_MESSAGE = 240
+_NOT_A_REPORT = (
+    "not a report: no schema_version and not the reference layout "
+    '(results[impl]["vs <other>"], environment, cases)'
+)
+
+Origin = Literal["ours", "foreign"]
+
+
+@lru_cache(maxsize=1)
+def _schema() -> dict[str, Any]:
+    with SCHEMA_PATH.open(encoding="utf-8") as f:
+        return json.load(f)
+
+
+@lru_cache(maxsize=1)
+def _validator() -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(_schema())
+
+
+@lru_cache(maxsize=1)
+def _foreign_validator() -> jsonschema.Draft202012Validator:
+    """Checks ``$defs/foreign_report``: the parts of the reference layout the tables read."""
+    schema = _schema()
+    registry = Registry().with_resource(schema["$id"], DRAFT202012.create_resource(schema))
+    ref = {"$ref": f"{schema['$id']}#/$defs/foreign_report"}
+    return jsonschema.Draft202012Validator(ref, registry=registry)
+
+
+def _path_str(parts: Iterator[Any] | list[Any] | tuple[Any, ...]) -> str:
+    """``results.numba["vs eager"]["257"].out[0].max_abs``; ``(root)`` for the document."""
+    text = ""
+    for part in parts:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif _IDENT_RE.match(str(part)):
+            text += f".{part}" if text else str(part)
+        else:
+            text += f"[{json.dumps(str(part))}]"
+    return text or "(root)"
+
+
+def _one_line(message: str) -> str:
+    line = " ".join(message.split())
+    return line if len(line) <= _MAX_MESSAGE else line[: _MAX_MESSAGE - 1] + "…"
+
+
+def _json_problems(value: Any, path: tuple[Any, ...] = ()) -> Iterator[str]:
+    """What ``json.dump(allow_nan=False)`` would reject or silently change, with its path."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                yield f"{_path_str(path)}: object key {key!r} is not a string"
+            else:
+                yield from _json_problems(item, (*path, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _json_problems(item, (*path, i))
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            yield (
+                f"{_path_str(path)}: non-finite number {value!r} "
+                f'(JSON has none; encode infinity as "inf")'
+            )
+    elif value is not None and not isinstance(value, (str, int, bool)):
+        yield f"{_path_str(path)}: {type(value).__name__} is not a JSON type"
+
+
+def _cmp_problems(cmp: Mapping[str, Any], path: tuple[Any, ...]) -> Iterator[str]:
+    where = _path_str(path)
+    if cmp["equal"] != (cmp["differ"] == 0):
+        yield f"{where}: equal is {cmp['equal']} but differ is {cmp['differ']}"
+    if cmp["differ"] > cmp["numel"]:
+        yield f"{where}: differ {cmp['differ']} exceeds numel {cmp['numel']}"
+    if cmp.get("nan_differ", 0) > cmp["differ"]:
+        yield f"{where}: nan_differ {cmp['nan_differ']} exceeds differ {cmp['differ']}"
+
+
+def _semantic_problems(report: Mapping[str, Any]) -> Iterator[str]:
+    """Rules beyond the schema; only called on a schema-valid report."""
+    cases = {str(c) for c in report["cases"]}
+    for key in report.get("inputs", {}):
+        if key not in cases:
+            yield f'{_path_str(("inputs", key))}: case "{key}" is not listed in cases'
+    for impl, entry in report["results"].items():
+        for vs_key, by_case in entry.items():
+            if not vs_key.startswith("vs "):
+                continue
+            for case, comparison in by_case.items():
+                here = ("results", impl, vs_key, case)
+                if case not in cases:
+                    yield f'{_path_str(here)}: case "{case}" is not listed in cases'
+                for i, cmp in enumerate(comparison.get("out", [])):
+                    yield from _cmp_problems(cmp, (*here, "out", i))
+                for name, cmp in comparison.get("grads", {}).items():
+                    yield from _cmp_problems(cmp, (*here, "grads", name))
+
+
+def _first_problem(
+    report: Any, validator: jsonschema.Draft202012Validator, semantic: bool = False
+) -> str | None:
+    """One line naming the worst problem and how many others there are, or None."""
+    problems = list(_json_problems(report))
+    first, count = (problems[0], len(problems)) if problems else (None, 0)
+    if first is None:
+        errors = list(validator.iter_errors(report))
+        if errors:
+            worst = best_match(errors)
+            first, count = f"{_path_str(worst.absolute_path)}: {worst.message}", len(errors)
+    if first is None and semantic:
+        problems = list(_semantic_problems(report))
+        first, count = (problems[0], len(problems)) if problems else (None, 0)
+    if first is None:
+        return None
+    more = f" (and {count - 1} more)" if count > 1 else ""
+    return _one_line(first) + more
+
+
+def validate(report: dict[str, Any]) -> None:
+    """Check a schema_version 1 report; raise :class:`ReportError` if it is invalid.
+
+    Checks the JSON Schema (``runner/schema/report.schema.json``), that every value is
+    a JSON value (string keys, no NaN/Infinity: infinities are written ``"inf"``), that
+    each CMP has ``equal == (differ == 0)`` and ``differ <= numel``, and that the case
+    keys of ``inputs`` and ``"vs <x>"`` maps are listed in ``cases``.
+
+    Raises:
+        ReportError: one line, ``<path in the document>: <message>``, e.g.
+            ``results.numba["vs eager"]["257"].out[0].max_abs: nan is not valid ...``.
+
+    Example:
+        >>> validate({"schema_version": 1})
+        Traceback (most recent call last):
+        ReportError: invalid report: (root): 'kind' is a required property (and 6 more)
+    """
+    problem = _first_problem(report, _validator(), semantic=True)
+    if problem is not None:
+        raise ReportError(f"invalid report: {problem}")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` (UTF-8) so readers see the old or the new file, whole.
+
+    A temporary ``.<name>.<pid>.<random>.tmp`` in the same directory is written, flushed
+    and fsynced, renamed over ``path`` with ``os.replace`` and the directory fsynced. On
+    any error the temporary file is removed and ``path`` is untouched.
+
+    Raises:
+        OSError: the directory cannot be written.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_report(report: dict[str, Any], directory: Path) -> Path:
+    """Validate ``report`` and write it atomically to ``<directory>/<cell id>.json``.
+
+    The JSON is indented by 2, keys in the order given, ``allow_nan=False``, with a final
+    newline. ``directory`` is created if missing.
+
+    Returns:
+        The path written.
+    Raises:
+        ReportError: the report is invalid (see :func:`validate`) or its cell id is not
+            ``^[A-Za-z0-9][A-Za-z0-9_.-]*$``; nothing is written then.
+        OSError: the directory cannot be written.
+
+    Example:
+        >>> write_report(report, Path("reports"))
+        PosixPath('reports/host-plain-cuda.json')
+    """
+    cell = report.get("cell")
+    cell_id = cell.get("id") if isinstance(cell, dict) else None
+    if not isinstance(cell_id, str) or not CELL_ID_RE.match(cell_id):
+        raise ReportError(
+            f"invalid report: cell.id: expected a name matching {CELL_ID_RE.pattern}, "
+            f"got {cell_id!r}"
+        )
+    validate(report)  # also rules out what json.dumps(allow_nan=False) would reject
+    text = json.dumps(report, indent=2, sort_keys=False, allow_nan=False) + "\n"
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{cell_id}.json"
+    write_text_atomic(path, text)
+    return path
+
+
+@dataclass(frozen=True)
+class LoadedReport:
+    """One report file as read: its data, or why it could not be read.
+
+    Attributes:
+        path: the file.
+        data: the (upgraded) report, or None when ``problem`` is set.
+        origin: ``"ours"`` (has ``schema_version``), ``"foreign"`` (the reference
+            layout without ``schema_version``), or None when not even that is known.
+        problem: one line saying why the file was not read, or None.
+    """
+
+    path: Path
+    data: dict[str, Any] | None
+    origin: Origin | None
+    problem: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the file was read (``data`` is set, ``problem`` is None)."""
+        return self.problem is None
+
+
+ReadResult = LoadedReport
+"""Alias: the result of reading one report file."""
+
+
+UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+"""``UPGRADES[v]`` turns a version-``v`` report into a version-``v + 1`` one (new dict).
+
+Empty while 1 is the only version: when version 2 comes, add ``UPGRADES[1] = _v1_to_v2``.
+"""
+
+
+def upgrade(data: dict[str, Any]) -> dict[str, Any]:
+    """Bring a report of an older ``schema_version`` to :data:`SCHEMA_VERSION`, one step each.
+
+    Version 1 is returned as is.
+
+    Raises:
+        ReportError: the version is not an integer, newer than this reader (refused),
+            or has no upgrade step.
+    """
+    version = data.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ReportError(f"schema_version: expected an integer, got {version!r}")
+    if version > SCHEMA_VERSION:
+        raise ReportError(
+            f"schema_version {version} is newer than this runner reads "
+            f"({SCHEMA_VERSION}): refused; update the runner"
+        )
+    while version < SCHEMA_VERSION:
+        step = UPGRADES.get(version)
+        if step is None:
+            raise ReportError(f"schema_version {version} is unknown: no upgrade step")
+        data = step(data)
+        version = data["schema_version"]
+    return data
+
+
+def _is_foreign_layout(data: Mapping[str, Any]) -> bool:
+    results = data.get("results")
+    has_vs = isinstance(results, dict) and any(
+        isinstance(e, dict) and any(str(k).startswith("vs ") for k in e) for e in results.values()
+    )
+    return has_vs and "environment" in data and "cases" in data
+
+
+def _decode_problem(text: str, err: json.JSONDecodeError) -> str:
+    if not text.strip():
+        return "truncated: the file is empty"
+    if err.pos >= len(text.rstrip()) or err.msg.startswith("Unterminated string"):
+        return f"truncated JSON: {err.msg} at line {err.lineno} column {err.colno}"
+    return f"corrupt JSON: {err.msg} at line {err.lineno} column {err.colno}"
+
+
+def read_report(path: Path) -> LoadedReport:
+    """Read one report file; never raises for a bad file (see :class:`LoadedReport`).
+
+    Ours (``schema_version`` present) is upgraded (:func:`upgrade`) and validated;
+    a newer version is refused. A file without ``schema_version`` in the reference
+    layout is read as ``"foreign"`` after checking the parts :func:`iter_pairs` reads.
+
+    Example:
+        >>> read_report(Path("reports/reference/gate_residual_b200.json")).origin
+        'foreign'
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        return LoadedReport(path, None, None, f"corrupt: not UTF-8 text ({err.reason})")
+    except OSError as err:
+        return LoadedReport(path, None, None, f"cannot read: {err.strerror or err}")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        return LoadedReport(path, None, None, _decode_problem(text, err))
+    except RecursionError:
+        return LoadedReport(path, None, None, "corrupt JSON: nested too deeply")
+    if not isinstance(data, dict):
+        return LoadedReport(
+            path, None, None, f"not a report: the JSON is a {type(data).__name__}, not an object"
+        )
+    if "schema_version" in data:
+        try:
+            data = upgrade(data)
+            validate(data)
+        except ReportError as err:
+            return LoadedReport(path, None, "ours", str(err))
+        return LoadedReport(path, data, "ours")
+    if _is_foreign_layout(data):
+        problem = _first_problem(data, _foreign_validator())
+        if problem is not None:
+            return LoadedReport(path, None, "foreign", f"unreadable foreign report: {problem}")
+        return LoadedReport(path, data, "foreign")
+    return LoadedReport(path, None, None, _NOT_A_REPORT)
+
+
+def read_reports(directory: Path) -> list[LoadedReport]:
+    """Read every ``*.json`` under ``directory`` (recursively, sorted by path).
+
+    Files under a ``bench/`` directory (below ``directory``) are skipped. A bad file
+    does not stop the others: it comes back with ``problem`` set.
+
+    Raises:
+        ReportError: ``directory`` is not a directory.
+
+    Example:
+        >>> [r.path.name for r in read_reports(Path("reports"))]
+        ['host-plain-cuda.json', 'gate_residual_b200.json']
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ReportError(f"{directory}: reports directory not found")
+    paths = sorted(
+        p for p in directory.rglob("*.json") if "bench" not in p.relative_to(directory).parts[:-1]
+    )
+    return [read_report(p) for p in paths]
+
+
+class PairRow(NamedTuple):
+    """One ``results[impl]["vs <other>"][case]`` entry, flattened.
+
+    ``tensors`` maps each present name of :data:`TENSORS` to its CMP dict (``out`` is
+    the first element of the ``out`` list); a tensor absent from the file is absent here.
+    """
+
+    impl: str
+    other: str
+    case_id: str
+    tensors: dict[str, dict[str, Any]]
+
+
+def _ordered_cases(data: Mapping[str, Any], keys: list[str]) -> list[str]:
+    listed = [str(c) for c in data.get("cases", [])]
+    return [c for c in listed if c in keys] + [k for k in keys if k not in listed]
+
+
+def iter_pairs(data: Mapping[str, Any]) -> Iterator[PairRow]:
+    """Yield every comparison in a report, ours or foreign, in a stable order.
+
+    Order: implementations and their ``"vs <x>"`` keys as in the file, cases in the
+    order of ``data["cases"]`` (then any unlisted case keys). Both directions of a pair
+    are yielded if both are in the file; the tables drop the mirror.
+
+    Example:
+        >>> next(iter_pairs(reference)).tensors["gate"]["differ"]
+        0
+    """
+    for impl, entry in data.get("results", {}).items():
+        for key, by_case in entry.items():
+            if not key.startswith("vs "):
+                continue
+            for case in _ordered_cases(data, list(by_case)):
+                comparison = by_case[case]
+                tensors = {"out": (comparison.get("out") or [None])[0]}
+                tensors.update(comparison.get("grads") or {})
+                ordered = {n: tensors[n] for n in TENSORS if tensors.get(n) is not None}
+                yield PairRow(impl, key[3:], case, ordered)

@@ -1,0 +1,54 @@
+"""Shared fixtures: fresh random inputs (new seed each run, printed on failure)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+import pytest
+import torch
+
+from runner.inputs import make_inputs
+
+DTYPES = ("bfloat16", "float16", "float32")
+INDEX_DTYPES = ("int64", "int32")
+INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests are skipped where torch sees no CUDA device (CI); the H200 script runs them."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA device: run scripts/h200.sh on the H200")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def fresh_seed(request):
+    """A new seed per test run (``GATE_RESIDUAL_TEST_SEED`` pins one), shown in the test id log."""
+    seed = int(os.environ.get("GATE_RESIDUAL_TEST_SEED", secrets.randbits(32)))
+    request.node.user_properties.append(("seed", seed))
+    print(f"seed={seed}")
+    return seed
+
+
+def inputs(n, d, g, dtype, index_dtype, seed, specials=True):
+    """Inputs for one test case, with special values planted by default."""
+    return make_inputs(n=n, d=d, g=g, dtype=dtype, index_dtype=index_dtype, seed=seed,
+                       specials=specials).tensors
+
+
+def assert_bitwise(a: torch.Tensor, b: torch.Tensor, what: str, nan_payload_ok: bool = False):
+    """Assert equal bits; with ``nan_payload_ok``, NaN on both sides may differ in payload."""
+    assert a.shape == b.shape and a.dtype == b.dtype, what
+    ia, ib = a.view(INT_VIEW[a.dtype]), b.view(INT_VIEW[b.dtype])
+    differ = ia != ib
+    if nan_payload_ok:
+        differ &= ~(torch.isnan(a) & torch.isnan(b))
+    n = int(differ.sum())
+    if n:
+        where = torch.nonzero(differ)[0].tolist()
+        raise AssertionError(f"{what}: {n} of {a.numel()} elements differ in bits; first at "
+                             f"{where}: {a[tuple(where)].item()!r} vs {b[tuple(where)].item()!r}")

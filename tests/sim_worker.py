@@ -1,0 +1,65 @@
+"""Runs the numba.cuda kernels under the CUDA simulator; used by tests/test_simulator.py.
+
+Invoked as ``NUMBA_ENABLE_CUDASIM=1 python tests/sim_worker.py OUT.npz SEED`` (the variable
+must be set before numba is imported, hence a separate process). For each case it saves the
+inputs' bits and the kernels' outputs for two different launch configurations.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kernels import gate_residual as K
+from kernels.rounding import CODECS, SIMULATOR
+from runner.inputs import make_inputs
+
+CASES = [  # (n, d, g, dtype, index_dtype)
+    (1, 3, 1, "bfloat16", "int64"),
+    (K.CHUNK_ROWS + 3, 37, 5, "bfloat16", "int32"),
+    (K.CHUNK_ROWS + 3, 37, 5, "float16", "int64"),
+    (K.CHUNK_ROWS + 3, 37, 5, "float32", "int64"),
+    (0, 4, 2, "float32", "int64"),
+]
+LAUNCHES = [dict(block_cols=128, max_grid_y=65535), dict(block_cols=32, max_grid_y=2)]
+
+
+def storage(t):
+    """numpy array of the storage elements as the kernels take them (bfloat16 as int16)."""
+    import torch
+
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().copy()
+    return t.numpy().copy()
+
+
+def main(out_path: str, seed: int) -> None:
+    assert SIMULATOR, "set NUMBA_ENABLE_CUDASIM=1"
+    saved = {}
+    for c, (n, d, g, dtype, index_dtype) in enumerate(CASES):
+        x = make_inputs(n=n, d=d, g=g, dtype=dtype, index_dtype=index_dtype, seed=seed,
+                        specials=True).tensors
+        a = {k: storage(v) for k, v in x.items()}
+        for name, arr in a.items():
+            saved[f"{c}/in/{name}"] = arr
+        npdt = CODECS[dtype][2]
+        for li, launch in enumerate(LAUNCHES):
+            out = np.full((n, d), 0x5A5A if npdt == np.int16 else 7, dtype=npdt)  # poisoned
+            grad_y = np.full((n, d), 0x5A5A if npdt == np.int16 else 7, dtype=npdt)
+            grad_gate = np.full((g, d), 0x5A5A if npdt == np.int16 else 7, dtype=npdt)
+            partial = np.full((K.n_chunks(n), g, d), np.nan, dtype=np.float32)
+            K.launch_forward(out, a["residual"], a["gate"], a["y"], a["index"], dtype, **launch)
+            K.launch_backward(grad_y, grad_gate, partial, a["grad_out"], a["gate"], a["y"],
+                              a["index"], dtype, **launch)
+            saved[f"{c}/{li}/out"] = out
+            saved[f"{c}/{li}/grad_y"] = grad_y
+            saved[f"{c}/{li}/grad_gate"] = grad_gate
+    np.savez(out_path, **saved)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))

@@ -1,0 +1,330 @@
+"""Tests for runner.config: the shipped matrix, round trips, content hashes, bad configs."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import pytest
+import yaml
+
+from runner.config import (
+    KNOWN_IMPLEMENTATIONS,
+    Case,
+    FrozenMap,
+    load_matrix,
+    parse_matrix,
+)
+from runner.errors import ConfigError
+
+MATRIX = Path(__file__).parent.parent / "matrix.yaml"
+
+
+def shipped() -> dict[str, Any]:
+    """The shipped matrix.yaml as plain data, a fresh copy each call."""
+    return yaml.safe_load(MATRIX.read_text())
+
+
+def test_shipped_matrix_loads() -> None:
+    m = load_matrix(MATRIX)
+    assert m.problem.D == 5376 and m.problem.G == 9 and m.problem.dtype == "bfloat16"
+    assert [c.id for c in m.cases] == ["1", "257", "4097", "32768", "257-specials"]
+    assert m.implementations == ("eager", "numba", "fp64")
+    assert (m.baseline, m.accuracy_reference, m.repeats) == ("eager", "fp64", 3)
+    assert (m.timing.warmup, m.timing.iters) == (5, 50)
+    assert list(m.modes) == ["plain"] and dict(m.modes["plain"].env) == {}
+    assert m.modes["plain"].torch.deterministic is None
+    assert {name: s.kind for name, s in m.stacks.items()} == {"host": "host"}
+    assert m.targets == ("cuda", "cpu")
+
+
+def test_defaults_filled_in() -> None:
+    data = shipped()
+    for key in ("repeats", "timing", "accuracy_reference"):
+        del data[key]
+    m = parse_matrix(data)
+    assert (m.repeats, m.timing.warmup, m.timing.iters, m.accuracy_reference) == (3, 5, 50, None)
+
+
+def test_round_trip() -> None:
+    m = load_matrix(MATRIX)
+    assert parse_matrix(m.to_dict()) == m
+    assert parse_matrix(yaml.safe_load(yaml.safe_dump(m.to_dict()))) == m
+    assert m.to_dict()["modes"] == {"plain": {"env": {}, "torch": {}}}
+
+
+def test_round_trip_with_env_and_torch_settings() -> None:
+    data = shipped()
+    data["modes"] = {"det": {"env": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"},
+                             "torch": {"deterministic": True, "tf32": False}}, "plain": {}}
+    m = parse_matrix(data)
+    assert m.modes["det"].env["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert m.modes["det"].torch.tf32 is False and m.modes["det"].torch.inference_mode is None
+    assert m.to_dict()["modes"]["det"]["torch"] == {"deterministic": True, "tf32": False}
+    assert list(m.modes) == ["det", "plain"]  # file order
+    assert parse_matrix(m.to_dict()) == m
+
+
+def test_matrix_is_frozen_and_hashable() -> None:
+    m = load_matrix(MATRIX)
+    with pytest.raises(pydantic.ValidationError):
+        m.repeats = 5  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        m.modes["new"] = m.modes["plain"]  # type: ignore[index]
+    assert isinstance(m.modes, FrozenMap) and isinstance(m.cases, tuple)
+    assert hash(m) == hash(load_matrix(MATRIX))
+
+
+def test_content_hash_is_stable() -> None:
+    h = load_matrix(MATRIX).content_hash()
+    assert len(h) == 64 and int(h, 16) >= 0
+    assert load_matrix(MATRIX).content_hash() == h
+    reordered = dict(reversed(list(shipped().items())))  # key order in the file is not content
+    assert parse_matrix(reordered).content_hash() == h
+    spelled_out = shipped()
+    spelled_out["cases"][0]["specials"] = False  # a default, written out
+    assert parse_matrix(spelled_out).content_hash() == h
+
+
+@pytest.mark.parametrize("change", [
+    lambda d: d["problem"].update(seed=d["problem"]["seed"] + 1),
+    lambda d: d["cases"].append({"n": 3}),
+    lambda d: d["cases"][4].update(specials=False, n=258),
+    lambda d: d.update(repeats=4),
+    lambda d: d["modes"]["plain"].update(env={"X": "1"}),
+    lambda d: d.update(targets=["cuda"]),
+])
+def test_content_hash_changes_with_content(change: Callable[[dict[str, Any]], None]) -> None:
+    data = shipped()
+    change(data)
+    assert parse_matrix(data).content_hash() != load_matrix(MATRIX).content_hash()
+
+
+def test_known_implementations_can_be_given() -> None:
+    data = shipped()
+    data["implementations"] = ["eager", "triton", "fp64"]
+    with pytest.raises(ConfigError, match=r"implementations\[1\]: expected one of eager, numba"):
+        parse_matrix(data)
+    m = parse_matrix(data, known_implementations=(*KNOWN_IMPLEMENTATIONS, "triton"))
+    assert m.implementations == ("eager", "triton", "fp64")
+    with pytest.raises(ConfigError, match=r"expected one of eager, fp64, numba, got \"triton\""):
+        parse_matrix(data, known_implementations=frozenset(KNOWN_IMPLEMENTATIONS))  # sorted
+
+
+def test_case_ids() -> None:
+    assert Case(n=257).id == "257" and Case(n=257, specials=True).id == "257-specials"
+
+
+@dataclasses.dataclass
+class Whole:
+    """Returned by a change that replaces the whole document rather than edit it in place."""
+
+    data: Any
+
+
+# (test id, change to the shipped data, key path, a fragment of the rest of the message)
+BAD: list[tuple[str, Callable[[dict[str, Any]], Any], str, str]] = [
+    ("unknown top-level key", lambda d: d.update(case=[]), "case", 'got unknown key "case"'),
+    ("unknown nested key", lambda d: d["problem"].update(d=1), "problem.d", "one of the keys D, G"),
+    ("D a string", lambda d: d["problem"].update(D="5376"), "problem.D", 'integer, got "5376"'),
+    ("D a bool", lambda d: d["problem"].update(D=True), "problem.D", "integer, got true"),
+    ("D a float", lambda d: d["problem"].update(D=5376.0), "problem.D", "integer, got 5376.0"),
+    ("D zero", lambda d: d["problem"].update(D=0), "problem.D", "integer >= 1, got 0"),
+    ("G zero", lambda d: d["problem"].update(G=0), "problem.G", "integer >= 1, got 0"),
+    ("N zero", lambda d: d["cases"][2].update(n=0), "cases[2].n", "integer >= 1, got 0"),
+    ("negative seed", lambda d: d["problem"].update(seed=-1), "problem.seed", ">= 0, got -1"),
+    ("seed too big", lambda d: d["problem"].update(seed=2**64), "problem.seed", "<= 9223372"),
+    ("unknown dtype", lambda d: d["problem"].update(dtype="bf16"), "problem.dtype",
+     'one of bfloat16, float16, float32, got "bf16"'),
+    ("unknown index dtype", lambda d: d["problem"].update(index_dtype="int16"),
+     "problem.index_dtype", 'one of int64, int32, got "int16"'),
+    ("missing problem key", lambda d: d["problem"].pop("G"), "problem.G", "the key is missing"),
+    ("specials not a bool", lambda d: d["cases"][0].update(specials="yes"), "cases[0].specials",
+     'true or false, got "yes"'),
+    ("empty cases", lambda d: d.update(cases=[]), "cases", "a non-empty list, got an empty list"),
+    ("cases a mapping", lambda d: d.update(cases={"n": 1}), "cases", "a list, got a mapping"),
+    ("duplicate case", lambda d: d["cases"].append({"n": 4097}), "cases[5]", 'second "4097"'),
+    ("duplicate specials case", lambda d: d["cases"].append({"n": 257, "specials": True}),
+     "cases[5]", 'a second "257-specials"'),
+    ("unknown implementation", lambda d: d["implementations"].append("triton"),
+     "implementations[3]", 'one of eager, numba, fp64, got "triton"'),
+    ("duplicate implementation", lambda d: d["implementations"].append("numba"),
+     "implementations[3]", 'unique names, got a second "numba"'),
+    ("empty implementations", lambda d: d.update(implementations=[]), "implementations",
+     "non-empty list"),
+    ("baseline not in implementations", lambda d: d.update(implementations=["numba", "fp64"]),
+     "baseline", 'one of implementations (numba, fp64), got "eager"'),
+    ("accuracy reference not in implementations",
+     lambda d: d.update(implementations=["eager", "numba"]), "accuracy_reference", '"fp64"'),
+    ("baseline is the accuracy reference", lambda d: d.update(baseline="fp64"), "baseline",
+     'other than accuracy_reference, got "fp64"'),
+    ("repeats zero", lambda d: d.update(repeats=0), "repeats", "integer >= 1, got 0"),
+    ("timing iters zero", lambda d: d.update(timing={"iters": 0}), "timing.iters", ">= 1"),
+    ("negative warmup", lambda d: d.update(timing={"warmup": -1}), "timing.warmup", ">= 0"),
+    ("mode name with /", lambda d: d.update(modes={"a/b": {}}), 'modes["a/b"]',
+     'a-z 0-9 _ . - starting with a letter or digit, got "a/b"'),
+    ("mode name with ;", lambda d: d.update(modes={"x;rm": {}}), 'modes["x;rm"]', 'got "x;rm"'),
+    ("mode name upper case", lambda d: d.update(modes={"Plain": {}}), "modes.Plain", "a-z"),
+    ("mode name a YAML int", lambda d: d.update(modes={1: {}}), "modes[1]", "a string, got 1"),
+    ("mode name ends in a newline", lambda d: d.update(modes={"plain\n": {}}), 'modes["plain\\n"]',
+     'got "plain\\n"'),
+    ("top-level key a YAML bool", lambda d: d.update({True: 1}), "top level",
+     "string keys, got the key true"),
+    ("nested key null", lambda d: d["problem"].update({None: 1}), "problem",
+     "string keys, got the key null"),
+    ("mode null", lambda d: d.update(modes={"plain": None}), "modes.plain",
+     "a mapping, got null"),
+    ("empty modes", lambda d: d.update(modes={}), "modes", "a non-empty mapping"),
+    ("unknown mode key", lambda d: d["modes"]["plain"].update(envs={}), "modes.plain.envs",
+     "one of the keys env, torch"),
+    ("env name lower case", lambda d: d["modes"]["plain"].update(env={"path": "x"}),
+     "modes.plain.env.path", "environment variable name"),
+    ("env name ends in a newline", lambda d: d["modes"]["plain"].update(env={"A\n": "x"}),
+     'modes.plain.env["A\\n"]', "environment variable name"),
+    ("env name with a dash", lambda d: d["modes"]["plain"].update(env={"A-B": "x"}),
+     "modes.plain.env.A-B", 'got "A-B"'),
+    ("env value with a newline", lambda d: d["modes"]["plain"].update(env={"A": "1\nB=2"}),
+     "modes.plain.env.A", 'no newline or NUL, got "1\\nB=2"'),
+    ("env value with NUL", lambda d: d["modes"]["plain"].update(env={"A": "1\0"}),
+     "modes.plain.env.A", "no newline or NUL"),
+    ("env value not a string", lambda d: d["modes"]["plain"].update(env={"A": 1}),
+     "modes.plain.env.A", "a string, got 1"),
+    ("unknown torch setting", lambda d: d["modes"]["plain"].update(torch={"benchmark": True}),
+     "modes.plain.torch.benchmark", "one of the keys deterministic, tf32, inference_mode"),
+    ("torch setting not a bool", lambda d: d["modes"]["plain"].update(torch={"tf32": 1}),
+     "modes.plain.torch.tf32", "true or false, got 1"),
+    ("bad stack kind", lambda d: d.update(stacks={"host": {"kind": "podman"}}),
+     "stacks.host.kind", 'host, got "podman"'),
+    ("stack not a mapping", lambda d: d["stacks"].update(host="host"), "stacks.host",
+     'a mapping, got "host"'),
+    ("stack kind missing", lambda d: d.update(stacks={"host": {}}), "stacks.host.kind",
+     "the key is missing"),
+    ("unknown stack key", lambda d: d["stacks"]["host"].update(image="x"), "stacks.host.image",
+     'the key kind, got unknown key "image"'),
+    ("stack name with a space", lambda d: d.update(stacks={"my host": {"kind": "host"}}),
+     'stacks["my host"]', "a-z 0-9"),
+    ("empty stacks", lambda d: d.update(stacks={}), "stacks", "a non-empty mapping"),
+    ("cell ids collide", lambda d: d.update(stacks={"a-b": {"kind": "host"}, "a": {"kind": "host"}},
+                                            modes={"c": {}, "b-c": {}}),
+     "modes.b-c", 'cell id "a-b-c-<target>" twice'),
+    ("unknown target", lambda d: d.update(targets=["gpu"]), "targets[0]",
+     'one of cuda, cpu, got "gpu"'),
+    ("duplicate target", lambda d: d.update(targets=["cpu", "cpu"]), "targets[1]",
+     'unique targets, got a second "cpu"'),
+    ("targets a string", lambda d: d.update(targets="cuda"), "targets", 'a list, got "cuda"'),
+    ("empty targets", lambda d: d.update(targets=[]), "targets", "a non-empty list"),
+    ("schema_version 2", lambda d: d.update(schema_version=2), "schema_version",
+     "newer than this runner"),
+    ("schema_version 0", lambda d: d.update(schema_version=0), "schema_version",
+     "expected 1, got 0"),
+    ("schema_version missing", lambda d: d.pop("schema_version"), "schema_version",
+     "the key is missing"),
+    ("op other", lambda d: d.update(op="gate_norm"), "op", 'gate_residual, got "gate_norm"'),
+    ("top level a list", lambda d: Whole([d]), "top level", "a mapping, got a list"),
+    ("top level a string", lambda d: Whole("gate_residual"), "top level", 'a mapping, got "gate_'),
+    ("top level empty", lambda d: Whole(None), "top level", "a mapping, got an empty document"),
+    ("a YAML date", lambda d: d["problem"].update(seed=__import__("datetime").date(2026, 11, 29)),
+     "problem.seed", 'an integer, got a date "2026-11-29"'),
+]
+
+
+@pytest.mark.parametrize(("change", "path", "fragment"), [b[1:] for b in BAD],
+                         ids=[b[0] for b in BAD])
+def test_bad_config(change: Callable[[dict[str, Any]], Any], path: str, fragment: str) -> None:
+    data = shipped()
+    result = change(data)
+    if isinstance(result, Whole):
+        data = result.data
+    with pytest.raises(ConfigError) as info:
+        parse_matrix(data)
+    message = str(info.value)
+    assert len(message.splitlines()) == 1, message
+    assert message.startswith(f"matrix.yaml: {path}: expected "), message
+    assert fragment in message, message
+    assert info.value.__cause__ is not None
+
+
+def test_first_error_counts_the_others() -> None:
+    data = shipped()
+    data["problem"].update(D=0, G=0)
+    data["repeats"] = 0
+    with pytest.raises(ConfigError, match=r"^matrix.yaml: problem.D: .* \(\+2 more\)$"):
+        parse_matrix(data)
+
+
+def test_source_names_the_file() -> None:
+    with pytest.raises(ConfigError, match=r"^conf/m.yaml: repeats: "):
+        parse_matrix({**shipped(), "repeats": 0}, source="conf/m.yaml")
+
+
+def write(tmp_path: Path, text: str | bytes) -> Path:
+    path = tmp_path / "matrix.yaml"
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("schema_version: 1\nop: [gate_residual\n", "invalid YAML"),
+    ("problem:\n  D: 1\n D: 2\n", "line 3, column 2: invalid YAML"),
+    ("problem:\n  D: 1\n  D: 2\n", 'line 3, column 3: invalid YAML: duplicate key "D"'),
+    ("modes: {plain: {}}\nmodes: {det: {}}\n",
+     'line 2, column 1: invalid YAML: duplicate key "modes"'),
+    ("a: &x 1\nb: *y\n", "invalid YAML"),
+    ("x: !!python/object:os.system {}\n", "invalid YAML"),
+    (b"op: \xff\xfe\n", "cannot read the matrix file"),
+])
+def test_bad_yaml_file(tmp_path: Path, text: str | bytes, fragment: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_matrix(path)
+    message = str(info.value)
+    assert len(message.splitlines()) == 1, message
+    assert message.startswith(f"{path}: ") and fragment in message, message
+    assert info.value.__cause__ is not None
+
+
+def test_yaml_merge_keys_are_not_duplicates(tmp_path: Path) -> None:
+    old = "timing:\n  warmup: 5"
+    text = MATRIX.read_text().replace(old, "timing:\n  <<: {warmup: 1, iters: 7}\n  warmup: 5")
+    assert text != MATRIX.read_text()
+    m = load_matrix(write(tmp_path, text))
+    assert (m.timing.warmup, m.timing.iters) == (5, 50)
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("", "top level: expected a mapping, got an empty document"),
+    ("# only a comment\n", "top level: expected a mapping, got an empty document"),
+    ("- 1\n- 2\n", "top level: expected a mapping, got a list"),
+    ("problem: {D: 0}\n", "schema_version: expected a value, got nothing"),
+])
+def test_bad_matrix_file(tmp_path: Path, text: str, fragment: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=f"^{path}: ") as info:
+        load_matrix(path)
+    assert fragment in str(info.value) and len(str(info.value).splitlines()) == 1
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_matrix(tmp_path / "nope.yaml")
+    assert str(info.value) == f"{tmp_path / 'nope.yaml'}: cannot read the matrix file: " \
+        "No such file or directory"
+    assert isinstance(info.value.__cause__, FileNotFoundError)
+
+
+def test_directory_is_not_a_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read the matrix file"):
+        load_matrix(tmp_path)
+
+
+def test_shipped_file_edited_on_disk(tmp_path: Path) -> None:
+    text = MATRIX.read_text().replace("  - {n: 4097}", "  - {n: 0}")
+    expected = r"matrix.yaml: cases\[2\].n: expected an integer >= 1, got 0$"
+    with pytest.raises(ConfigError, match=expected):
+        load_matrix(write(tmp_path, text))

@@ -1,0 +1,93 @@
+"""numba.cuda kernels on a real GPU against eager CUDA PyTorch (run on the H200).
+
+Bitwise equality here is strict: NaN encodings included, since the kernels and eager use the
+same GPU arithmetic and conversions.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import DTYPES, INDEX_DTYPES, assert_bitwise, inputs
+
+from runner.errors import OpInputError
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(0, 5, 3), (1, 1, 1), (7, 33, 3), (300, 129, 9), (1025, 5376, 9)]
+
+
+def eager(x):
+    r, g, y = (x[k].clone().requires_grad_() for k in ("residual", "gate", "y"))
+    out = r + g.index_select(0, x["index"]) * y
+    out.backward(x["grad_out"])
+    return out.detach(), r.grad, y.grad, g.grad
+
+
+def ours(x):
+    from kernels.gate_residual import gate_residual
+
+    r, g, y = (x[k].clone().requires_grad_() for k in ("residual", "gate", "y"))
+    out = gate_residual(r, g, y, x["index"])
+    out.backward(x["grad_out"])
+    return out.detach(), r.grad, y.grad, g.grad
+
+
+def on_gpu(x):
+    return {k: v.cuda() for k, v in x.items()}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_forward_grad_res_grad_y_bitwise_equal_to_eager(dtype, index_dtype, shape, fresh_seed):
+    x = on_gpu(inputs(*shape, dtype, index_dtype, fresh_seed, specials=True))
+    out_e, res_e, y_e, _ = eager(x)
+    out, res, grad_y, _ = ours(x)
+    assert_bitwise(out, out_e, "out")
+    assert_bitwise(res, res_e, "grad_residual")
+    assert_bitwise(grad_y, y_e, "grad_y")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 7, 2), (4097, 5376, 9)], ids=lambda s: "x".join(map(str, s)))
+def test_grad_gate_repeatable_and_equal_to_cpu_path(dtype, shape, fresh_seed):
+    from kernels.gate_residual import gate_residual_backward
+    from kernels.gate_residual_cpu import gate_residual_backward_cpu
+
+    x = inputs(*shape, dtype, "int64", fresh_seed, specials=True)
+    g = on_gpu(x)
+    runs = [gate_residual_backward(g["grad_out"], g["gate"], g["y"], g["index"])[1]
+            for _ in range(3)]
+    for again in runs[1:]:
+        assert_bitwise(again, runs[0], "grad_gate repeat")
+    _, cpu = gate_residual_backward_cpu(x["grad_out"], x["gate"], x["y"], x["index"])
+    assert_bitwise(runs[0].cpu(), cpu, "grad_gate GPU vs CPU path")
+
+
+def test_fp32_forward_is_not_contracted_on_the_gpu():
+    """g*y = 1 + 2**-11 + 2**-24 rounds to 1 + 2**-11, which r cancels: 0 with two
+    roundings (eager), 2**-24 with an FMA (torch.addcmul, one rounding)."""
+    from kernels.gate_residual import gate_residual_forward
+
+    g = torch.full((1, 4096), 1 + 2**-12, device="cuda")
+    y = torch.full((2048, 4096), 1 + 2**-12, device="cuda")
+    r = torch.full((2048, 4096), -(1 + 2**-11), device="cuda")
+    idx = torch.zeros(2048, dtype=torch.int64, device="cuda")
+    fused = torch.addcmul(r, g.expand_as(y), y)
+    assert torch.all(fused == 2**-24), "the detector needs a fused multiply-add to differ"
+    eager_out = r + g.index_select(0, idx) * y
+    out = gate_residual_forward(r, g, y, idx)
+    assert_bitwise(out, eager_out, "fp32 forward")
+    assert torch.all(out == 0)
+
+
+def test_bad_input_rejected_on_gpu():
+    from kernels.gate_residual import gate_residual_forward
+
+    r = torch.zeros(4, 8, device="cuda", dtype=torch.bfloat16)
+    g = torch.zeros(3, 8, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(OpInputError, match="outside"):
+        gate_residual_forward(r, g, r, torch.tensor([0, 1, 3, 0], device="cuda"))
+    with pytest.raises(OpInputError, match="different devices"):
+        gate_residual_forward(r, g.cpu(), r, torch.zeros(4, dtype=torch.int64, device="cuda"))
