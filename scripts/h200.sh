@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Everything this project needs from a GPU machine, in one call (the device tool's H200):
+# GPU tests, the default matrix on target cuda, the SASS/register report and the benchmark.
+# Usage (from the repository root on the GPU machine):  bash scripts/h200.sh [OUT_DIR]
+# Wheels in .whl/ (numpy<2.5 for numba-cuda, jsonschema, pydantic) are installed to /tmp/site
+# when present, since that machine has no package index.
+set -uo pipefail
+out=${1:-${OUT:-artifacts}}
+mkdir -p "$out"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+steps=${STEPS:-"env tests sass matrix bench"}
+rc=0
+for step in $steps; do
+  echo "=== $step"
+  case $step in
+    env)    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+            python3 -c "import torch, numba, numpy, numba_cuda; print('torch', torch.__version__, 'numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'numpy', numpy.__version__)" ;;
+    tests)  python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py 2>&1 | tee "$out/gpu-tests.log" | tail -25 || rc=1 ;;
+    sass)   python3 scripts/sass_report.py > "$out/sass-report.txt" 2>&1 || rc=1; tail -30 "$out/sass-report.txt" ;;
+    matrix) python3 -m runner matrix --target cuda ${MATRIX_ARGS:-} 2>&1 | tee "$out/matrix.log" | tail -30 || rc=1
+            cp reports/*.json reports/README.md "$out/" 2>/dev/null ;;
+    bench)  [ -f runner/bench.py ] && { python3 -m runner.bench ${BENCH_ARGS:-} --out "$out" 2>&1 | tail -40 || rc=1; } ;;
+  esac
+done
+exit $rc
