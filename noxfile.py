@@ -1,0 +1,61 @@
+"""Nox sessions: thin wrappers over ``python -m runner``; the logic lives in the package.
+
+    nox -s matrix                       # every cell this host can run, then the tables
+    nox -s matrix -- --target cpu --case 257
+    nox -s report                       # reports/README.md from every report
+    nox -s tests                        # the test suite (no GPU needed)
+    nox -s lint
+
+Sessions install this project into a virtualenv that also sees the interpreter's own
+site-packages, so a GPU machine's existing torch is used as is; where no torch is importable,
+``torch==2.13.0`` is installed (the CPU wheel where the machine's pip finds it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_venv = "yes"
+nox.options.error_on_missing_interpreters = True
+
+VENV = ["--system-site-packages"]
+TORCH_FALLBACK = "torch==2.13.0"
+
+
+def install_project(session: nox.Session, *extras: str) -> None:
+    """This project (editable) with ``extras``, and torch unless one is already importable."""
+    spec = f".[{','.join(extras)}]" if extras else "."
+    if importlib.util.find_spec("torch") is None:
+        session.install(TORCH_FALLBACK)
+    session.install("-e", spec)
+
+
+@nox.session(venv_params=VENV)
+def matrix(session: nox.Session) -> None:
+    """Run the matrix (matrix.yaml) on this host, write reports/ and reports/README.md."""
+    install_project(session)
+    session.run("python", "-m", "runner", "matrix", *session.posargs)
+
+
+@nox.session(venv_params=VENV)
+def report(session: nox.Session) -> None:
+    """Render reports/README.md from every report under reports/."""
+    install_project(session)
+    session.run("python", "-m", "runner", "report", *session.posargs)
+
+
+@nox.session(venv_params=VENV)
+def tests(session: nox.Session) -> None:
+    """The test suite: CPU path, CUDA simulator, PTX checks, runner; GPU tests where a GPU is."""
+    install_project(session, "test")
+    session.run("python", "-m", "pytest", *session.posargs)
+
+
+@nox.session(venv_params=VENV)
+def lint(session: nox.Session) -> None:
+    """ruff over the project."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".", *session.posargs)
