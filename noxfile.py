@@ -59,3 +59,10 @@ def lint(session: nox.Session) -> None:
     """ruff over the project."""
     session.install("ruff>=0.6")
     session.run("ruff", "check", ".", *session.posargs)
+
+
+@nox.session(venv_params=VENV)
+def bench(session: nox.Session) -> None:
+    """Benchmark (GPU: CUDA events, medians, copy bandwidth); writes reports/bench/*.json."""
+    install_project(session)
+    session.run("python", "-m", "runner.bench", *session.posargs)

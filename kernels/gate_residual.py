@@ -31,7 +31,7 @@ import math
 import torch
 from numba import cuda, float32
 
-from kernels.rounding import CODECS, add_rn, mul_rn
+from kernels.rounding import CODECS, WORD_CODECS, add_rn, mul_rn
 
 #: Rows per chunk of the grad_gate reduction. Part of the algorithm (it fixes the summation
 #: order), not a launch parameter.
@@ -115,7 +115,117 @@ def _make_kernels(load, store):
     return forward, backward_chunks, reduce_chunks
 
 
+def _make_word_kernels(decode, encode, bits):
+    """The vectorised kernels: each thread moves 8-byte words (int64 views of the tensors).
+
+    Same arithmetic, same order as :func:`_make_kernels`; lanes of a word are elements
+    ``lanes * word + j``. Needs D * itemsize % 8 == 0 and 8-byte aligned storage.
+    """
+    lanes = 64 // bits
+    mask = (1 << bits) - 1
+
+    @cuda.jit(device=True, inline="always")
+    def forward_word(rw, gw, yw):
+        o = 0
+        for j in range(lanes):
+            sh = j * bits
+            product = decode(encode(mul_rn(decode((gw >> sh) & mask), decode((yw >> sh) & mask))))
+            o |= encode(add_rn(decode((rw >> sh) & mask), product)) << sh
+        return o
+
+    @cuda.jit
+    def forward(out, residual, gate, y, index):
+        # grid: x over pairs of word blocks, y over rows (strided). Each thread loads two
+        # words of residual, y and gate (coalesced: c0 and c0 + blockDim) before storing.
+        tx = cuda.threadIdx.x
+        width = cuda.blockDim.x
+        c0 = cuda.blockIdx.x * 2 * width + tx
+        c1 = c0 + width
+        words = out.shape[1]
+        row = cuda.blockIdx.y
+        while row < out.shape[0]:
+            k = index[row]
+            if c1 < words:
+                r0 = residual[row, c0]
+                y0 = y[row, c0]
+                g0 = gate[k, c0]
+                r1 = residual[row, c1]
+                y1 = y[row, c1]
+                g1 = gate[k, c1]
+                out[row, c0] = forward_word(r0, g0, y0)
+                out[row, c1] = forward_word(r1, g1, y1)
+            elif c0 < words:
+                out[row, c0] = forward_word(residual[row, c0], gate[k, c0], y[row, c0])
+            row += cuda.gridDim.y
+
+    @cuda.jit
+    def backward_chunks(grad_y, partial, grad_out, gate, y, index):
+        # grid: x over word blocks, y over chunks (strided). Shared memory:
+        # acc[(k * lanes + j) * blockDim.x + threadIdx.x]; each thread owns its slots.
+        # The next row's index and words are loaded before the current row is processed.
+        acc = cuda.shared.array(0, dtype=float32)
+        tx = cuda.threadIdx.x
+        width = cuda.blockDim.x
+        col = cuda.blockIdx.x * width + tx
+        n_rows = grad_out.shape[0]
+        n_gate = gate.shape[0]
+        if col >= grad_out.shape[1]:
+            return
+        chunk = cuda.blockIdx.y
+        while chunk < partial.shape[0]:
+            for slot in range(n_gate * lanes):
+                acc[slot * width + tx] = float32(0.0)
+            start = chunk * CHUNK_ROWS
+            stop = min(start + CHUNK_ROWS, n_rows)
+            k_next = index[start]
+            go_next = grad_out[start, col]
+            y_next = y[start, col]
+            for i in range(start, stop):
+                k = k_next
+                gow = go_next
+                yw = y_next
+                gw = gate[k, col]
+                if i + 1 < stop:
+                    k_next = index[i + 1]
+                    go_next = grad_out[i + 1, col]
+                    y_next = y[i + 1, col]
+                o = 0
+                for j in range(lanes):
+                    sh = j * bits
+                    go = decode((gow >> sh) & mask)
+                    o |= encode(mul_rn(go, decode((gw >> sh) & mask))) << sh
+                    slot = (k * lanes + j) * width + tx
+                    acc[slot] = add_rn(acc[slot], mul_rn(go, decode((yw >> sh) & mask)))
+                grad_y[i, col] = o
+            for k in range(n_gate):
+                for j in range(lanes):
+                    partial[chunk, k, col * lanes + j] = acc[(k * lanes + j) * width + tx]
+            chunk += cuda.gridDim.y
+
+    return forward, backward_chunks
+
+
 _KERNELS: dict[str, tuple] = {}
+_WORD_KERNELS: dict[str, tuple] = {}
+
+
+def word_kernels_for(dtype: str):
+    """The (forward, backward_chunks) 8-byte-word numba.cuda kernels for a storage dtype."""
+    if dtype not in _WORD_KERNELS:
+        _WORD_KERNELS[dtype] = _make_word_kernels(*WORD_CODECS[dtype])
+    return _WORD_KERNELS[dtype]
+
+
+def pick_width(units: int, cap: int) -> int:
+    """Threads per block (a multiple of 32, at most ``cap``) that covers ``units`` with the
+    fewest idle threads; ties go to the larger block. Launch shape only: bits never depend
+    on it."""
+    best, best_waste = 32, None
+    for width in range(32, cap + 1, 32):
+        waste = -(-units // width) * width - units
+        if best_waste is None or waste <= best_waste:
+            best, best_waste = width, waste
+    return best
 
 
 def kernels_for(dtype: str):
@@ -146,10 +256,46 @@ def block_cols_for(n_gate: int) -> int:
         width //= 2
     if n_gate * width * 4 > MAX_SHARED_BYTES:
         raise ValueError(
-            f"gate has {n_gate} rows; the shared-memory accumulators hold at most "
-            f"{MAX_SHARED_BYTES // (4 * 32)}"
+            f"{n_gate} float32 accumulators per thread (gate rows x lanes) exceed the "
+            f"{MAX_SHARED_BYTES // (4 * 32)} that fit in shared memory"
         )
     return width
+
+
+def launch_forward_words(out, residual, gate, y, index, dtype: str, stream=0, *,
+                         block_cols: int | None = None, max_grid_y: int = MAX_GRID_Y) -> None:
+    """Launch the word forward kernel on int64 views: ``out``/``residual``/``y`` (N, W),
+    ``gate`` (G, W), W = D * itemsize / 8. Two words per thread."""
+    n_rows, words = out.shape
+    if n_rows == 0 or words == 0:
+        return
+    forward, _ = word_kernels_for(dtype)
+    width = block_cols or pick_width(-(-words // 2), 256)
+    grid = (math.ceil(words / (2 * width)), min(n_rows, max_grid_y))
+    forward[grid, width, stream](out, residual, gate, y, index)
+
+
+def launch_backward_words(grad_y, grad_gate, partial, grad_out, gate, y, index, dtype: str,
+                          stream=0, *, block_cols: int | None = None,
+                          max_grid_y: int = MAX_GRID_Y) -> None:
+    """Launch the word backward kernel on int64 views (``grad_gate`` and ``partial`` as in
+    :func:`launch_backward`: element arrays), then the chunk reduction."""
+    words = grad_out.shape[1]
+    n_gate = gate.shape[0]
+    if words == 0 or n_gate == 0:
+        return
+    _, backward_chunks = word_kernels_for(dtype)
+    lanes = 64 // WORD_CODECS[dtype][2]
+    chunks = partial.shape[0]
+    if chunks:
+        cap = block_cols_for(n_gate * lanes)
+        width = block_cols or pick_width(words, min(cap, 256))
+        grid = (math.ceil(words / width), min(chunks, max_grid_y))
+        shared = n_gate * lanes * width * 4
+        backward_chunks[grid, width, stream, shared](grad_y, partial, grad_out, gate, y, index)
+    _, _, reduce_chunks = kernels_for(dtype)
+    threads = 256
+    reduce_chunks[math.ceil(grad_gate.size / threads), threads, stream](grad_gate, partial)
 
 
 def launch_forward(out, residual, gate, y, index, dtype: str, stream=0, *,
@@ -209,6 +355,18 @@ def _device_array(t):
     return cuda.as_cuda_array(view.detach(), sync=False)
 
 
+def _words_ok(*tensors) -> bool:
+    """Whether the 8-byte word kernels apply: rows of whole words, 8-byte aligned storage."""
+    t = tensors[0]
+    return (t.shape[-1] * t.element_size()) % 8 == 0 and all(
+        x.data_ptr() % 8 == 0 for x in tensors)
+
+
+def _words(t):
+    """A numba int64 view of a contiguous CUDA tensor whose rows are whole 8-byte words."""
+    return cuda.as_cuda_array(t.detach().view(torch.int64), sync=False)
+
+
 def _stream():
     return cuda.external_stream(torch.cuda.current_stream().cuda_stream)
 
@@ -225,8 +383,12 @@ def gate_residual_forward(residual, gate, y, index):
 
     residual, gate, y, index = check_inputs(residual, gate, y, index, device="cuda")
     out = torch.empty_like(residual)
-    launch_forward(_device_array(out), _device_array(residual), _device_array(gate),
-                   _device_array(y), _device_array(index), _dtype_name(out), _stream())
+    if _words_ok(out, residual, gate, y):
+        launch_forward_words(_words(out), _words(residual), _words(gate), _words(y),
+                             _device_array(index), _dtype_name(out), _stream())
+    else:
+        launch_forward(_device_array(out), _device_array(residual), _device_array(gate),
+                       _device_array(y), _device_array(index), _dtype_name(out), _stream())
     return out
 
 
@@ -242,9 +404,15 @@ def gate_residual_backward(grad_out, gate, y, index):
     grad_gate = torch.empty_like(gate)
     partial = torch.empty((n_chunks(n_rows), gate.shape[0], width), dtype=torch.float32,
                           device=grad_out.device)
-    launch_backward(_device_array(grad_y), _device_array(grad_gate), _device_array(partial),
-                    _device_array(grad_out), _device_array(gate), _device_array(y),
-                    _device_array(index), _dtype_name(grad_out), _stream())
+    if _words_ok(grad_y, grad_out, gate, y):
+        launch_backward_words(_words(grad_y), _device_array(grad_gate), _device_array(partial),
+                              _words(grad_out), _words(gate), _words(y), _device_array(index),
+                              _dtype_name(grad_out), _stream())
+    else:
+        launch_backward(_device_array(grad_y), _device_array(grad_gate),
+                        _device_array(partial), _device_array(grad_out), _device_array(gate),
+                        _device_array(y), _device_array(index), _dtype_name(grad_out),
+                        _stream())
     return grad_y, grad_gate
 
 

@@ -34,6 +34,21 @@ SIMULATOR = bool(config.ENABLE_CUDASIM)
 if not SIMULATOR:
     from numba.cuda import libdevice
     @cuda.jit(device=True, inline="always")
+    def f32_from_bits(b):
+        """int64 holding 32 bits -> the float32 with those bits."""
+        return libdevice.int_as_float(np.int32(b))
+
+    @cuda.jit(device=True, inline="always")
+    def bits_from_f32(x):
+        """float32 -> its 32 bits in an int64 (0 <= bits < 2**32)."""
+        return np.int64(libdevice.float_as_int(x)) & 0xFFFFFFFF
+
+    @cuda.jit(device=True, inline="always")
+    def rint(x):
+        """float32 round to nearest integer, ties to even."""
+        return libdevice.rintf(x)
+
+    @cuda.jit(device=True, inline="always")
     def mul_rn(a, b):
         """float32 a * b rounded to nearest even; never contracted into an FMA."""
         return libdevice.fmul_rn(a, b)
@@ -88,6 +103,15 @@ else:  # pragma: no cover - exercised only with NUMBA_ENABLE_CUDASIM=1
         x = np.float32(x)
         return _CANONICAL_NAN32 if x != x else x
 
+    def f32_from_bits(b):
+        return np.array([int(b) & 0xFFFFFFFF], dtype=np.uint32).view(np.float32)[0]
+
+    def bits_from_f32(x):
+        return np.int64(np.array([x], dtype=np.float32).view(np.uint32)[0])
+
+    def rint(x):
+        return np.rint(np.float32(x))
+
     def mul_rn(a, b):
         with np.errstate(all="ignore"):
             return _canon(np.float32(a) * np.float32(b))
@@ -123,6 +147,79 @@ else:  # pragma: no cover - exercised only with NUMBA_ENABLE_CUDASIM=1
     def store_f32(x):
         return _canon(x)
 
+
+# ----------------------------------------------------------------------------------------
+# Word codecs: storage bits <-> float32 in integer arithmetic on int64, shared by the GPU and
+# the simulator (only f32_from_bits, bits_from_f32 and rint differ). The vectorised kernels
+# load 8-byte words (4 bfloat16/float16 or 2 float32 elements) and use these per lane.
+
+_jit = (lambda f: f) if SIMULATOR else cuda.jit(device=True, inline="always")
+
+
+@_jit
+def decode_bf16(b):
+    """bfloat16 bits (0..0xFFFF) -> float32, exact."""
+    return f32_from_bits(b << 16)
+
+
+@_jit
+def encode_bf16(x):
+    """float32 -> bfloat16 bits: round to nearest even, overflow to inf, NaN -> 0x7FFF
+    (the result of ``cvt.rn.bf16.f32``)."""
+    u = bits_from_f32(x)
+    if (u & 0x7FFFFFFF) > 0x7F800000:
+        return 0x7FFF
+    return (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+
+
+@_jit
+def decode_f16(b):
+    """float16 bits (0..0xFFFF) -> float32, exact (subnormals, inf and NaN payload kept)."""
+    sign = (b & 0x8000) << 16
+    exponent = (b >> 10) & 0x1F
+    mantissa = b & 0x3FF
+    if exponent == 0:
+        value = float32(mantissa) * float32(5.960464477539063e-08)  # mantissa * 2**-24, exact
+        return -value if sign else value
+    if exponent == 31:
+        return f32_from_bits(sign | 0x7F800000 | (mantissa << 13))
+    return f32_from_bits(sign | ((exponent + 112) << 23) | (mantissa << 13))
+
+
+@_jit
+def encode_f16(x):
+    """float32 -> float16 bits: round to nearest even, subnormals, overflow to inf at
+    |x| >= 65520, NaN -> 0x7FFF (the result of ``cvt.rn.f16.f32``)."""
+    u = bits_from_f32(x)
+    sign = (u >> 16) & 0x8000
+    a = u & 0x7FFFFFFF
+    if a > 0x7F800000:
+        return 0x7FFF
+    if a >= 0x477FF000:
+        return sign | 0x7C00
+    if a < 0x38800000:  # below 2**-14: multiples of 2**-24; 1024 * 2**-24 encodes 2**-14
+        return sign | np.int64(rint(f32_from_bits(a) * float32(16777216.0)))
+    return sign | (((a + 0x0FFF + ((a >> 13) & 1)) >> 13) - (112 << 10))
+
+
+@_jit
+def decode_f32(b):
+    """float32 bits -> float32."""
+    return f32_from_bits(b)
+
+
+@_jit
+def encode_f32(x):
+    """float32 -> its bits (NaN from GPU arithmetic is already the canonical 0x7FFFFFFF)."""
+    return bits_from_f32(x)
+
+
+#: storage dtype name -> (decode, encode, bits per element) for the 8-byte word kernels
+WORD_CODECS = {
+    "bfloat16": (decode_bf16, encode_bf16, 16),
+    "float16": (decode_f16, encode_f16, 16),
+    "float32": (decode_f32, encode_f32, 32),
+}
 
 #: storage dtype name -> (load, store, numpy dtype of the array that holds it)
 CODECS = {

@@ -21,18 +21,29 @@ def main() -> None:
         r, g, y = (x[k].requires_grad_() for k in ("residual", "gate", "y"))
         K.gate_residual(r, g, y, x["index"]).backward(x["grad_out"])
         torch.cuda.synchronize()
-        for name, kern in zip(("forward", "backward_chunks", "reduce_chunks"),
-                              K.kernels_for(dtype), strict=True):
+        x = {k: v.cuda() for k, v in make_inputs(n=300, d=256, g=9, dtype=dtype,
+                                                  index_dtype="int64", seed=1).tensors.items()}
+        r, g, y = (x[k].requires_grad_() for k in ("residual", "gate", "y"))
+        K.gate_residual(r, g, y, x["index"]).backward(x["grad_out"])  # the word kernels
+        torch.cuda.synchronize()
+        named = [*zip(("forward", "backward_chunks", "reduce_chunks"), K.kernels_for(dtype),
+                      strict=True),
+                 *zip(("word_forward", "word_backward"), K.word_kernels_for(dtype), strict=True)]
+        for name, kern in named:
             for sig, sass in kern.inspect_sass().items():
                 ffma = len(re.findall(r"\bFFMA\b", sass))
                 fmul = len(re.findall(r"\bFMUL\b", sass))
                 fadd = len(re.findall(r"\bFADD\b", sass))
                 local = len(re.findall(r"\b(LDL|STL)\b", sass))
-                regs = kern.get_regs_per_thread(sig)
-                shared = kern.get_shared_mem_per_block(sig)
+                compiled = kern.overloads[sig]
+                regs = compiled.regs_per_thread
+                shared = compiled.shared_mem_per_block
+                local_bytes = compiled.local_mem_per_thread
+                sig = ", ".join(str(a) for a in sig)
                 print(f"{dtype:9s} {name:16s} regs={regs:3d} static_smem={shared:5d}B "
+                      f"local={local_bytes}B "
                       f"FFMA={ffma} FMUL={fmul} FADD={fadd} local_ld_st={local} sig={sig}")
-                if dtype == "bfloat16" and name == "forward":
+                if dtype == "bfloat16" and name == "word_forward":
                     print(sass)
 
 

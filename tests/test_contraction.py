@@ -56,3 +56,20 @@ def test_kernels_have_no_fma(dtype, index):
         assert "add.rn.f32" in ptx, f"{name}[{dtype}] lost its explicit-rounding add"
         if name != "reduce_chunks":
             assert "mul.rn.f32" in ptx, f"{name}[{dtype}] lost its explicit-rounding multiply"
+
+
+@pytest.mark.parametrize("dtype", sorted(STORAGE))
+@pytest.mark.parametrize("index", ["int64", "int32"])
+def test_word_kernels_have_no_fma_and_no_local_memory(dtype, index):
+    w = "int64[:, ::1]"
+    sigs = {
+        "forward": f"void({w}, {w}, {w}, {w}, {index}[::1])",
+        "backward_chunks": f"void({w}, float32[:, :, ::1], {w}, {w}, {w}, {index}[::1])",
+    }
+    kernels = dict(zip(("forward", "backward_chunks"), K.word_kernels_for(dtype), strict=True))
+    for name, sig in sigs.items():
+        ptx = ptx_of(kernels[name], sig)
+        assert not FMA.search(ptx), f"word {name}[{dtype}, {index}] contains an FMA"
+        assert "mul.rn.f32" in ptx and "add.rn.f32" in ptx, f"word {name}[{dtype}]"
+        assert "ld.global.u64" in ptx or "ld.global.nc.u64" in ptx, f"word {name}: no 8-byte loads"
+        assert "ld.local" not in ptx and "st.local" not in ptx, f"word {name}: local memory"

@@ -14,7 +14,7 @@ from runner.errors import OpInputError
 
 pytestmark = pytest.mark.gpu
 
-SHAPES = [(0, 5, 3), (1, 1, 1), (7, 33, 3), (300, 129, 9), (1025, 5376, 9)]
+SHAPES = [(0, 5, 3), (1, 1, 1), (7, 33, 3), (300, 129, 9), (300, 128, 9), (1025, 5376, 9)]
 
 
 def eager(x):
