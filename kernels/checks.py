@@ -10,7 +10,7 @@ FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INDEX_DTYPES = (torch.int64, torch.int32)
 
 
-def check_inputs(residual, gate, y, index, *, device: str):
+def check_inputs(residual, gate, y, index, *, device: str, check_index: bool = True):
     """Validate gate_residual's inputs and return them contiguous.
 
     Rejects what eager PyTorch rejects (a float ``index``, an index out of [0, G)) and what
@@ -18,7 +18,7 @@ def check_inputs(residual, gate, y, index, *, device: str):
     :class:`runner.errors.OpInputError`: ``residual``/``y`` must be (N, D), ``gate`` (G, D),
     ``index`` (N,) int64/int32, all on one ``device`` type ("cuda" or "cpu"), one dtype
     among bfloat16, float16, float32. The index range check reads two scalars back from the
-    device (one synchronisation) when N > 0.
+    device (one synchronisation) when N > 0; ``check_index=False`` skips it.
     """
     tensors = {"residual": residual, "gate": gate, "y": y, "index": index}
     for name, t in tensors.items():
@@ -56,7 +56,7 @@ def check_inputs(residual, gate, y, index, *, device: str):
         raise OpInputError(
             f"gate_residual: index must be (N={residual.shape[0]},), got {tuple(index.shape)}"
         )
-    if index.numel():
+    if check_index and index.numel():
         lo, hi = (int(v) for v in torch.aminmax(index))
         if lo < 0 or hi >= gate.shape[0]:
             bad = lo if lo < 0 else hi

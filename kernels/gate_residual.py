@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from numba import cuda, float32
 
@@ -64,8 +65,11 @@ def _make_kernels(load, store):
         row = cuda.blockIdx.y
         while row < out.shape[0]:
             k = index[row]
-            product = store(mul_rn(load(gate[k, col]), load(y[row, col])))
-            out[row, col] = store(add_rn(load(residual[row, col]), load(product)))
+            if k < 0 or k >= gate.shape[0]:  # only reachable with check_index=False
+                out[row, col] = store(add_rn(float32(np.nan), float32(0.0)))
+            else:
+                product = store(mul_rn(load(gate[k, col]), load(y[row, col])))
+                out[row, col] = store(add_rn(load(residual[row, col]), load(product)))
             row += cuda.gridDim.y
 
     @cuda.jit
@@ -89,6 +93,9 @@ def _make_kernels(load, store):
             stop = min(start + CHUNK_ROWS, n_rows)
             for i in range(start, stop):
                 k = index[i]
+                if k < 0 or k >= n_gate:  # only reachable with check_index=False
+                    grad_y[i, col] = store(add_rn(float32(np.nan), float32(0.0)))
+                    continue
                 go = load(grad_out[i, col])
                 grad_y[i, col] = store(mul_rn(go, load(gate[k, col])))
                 slot = k * width + tx
@@ -123,6 +130,7 @@ def _make_word_kernels(decode, encode, bits):
     """
     lanes = 64 // bits
     mask = (1 << bits) - 1
+    nan_word = 0x7FFF7FFF7FFF7FFF if bits == 16 else 0x7FFFFFFF7FFFFFFF  # canonical NaN lanes
 
     @cuda.jit(device=True, inline="always")
     def forward_word(rw, gw, yw):
@@ -143,9 +151,15 @@ def _make_word_kernels(decode, encode, bits):
         c1 = c0 + width
         words = out.shape[1]
         row = cuda.blockIdx.y
+        n_gate = gate.shape[0]
         while row < out.shape[0]:
             k = index[row]
-            if c1 < words:
+            if k < 0 or k >= n_gate:  # only reachable with check_index=False: NaN, no read
+                if c0 < words:
+                    out[row, c0] = nan_word
+                if c1 < words:
+                    out[row, c1] = nan_word
+            elif c1 < words:
                 r0 = residual[row, c0]
                 y0 = y[row, c0]
                 g0 = gate[k, c0]
@@ -184,11 +198,14 @@ def _make_word_kernels(decode, encode, bits):
                 k = k_next
                 gow = go_next
                 yw = y_next
-                gw = gate[k, col]
                 if i + 1 < stop:
                     k_next = index[i + 1]
                     go_next = grad_out[i + 1, col]
                     y_next = y[i + 1, col]
+                if k < 0 or k >= n_gate:  # only reachable with check_index=False
+                    grad_y[i, col] = nan_word
+                    continue
+                gw = gate[k, col]
                 o = 0
                 for j in range(lanes):
                     sh = j * bits
@@ -262,97 +279,126 @@ def block_cols_for(n_gate: int) -> int:
     return width
 
 
+# --------------------------------------------------------------------------- launch geometry
+# Grid and block shapes change which thread computes what, never an operation or its order.
+
+
+def forward_words_geometry(n_rows: int, words: int, block_cols: int | None = None,
+                           max_grid_y: int = MAX_GRID_Y) -> tuple[tuple, int]:
+    """(grid, block) of the word forward: two words per thread, one row per grid.y step."""
+    width = block_cols or pick_width(-(-words // 2), 256)
+    return (math.ceil(words / (2 * width)), min(n_rows, max_grid_y)), width
+
+
+def backward_words_geometry(chunks: int, words: int, n_gate: int, lanes: int,
+                            block_cols: int | None = None,
+                            max_grid_y: int = MAX_GRID_Y) -> tuple[tuple, int, int]:
+    """(grid, block, shared bytes) of the word backward: one word per thread, a chunk per
+    grid.y step, G * lanes float32 accumulators per thread in shared memory."""
+    cap = block_cols_for(n_gate * lanes)
+    width = block_cols or pick_width(words, min(cap, 256))
+    return (math.ceil(words / width), min(chunks, max_grid_y)), width, n_gate * lanes * width * 4
+
+
+def forward_geometry(n_rows: int, width: int, block_cols: int = BLOCK_COLS,
+                     max_grid_y: int = MAX_GRID_Y) -> tuple[tuple, int]:
+    """(grid, block) of the element forward: one element per thread."""
+    return (math.ceil(width / block_cols), min(n_rows, max_grid_y)), block_cols
+
+
+def backward_geometry(chunks: int, width: int, n_gate: int, block_cols: int | None = None,
+                      max_grid_y: int = MAX_GRID_Y) -> tuple[tuple, int, int]:
+    """(grid, block, shared bytes) of the element backward."""
+    cols = block_cols or block_cols_for(n_gate)
+    return (math.ceil(width / cols), min(chunks, max_grid_y)), cols, n_gate * cols * 4
+
+
+def reduce_geometry(numel: int) -> tuple[int, int]:
+    """(grid, block) of the chunk reduction: one thread per grad_gate element."""
+    return max(1, math.ceil(numel / 256)), 256
+
+
+# ------------------------------------------------ launches on numba/numpy arrays (simulator)
+
+
 def launch_forward_words(out, residual, gate, y, index, dtype: str, stream=0, *,
                          block_cols: int | None = None, max_grid_y: int = MAX_GRID_Y) -> None:
-    """Launch the word forward kernel on int64 views: ``out``/``residual``/``y`` (N, W),
-    ``gate`` (G, W), W = D * itemsize / 8. Two words per thread."""
-    n_rows, words = out.shape
-    if n_rows == 0 or words == 0:
+    """Word forward on int64 views: ``out``/``residual``/``y`` (N, W), ``gate`` (G, W),
+    W = D * itemsize / 8. ``block_cols``/``max_grid_y`` change the launch only."""
+    if out.shape[0] == 0 or out.shape[1] == 0:
         return
-    forward, _ = word_kernels_for(dtype)
-    width = block_cols or pick_width(-(-words // 2), 256)
-    grid = (math.ceil(words / (2 * width)), min(n_rows, max_grid_y))
-    forward[grid, width, stream](out, residual, gate, y, index)
+    grid, block = forward_words_geometry(*out.shape, block_cols, max_grid_y)
+    word_kernels_for(dtype)[0][grid, block, stream](out, residual, gate, y, index)
 
 
 def launch_backward_words(grad_y, grad_gate, partial, grad_out, gate, y, index, dtype: str,
                           stream=0, *, block_cols: int | None = None,
                           max_grid_y: int = MAX_GRID_Y) -> None:
-    """Launch the word backward kernel on int64 views (``grad_gate`` and ``partial`` as in
-    :func:`launch_backward`: element arrays), then the chunk reduction."""
-    words = grad_out.shape[1]
-    n_gate = gate.shape[0]
-    if words == 0 or n_gate == 0:
+    """Word backward on int64 views (``grad_gate`` and the float32 ``partial`` (chunks, G,
+    D) are element arrays), then the chunk reduction."""
+    if grad_out.shape[1] == 0 or gate.shape[0] == 0:
         return
-    _, backward_chunks = word_kernels_for(dtype)
-    lanes = 64 // WORD_CODECS[dtype][2]
-    chunks = partial.shape[0]
-    if chunks:
-        cap = block_cols_for(n_gate * lanes)
-        width = block_cols or pick_width(words, min(cap, 256))
-        grid = (math.ceil(words / width), min(chunks, max_grid_y))
-        shared = n_gate * lanes * width * 4
-        backward_chunks[grid, width, stream, shared](grad_y, partial, grad_out, gate, y, index)
-    _, _, reduce_chunks = kernels_for(dtype)
-    threads = 256
-    reduce_chunks[math.ceil(grad_gate.size / threads), threads, stream](grad_gate, partial)
+    if partial.shape[0]:
+        lanes = 64 // WORD_CODECS[dtype][2]
+        grid, block, shared = backward_words_geometry(partial.shape[0], grad_out.shape[1],
+                                                      gate.shape[0], lanes, block_cols,
+                                                      max_grid_y)
+        word_kernels_for(dtype)[1][grid, block, stream, shared](grad_y, partial, grad_out,
+                                                                gate, y, index)
+    grid, block = reduce_geometry(grad_gate.size)
+    kernels_for(dtype)[2][grid, block, stream](grad_gate, partial)
 
 
 def launch_forward(out, residual, gate, y, index, dtype: str, stream=0, *,
                    block_cols: int = BLOCK_COLS, max_grid_y: int = MAX_GRID_Y) -> None:
-    """Launch the forward kernel on device arrays (numba device arrays, or numpy in the simulator).
-
-    Arrays hold the storage dtype's elements (bfloat16 as int16 bits); shapes as in the module
-    docstring; ``out`` is written in full. Nothing is checked here: see :func:`gate_residual`.
-    ``block_cols`` and ``max_grid_y`` change the launch only (tests vary them: the bits must
-    not move).
-    """
-    n_rows, width = out.shape
-    if n_rows == 0 or width == 0:
+    """Element forward on element arrays (bfloat16 as int16 bits); shapes as in the module
+    docstring. ``block_cols``/``max_grid_y`` change the launch only."""
+    if out.shape[0] == 0 or out.shape[1] == 0:
         return
-    forward, _, _ = kernels_for(dtype)
-    grid = (math.ceil(width / block_cols), min(n_rows, max_grid_y))
-    forward[grid, block_cols, stream](out, residual, gate, y, index)
+    grid, block = forward_geometry(*out.shape, block_cols, max_grid_y)
+    kernels_for(dtype)[0][grid, block, stream](out, residual, gate, y, index)
 
 
 def launch_backward(grad_y, grad_gate, partial, grad_out, gate, y, index, dtype: str,
                     stream=0, *, block_cols: int | None = None,
                     max_grid_y: int = MAX_GRID_Y) -> None:
-    """Launch the two backward kernels on device arrays.
-
-    ``partial`` is float32 scratch of shape (n_chunks(N), G, D). Writes ``grad_y`` (N, D) and
-    ``grad_gate`` (G, D) in full (``grad_gate`` is +0.0 where no row selects a gate row).
-    ``block_cols`` (default: :func:`block_cols_for`) and ``max_grid_y`` change the launch only.
-    """
-    width = grad_out.shape[1]
-    n_gate = gate.shape[0]
-    if width == 0 or n_gate == 0:
+    """Element backward: writes ``grad_y`` (N, D) and ``grad_gate`` (G, D) in full
+    (``grad_gate`` is +0.0 where no row selects a gate row); ``partial`` is float32 scratch
+    (n_chunks(N), G, D)."""
+    if grad_out.shape[1] == 0 or gate.shape[0] == 0:
         return
     _, backward_chunks, reduce_chunks = kernels_for(dtype)
-    chunks = partial.shape[0]
-    if chunks:
-        cols = block_cols or block_cols_for(n_gate)
-        grid = (math.ceil(width / cols), min(chunks, max_grid_y))
-        shared = n_gate * cols * 4
-        backward_chunks[grid, cols, stream, shared](grad_y, partial, grad_out, gate, y, index)
-    threads = 256
-    reduce_chunks[math.ceil(n_gate * width / threads), threads, stream](grad_gate, partial)
+    if partial.shape[0]:
+        grid, block, shared = backward_geometry(partial.shape[0], grad_out.shape[1],
+                                                gate.shape[0], block_cols, max_grid_y)
+        backward_chunks[grid, block, stream, shared](grad_y, partial, grad_out, gate, y, index)
+    grid, block = reduce_geometry(grad_gate.size)
+    reduce_chunks[grid, block, stream](grad_gate, partial)
 
 
-# --------------------------------------------------------------------------- torch wrappers
+# --------------------------------------------------------------------------- torch entry points
 
-_STORAGE = {"bfloat16": "int16", "float16": "float16", "float32": "float32"}
+_STORAGE = {torch.bfloat16: torch.int16}
+_LAUNCHERS: dict[tuple, object] = {}
+
+
+def _launcher(kind: str, dtype: str, which: int):
+    from kernels.launch import Launcher
+
+    key = (kind, dtype, which)
+    if key not in _LAUNCHERS:
+        kernels = word_kernels_for(dtype) if kind == "words" else kernels_for(dtype)
+        _LAUNCHERS[key] = Launcher(kernels[which])
+    return _LAUNCHERS[key]
 
 
 def _dtype_name(t) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def _device_array(t):
-    """A numba view of a contiguous CUDA tensor's memory (bfloat16 viewed as int16), no sync."""
-    name = _dtype_name(t)
-    view = t.view(getattr(torch, _STORAGE[name])) if name in _STORAGE else t
-    return cuda.as_cuda_array(view.detach(), sync=False)
+def _elements(t):
+    """The tensor as the element kernels take it (bfloat16 viewed as int16)."""
+    return t.view(_STORAGE[t.dtype]) if t.dtype in _STORAGE else t
 
 
 def _words_ok(*tensors) -> bool:
@@ -362,33 +408,34 @@ def _words_ok(*tensors) -> bool:
         x.data_ptr() % 8 == 0 for x in tensors)
 
 
-def _words(t):
-    """A numba int64 view of a contiguous CUDA tensor whose rows are whole 8-byte words."""
-    return cuda.as_cuda_array(t.detach().view(torch.int64), sync=False)
-
-
-def _stream():
-    return cuda.external_stream(torch.cuda.current_stream().cuda_stream)
-
-
-def gate_residual_forward(residual, gate, y, index):
+def gate_residual_forward(residual, gate, y, index, *, check_index: bool = True):
     """``residual + gate.index_select(0, index) * y`` with the numba.cuda forward kernel.
 
     Args: ``residual``, ``y``: (N, D) CUDA tensors; ``gate``: (G, D); ``index``: (N,) int64
     or int32 in [0, G); one floating dtype (bfloat16, float16 or float32) for all three.
     Non-contiguous inputs are made contiguous. Returns a new (N, D) tensor, bitwise equal to
     eager. Raises :class:`runner.errors.OpInputError` (a ``ValueError``) for bad input.
+    ``check_index=False`` skips the index range check (which reads two scalars back from
+    the GPU); the kernel then writes NaN rows for out-of-range indices, never reading
+    outside ``gate``.
     """
     from kernels.checks import check_inputs
 
-    residual, gate, y, index = check_inputs(residual, gate, y, index, device="cuda")
+    residual, gate, y, index = check_inputs(residual, gate, y, index, device="cuda",
+                                            check_index=check_index)
     out = torch.empty_like(residual)
+    n_rows, width = out.shape
+    if n_rows == 0 or width == 0:
+        return out
+    dtype = _dtype_name(out)
     if _words_ok(out, residual, gate, y):
-        launch_forward_words(_words(out), _words(residual), _words(gate), _words(y),
-                             _device_array(index), _dtype_name(out), _stream())
+        words = [t.view(torch.int64) for t in (out, residual, gate, y)]
+        grid, block = forward_words_geometry(*words[0].shape)
+        _launcher("words", dtype, 0)(grid, block, 0, *words, index)
     else:
-        launch_forward(_device_array(out), _device_array(residual), _device_array(gate),
-                       _device_array(y), _device_array(index), _dtype_name(out), _stream())
+        grid, block = forward_geometry(n_rows, width)
+        _launcher("elements", dtype, 0)(grid, block, 0, *map(_elements, (out, residual, gate,
+                                                                          y)), index)
     return out
 
 
@@ -396,23 +443,32 @@ def gate_residual_backward(grad_out, gate, y, index):
     """(grad_y, grad_gate) for upstream ``grad_out`` (N, D), with the numba.cuda kernels.
 
     ``grad_gate`` (G, D) is deterministic: :data:`SUMMATION_ORDER`. Scratch: one float32
-    buffer of n_chunks(N) * G * D elements.
+    buffer of n_chunks(N) * G * D elements. Inputs as saved by :class:`GateResidual`.
     """
     grad_out = grad_out.contiguous()
     n_rows, width = grad_out.shape
+    n_gate = gate.shape[0]
     grad_y = torch.empty_like(grad_out)
     grad_gate = torch.empty_like(gate)
-    partial = torch.empty((n_chunks(n_rows), gate.shape[0], width), dtype=torch.float32,
+    if width == 0 or n_gate == 0:
+        return grad_y, grad_gate
+    partial = torch.empty((n_chunks(n_rows), n_gate, width), dtype=torch.float32,
                           device=grad_out.device)
-    if _words_ok(grad_y, grad_out, gate, y):
-        launch_backward_words(_words(grad_y), _device_array(grad_gate), _device_array(partial),
-                              _words(grad_out), _words(gate), _words(y), _device_array(index),
-                              _dtype_name(grad_out), _stream())
-    else:
-        launch_backward(_device_array(grad_y), _device_array(grad_gate),
-                        _device_array(partial), _device_array(grad_out), _device_array(gate),
-                        _device_array(y), _device_array(index), _dtype_name(grad_out),
-                        _stream())
+    dtype = _dtype_name(grad_out)
+    if partial.shape[0]:
+        if _words_ok(grad_y, grad_out, gate, y):
+            words = [t.view(torch.int64) for t in (grad_y, grad_out, gate, y)]
+            lanes = 64 // WORD_CODECS[dtype][2]
+            grid, block, shared = backward_words_geometry(partial.shape[0], words[0].shape[1],
+                                                          n_gate, lanes)
+            _launcher("words", dtype, 1)(grid, block, shared, words[0], partial, *words[1:],
+                                         index)
+        else:
+            grid, block, shared = backward_geometry(partial.shape[0], width, n_gate)
+            e = [_elements(t) for t in (grad_y, grad_out, gate, y)]
+            _launcher("elements", dtype, 1)(grid, block, shared, e[0], partial, *e[1:], index)
+    grid, block = reduce_geometry(grad_gate.numel())
+    _launcher("elements", dtype, 2)((grid,), block, 0, _elements(grad_gate), partial)
     return grad_y, grad_gate
 
 
@@ -424,27 +480,28 @@ class GateResidual(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, residual, gate, y, index):
+    def forward(ctx, residual, gate, y, index, check_index=True):
         from kernels.checks import check_inputs
 
-        residual, gate, y, index = check_inputs(residual, gate, y, index, device="cuda")
+        residual, gate, y, index = check_inputs(residual, gate, y, index, device="cuda",
+                                                check_index=check_index)
         ctx.save_for_backward(gate, y, index)
-        return gate_residual_forward(residual, gate, y, index)
+        return gate_residual_forward(residual, gate, y, index, check_index=False)
 
     @staticmethod
     def backward(ctx, grad_out):
         gate, y, index = ctx.saved_tensors
         grad_y, grad_gate = gate_residual_backward(grad_out, gate, y, index)
-        return grad_out, grad_gate, grad_y, None
+        return grad_out, grad_gate, grad_y, None, None
 
 
-def gate_residual(residual, gate, y, index):
+def gate_residual(residual, gate, y, index, *, check_index: bool = True):
     """Differentiable ``residual + gate.index_select(0, index) * y`` (numba.cuda kernels).
 
     Same arguments, result and errors as :func:`gate_residual_forward`; use it inside
     autograd graphs. Example: ``out = gate_residual(r, g, y, idx); out.backward(grad)``.
     """
-    return GateResidual.apply(residual, gate, y, index)
+    return GateResidual.apply(residual, gate, y, index, check_index)
 
 
 __all__ = [
@@ -456,6 +513,9 @@ __all__ = [
     "gate_residual_forward",
     "kernels_for",
     "launch_backward",
+    "launch_backward_words",
     "launch_forward",
+    "launch_forward_words",
     "n_chunks",
+    "word_kernels_for",
 ]

@@ -174,16 +174,18 @@ def encode_bf16(x):
 
 @_jit
 def decode_f16(b):
-    """float16 bits (0..0xFFFF) -> float32, exact (subnormals, inf and NaN payload kept)."""
-    sign = (b & 0x8000) << 16
-    exponent = (b >> 10) & 0x1F
-    mantissa = b & 0x3FF
-    if exponent == 0:
-        value = float32(mantissa) * float32(5.960464477539063e-08)  # mantissa * 2**-24, exact
-        return -value if sign else value
-    if exponent == 31:
-        return f32_from_bits(sign | 0x7F800000 | (mantissa << 13))
-    return f32_from_bits(sign | ((exponent + 112) << 23) | (mantissa << 13))
+    """float16 bits (0..0xFFFF) -> float32, exact (subnormals, inf and NaN payload kept).
+
+    The 15 magnitude bits shifted into float32's place are the value times 2**-112 (for
+    subnormals too); one exact multiplication by 2**112 restores it. Exponent 31 (inf, NaN)
+    maps to float32's all-ones exponent instead.
+    """
+    magnitude = (b & 0x7FFF) << 13
+    if (b & 0x7C00) == 0x7C00:
+        value = f32_from_bits(magnitude | 0x7F800000)
+    else:
+        value = mul_rn(f32_from_bits(magnitude), float32(5.192296858534828e33))
+    return -value if (b & 0x8000) else value
 
 
 @_jit

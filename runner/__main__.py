@@ -1,11 +1,14 @@
-"""Command line: ``python -m runner {matrix,cell,report} ...`` (what the nox sessions call).
+"""Command line: ``python -m runner {matrix,cell,build,base-image,report} ...`` (nox calls it).
 
 Every :class:`runner.errors.MatrixError` is caught here, printed as one line on stderr and
-mapped to its exit code (config 2, report 3, backend 4, failed cells 5).
+mapped to its exit code (config 2, report 3, backend 4, failed cells 5); Ctrl-C exits 130.
 
 Examples::
 
     python -m runner matrix --target cpu --case 257
+    python -m runner matrix --backend docker --stack cpu-torch2.13 --target cpu
+    python -m runner build --stack cpu-torch2.13
+    python -m runner base-image          # root: debootstrap + docker import
     python -m runner report
 """
 
@@ -15,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from runner.errors import CellsFailed, ConfigError, MatrixError
+from runner.errors import CellsFailed, ConfigError, ImageError, MatrixError
 
 DEFAULT_MATRIX = Path("matrix.yaml")
 DEFAULT_REPORTS = Path("reports")
@@ -40,7 +43,9 @@ def _parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("matrix", help="run the selected cells, write reports and tables")
     selection(m)
-    m.add_argument("--backend", default="host", help="host (docker arrives with containers)")
+    m.add_argument("--backend", default="auto", help="docker, host or auto (default: docker "
+                   "when an engine answers, else host; docker stacks are skipped on host)")
+    m.add_argument("--gpus", default="all", help='GPUs for docker cuda cells: "all" or ids "0,1"')
     m.add_argument("--force", action="store_true", help="re-run cells whose report is current")
     m.add_argument("--timeout", type=float, default=3600.0, help="seconds per cell")
 
@@ -49,8 +54,27 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--run-id", default="", help="written into the report")
     c.add_argument("--no-timings", action="store_true", help="skip the timing loops")
 
-    r = sub.add_parser("report", help="render reports/README.md from every report")
+    b = sub.add_parser("build", help="build the images of the docker stacks (those missing)")
+    b.add_argument("--matrix", type=Path, default=DEFAULT_MATRIX, help="matrix.yaml path")
+    b.add_argument("--stack", action="append", help="build only this stack (repeatable)")
+    b.add_argument("--force", action="store_true", help="rebuild without the layer cache")
+
+    i = sub.add_parser("base-image", help="make a base image without a registry: debootstrap "
+                       "+ docker import (root; see docs/containers.md)")
+    i.add_argument("--name", default=None, help="image name:tag (default: the one matrix.yaml's "
+                   "cpu stack uses, gate-residual/base:bookworm-py3.11)")
+    i.add_argument("--suite", default="bookworm", help="Debian suite")
+    i.add_argument("--mirror", default="http://deb.debian.org/debian", help="Debian mirror")
+    i.add_argument("--force", action="store_true", help="make it again although it exists")
+
+    r = sub.add_parser("report", help="render README.md, index.html, summary.csv|json from "
+                       "every report (options: docs/tables.md)")
     r.add_argument("--reports", type=Path, default=DEFAULT_REPORTS)
+    r.add_argument("--out", type=Path, help="write the outputs here (default: --reports)")
+    for facet in ("op", "stack", "mode", "target", "dtype", "gpu", "impl"):
+        r.add_argument(f"--{facet}", action="append", help=f"show only this {facet} (repeatable)")
+    r.add_argument("--ab", nargs=2, action="append", metavar=("CELL_A", "CELL_B"),
+                   help="show these two cells side by side (repeatable)")
     return parser
 
 
@@ -59,7 +83,8 @@ def _cmd_matrix(args) -> int:
 
     outcomes = run.run_matrix(args.matrix, reports_dir=args.reports, stacks=args.stack,
                               modes=args.mode, targets=args.target, cases=args.case,
-                              backend=args.backend, force=args.force, timeout_s=args.timeout)
+                              backend=args.backend, force=args.force, timeout_s=args.timeout,
+                              gpus=args.gpus)
     print(run.summary(outcomes))
     print(f"[runner] tables: {args.reports / 'README.md'}")
     bad = run.failed(outcomes)
@@ -69,17 +94,41 @@ def _cmd_matrix(args) -> int:
     return 0
 
 
+def _cmd_build(args) -> int:
+    from runner.backends.docker import build_stacks
+
+    results = build_stacks(args.matrix, stacks=args.stack, force=args.force)
+    bad = [r for r in results if not r.ok]
+    if bad:
+        raise ImageError(f"{len(bad)} of {len(results)} images did not build: "
+                         + ", ".join(f"{r.stack} ({r.reason})" for r in bad))
+    return 0
+
+
+def _cmd_base_image(args) -> int:
+    from runner import base_image
+
+    base_image.make(args.name or base_image.DEFAULT_NAME, suite=args.suite, mirror=args.mirror,
+                    force=args.force)
+    return 0
+
+
 def _cmd_cell(args) -> int:
+    import torch
+
+    from runner import implementations
     from runner import report as report_io
     from runner.cell import run_cell
     from runner.cells import expand, select, select_cases
     from runner.config import load_matrix
 
-    matrix = load_matrix(args.matrix)
+    matrix = load_matrix(args.matrix, known_implementations=implementations.KNOWN)
     cells = select(expand(matrix), stacks=args.stack, modes=args.mode, targets=args.target)
     if len(cells) != 1:
         raise ConfigError(f"cell: the selection matches {len(cells)} cells; name one stack, "
                           "mode and target")
+    if cells[0].target == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--target: cuda was requested but torch sees no CUDA device here")
     report = run_cell(matrix, cells[0], select_cases(matrix, args.case), run_id=args.run_id,
                       timings=not args.no_timings)
     path = report_io.write_report(report, args.reports)
@@ -89,9 +138,12 @@ def _cmd_cell(args) -> int:
 
 def _cmd_report(args) -> int:
     from runner import tables
+    from runner.aggregate import FACETS, Filters
 
-    path = tables.write_tables(args.reports)
-    print(f"[runner] tables: {path}")
+    filters = Filters.from_lists(**{f: getattr(args, f) for f in (*FACETS, "impl")})
+    out = None if args.out is None else args.out / tables.OUTPUTS[0]
+    path = tables.write_tables(args.reports, out, filters=filters, ab=args.ab)
+    print(f"[runner] tables: {', '.join(str(path.parent / n) for n in tables.OUTPUTS)}")
     return 0
 
 
@@ -99,10 +151,16 @@ def main(argv: list[str] | None = None) -> int:
     """Parse ``argv``, run the command, return the exit code."""
     try:
         args = _parser().parse_args(argv)
-        return {"matrix": _cmd_matrix, "cell": _cmd_cell, "report": _cmd_report}[args.command](args)
+        commands = {"matrix": _cmd_matrix, "cell": _cmd_cell, "build": _cmd_build,
+                    "base-image": _cmd_base_image, "report": _cmd_report}
+        return commands[args.command](args)
     except MatrixError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted: the reports written so far are whole; run again to finish "
+              "(cells whose report is current are not run again)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

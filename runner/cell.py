@@ -41,12 +41,33 @@ def case_key(case) -> int | str:
 
 
 def fingerprint(matrix, cell, cases, project: dict, extra: dict | None = None) -> str:
-    """sha256 over what decides a cell's bits: stack, mode, target, matrix content, the
-    selected cases, this project's commit and dirty flag, plus backend extras (image id)."""
-    doc = {"stack": cell.stack, "mode": cell.mode, "target": cell.target,
-           "matrix": matrix.content_hash(), "cases": [str(case_key(c)) for c in cases],
+    """sha256 hex over what decides a cell's bits, and nothing else.
+
+    Covered: the matrix content all cells share (everything but ``stacks``, ``modes`` and
+    ``targets``), this cell's stack (name, kind, pins) and mode (name, env, torch settings),
+    its target, the selected cases, ``project`` (commit, dirty flag and, from the runner,
+    a digest of the uncommitted changes) and the backend's ``extra`` (a docker image id).
+    Adding or editing another stack, mode or target leaves this cell's fingerprint alone.
+    """
+    content = matrix.to_dict()
+    shared = {k: v for k, v in content.items() if k not in ("stacks", "modes", "targets")}
+    doc = {"stack": [cell.stack, content["stacks"][cell.stack]],
+           "mode": [cell.mode, content["modes"][cell.mode]], "target": cell.target,
+           "matrix": shared, "cases": [str(case_key(c)) for c in cases],
            "project": project, "extra": extra or {}}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` is an allocator's refusal: CUDA out of memory, :class:`MemoryError`,
+    or the CPU allocator's ``RuntimeError: ... can't allocate memory``."""
+    return isinstance(err, (torch.cuda.OutOfMemoryError, MemoryError)) or (
+        isinstance(err, RuntimeError) and "can't allocate memory" in str(err))
+
+
+def _one_line(err: BaseException) -> str:
+    first = (str(err).strip().splitlines() or [""])[0]
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
 
 
 def skeleton(matrix, cell, cases, *, backend: str, run_id: str, status: str,
@@ -176,13 +197,13 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
                 first, same = _run_repeats(impl, inputs, repeats)
                 if impl.role != "accuracy_reference" and timings:
                     entry["timings"][key] = _timings(impl, inputs, device, matrix)
-            except torch.cuda.OutOfMemoryError as err:
-                entry.update(status="oom", reason=f"case {key}: {str(err).splitlines()[0]}")
-                torch.cuda.empty_cache()
-                continue
             except Exception as err:  # an implementation's failure is data, not a crash
-                entry.update(status="error", reason=f"case {key}: {type(err).__name__}: {err}",
+                oom = out_of_memory(err)
+                entry.update(status="oom" if oom else "error",
+                             reason=f"case {key}: {_one_line(err)}",
                              traceback=traceback.format_exc()[-4000:])
+                if oom and device == "cuda":
+                    torch.cuda.empty_cache()
                 continue
             outputs[impl.name] = first
             entry["sha256"][key] = {k: compare.tensor_sha256(v) for k, v in first.items()}
@@ -210,6 +231,9 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
         report["status"] = worst
         report["reason"] = "; ".join(f"{n}: {r['reason']}" for n, r in results.items()
                                      if r["status"] in ("error", "oom"))
+        tracebacks = "\n".join(f"{n}: {r['traceback']}" for n, r in results.items()
+                               if r.get("traceback"))
+        report["log_tail"] = tracebacks[-6000:] or None
     elif broken:
         report["status"] = "mismatch"
         report["reason"] = "bitwise claim broken: " + ", ".join(broken)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
+from packaging.version import Version
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -41,11 +42,12 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from runner import pins
 from runner.errors import ConfigError
 
-__all__ = ["KNOWN_IMPLEMENTATIONS", "SCHEMA_VERSION", "Case", "FrozenMap", "HostStack",
-           "Matrix", "Mode", "Problem", "Stack", "Timing", "TorchSettings", "load_matrix",
-           "parse_matrix"]
+__all__ = ["KNOWN_IMPLEMENTATIONS", "SCHEMA_VERSION", "Case", "DockerStack", "FrozenMap",
+           "HostStack", "Matrix", "Mode", "PipOptions", "Problem", "Stack", "Timing",
+           "TorchSettings", "load_matrix", "parse_matrix"]
 
 SCHEMA_VERSION = 1
 KNOWN_IMPLEMENTATIONS: tuple[str, ...] = ("eager", "numba", "fp64")
@@ -101,6 +103,11 @@ def _env_value(value: str) -> str:
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME_PATTERN)]
 EnvValue = Annotated[StrictStr, AfterValidator(_env_value)]
+VersionSpec = Annotated[StrictStr, AfterValidator(pins.version_spec)]  # "2.13.0" -> "==2.13.0"
+PythonVersion = Annotated[StrictStr, AfterValidator(pins.python_version)]
+ImageRef = Annotated[StrictStr, AfterValidator(pins.image_ref)]
+PipUrl = Annotated[StrictStr, AfterValidator(pins.pip_url)]
+HostPath = Annotated[StrictStr, AfterValidator(pins.safe_path)]
 
 
 class _Frozen(BaseModel):
@@ -161,8 +168,80 @@ class HostStack(_Frozen):
     kind: Literal["host"]
 
 
-# One model per backend, told apart by `kind`: add DockerStack to the Union.
-Stack = Annotated[Union[HostStack], Field(discriminator="kind")]  # noqa: UP007
+class PipOptions(_Frozen):
+    """pip options for image builds (``pip:`` at the top level, or in a docker stack).
+
+    ``index_url`` replaces PyPI, ``extra_index_urls`` are searched too, ``find_links`` is
+    a local wheelhouse directory (copied into the build context), ``ca_bundle`` a PEM
+    file the build trusts (TLS-intercepting proxies). Paths are absolute or relative to
+    matrix.yaml's directory. A stack's own ``pip:`` replaces the global one key by key.
+    """
+
+    index_url: PipUrl | None = None
+    extra_index_urls: Annotated[tuple[PipUrl, ...], Field(strict=False)] | None = None
+    find_links: HostPath | None = None
+    ca_bundle: HostPath | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, dump: Any) -> dict[str, Any]:
+        return {k: v for k, v in dump(self).items() if v is not None}
+
+    def over(self, base: PipOptions) -> PipOptions:
+        """These options on top of ``base``: each key set here replaces base's."""
+        return base.model_copy(update={k: getattr(self, k) for k in self.model_fields_set})
+
+
+class DockerStack(_Frozen):
+    """``kind: docker``: an image built from ``containers/Dockerfile.in`` with these pins.
+
+    ``base_image`` is ``name:tag`` (optionally ``@sha256:<digest>``), never pulled by the
+    runner; ``python`` is ``3.<minor>``, the interpreter the base image has or installs.
+    Package pins are PEP 440 versions or specifier sets (``"2.13.0"`` means ``==2.13.0``);
+    ``None`` leaves the package out (torch is required). numba-cuda 0.30 needs numpy<2.5,
+    which every image adds.
+    """
+
+    kind: Literal["docker"]
+    base_image: ImageRef
+    python: PythonVersion
+    torch: VersionSpec
+    triton: VersionSpec | None = None
+    vllm: VersionSpec | None = None
+    sglang: VersionSpec | None = None
+    diffusers: VersionSpec | None = None
+    numba: VersionSpec | None = None
+    numba_cuda: VersionSpec | None = None
+    numpy: VersionSpec | None = None
+    pip: PipOptions = PipOptions()
+
+    @model_serializer(mode="wrap")
+    def _drop_unpinned(self, dump: Any) -> dict[str, Any]:
+        return {k: v for k, v in dump(self).items() if v is not None}
+
+    @field_validator("numpy")
+    @classmethod
+    def _numpy_below_2_5(cls, v: str | None) -> str | None:
+        if v and v.startswith("==") and "*" not in v and Version(v[2:]) >= Version("2.5"):
+            raise PydanticCustomError("matrix", "bad value", {
+                "expected": "numpy below 2.5 (numba-cuda 0.30 fails with numpy 2.5)"})
+        return v
+
+    def pins(self) -> dict[str, str]:
+        """``{distribution: specifier}`` for every pinned package, ``python`` first.
+
+        Example::
+
+            >>> DockerStack(kind="docker", base_image="b:1", python="3.11",
+            ...             torch="2.13.0").pins()
+            {'python': '3.11', 'torch': '==2.13.0'}
+        """
+        names = ("torch", "triton", "vllm", "sglang", "diffusers", "numba", "numba_cuda", "numpy")
+        found = {n.replace("_", "-"): getattr(self, n) for n in names if getattr(self, n)}
+        return {"python": self.python, **found}
+
+
+# One model per backend, told apart by `kind`.
+Stack = Annotated[Union[HostStack, DockerStack], Field(discriminator="kind")]  # noqa: UP007
 
 
 class Matrix(_Frozen):
@@ -170,7 +249,8 @@ class Matrix(_Frozen):
 
     Fields: ``schema_version`` (1), ``op``, ``problem``, ``cases``, ``implementations``,
     ``baseline`` (compared bitwise with all), ``accuracy_reference`` (or None), ``repeats``,
-    ``timing``, ``modes`` and ``stacks`` (name -> Mode / Stack, file order), ``targets``.
+    ``timing``, ``modes`` and ``stacks`` (name -> Mode / Stack, file order), ``targets``,
+    ``pip`` (image build options every docker stack starts from).
     Lists are tuples, mappings are read-only :class:`FrozenMap`. Build one with
     :func:`load_matrix` or :func:`parse_matrix`, which raise ConfigError.
 
@@ -192,6 +272,7 @@ class Matrix(_Frozen):
     modes: _map_of(Name, Mode, min_length=1)
     stacks: _map_of(Name, Stack, min_length=1)
     targets: _list_of(Literal["cuda", "cpu"])
+    pip: PipOptions = PipOptions()  # defaults for every docker stack's image build
 
     @field_validator("schema_version")
     @classmethod

@@ -101,3 +101,24 @@ def capture(target: str, mode_environment: dict) -> dict:
         env["gpu"] = torch.cuda.get_device_name(0)
         env["capability"] = list(torch.cuda.get_device_capability(0))
     return env
+
+
+def uncommitted_digest(root: Path = PROJECT_ROOT) -> str | None:
+    """sha256 hex of ``git diff HEAD --binary`` (the tracked files' uncommitted changes).
+
+    None when the diff is empty, ``root`` is not a git checkout or git fails. Used in the
+    fingerprint so that a dirty tree's reports are reused only while the changes are the same.
+    """
+    import hashlib
+
+    git = shutil.which("git")
+    if not git or not (root / ".git").exists():
+        return None
+    try:
+        diff = subprocess.run([git, "-C", str(root), "diff", "HEAD", "--binary"],
+                              capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if diff.returncode != 0 or not diff.stdout:
+        return None
+    return hashlib.sha256(diff.stdout).hexdigest()

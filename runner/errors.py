@@ -45,6 +45,12 @@ class BackendError(MatrixError):
     exit_code = 4
 
 
+class ImageError(BackendError):
+    """A docker stack's image cannot be rendered or built: a missing wheelhouse, CA bundle
+    or base image (never pulled), a failed build (exit 4; inside a matrix run the stack's
+    cells get status ``build_error`` instead)."""
+
+
 class CellsFailed(MatrixError):
     """The matrix ran to the end but at least one cell did not end ``ok`` (exit 5)."""
 

@@ -22,6 +22,7 @@ import math
 import os
 import re
 import secrets
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -36,8 +37,8 @@ from referencing.jsonschema import DRAFT202012
 from runner.errors import ReportError
 
 __all__ = ["SCHEMA_PATH", "SCHEMA_VERSION", "TENSORS", "UPGRADES", "LoadedReport", "PairRow",
-           "ReadResult", "iter_pairs", "read_report", "read_reports", "upgrade", "validate",
-           "write_report", "write_text_atomic"]
+           "ReadResult", "iter_pairs", "read_report", "read_reports", "remove_stale_temp_files",
+           "upgrade", "validate", "write_report", "write_text_atomic"]
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "report.schema.json"
@@ -64,6 +65,21 @@ def _schema() -> dict[str, Any]:
 @lru_cache(maxsize=1)
 def _validator() -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(_schema())
+
+
+@lru_cache(maxsize=1)
+def _fast_validator() -> Any:
+    """jsonschema-rs's validator for the same schema (same draft), or None if not installed.
+
+    Only its yes/no is used, to skip the slow pass for valid reports (about 400x faster on a
+    real report: 0.05 ms against 21 ms); a report it rejects is checked again by
+    :mod:`jsonschema` for the message. Optional: ``pip install .[report]``.
+    """
+    try:
+        import jsonschema_rs
+    except ImportError:
+        return None
+    return jsonschema_rs.validator_for(_schema())
 
 
 @lru_cache(maxsize=1)
@@ -150,7 +166,8 @@ def _first_problem(
     """One line naming the worst problem and how many others there are, or None."""
     problems = list(_json_problems(report))
     first, count = (problems[0], len(problems)) if problems else (None, 0)
-    if first is None:
+    fast = _fast_validator() if validator is _validator() else None
+    if first is None and not (fast is not None and fast.is_valid(report)):
         errors = list(validator.iter_errors(report))
         if errors:
             worst = best_match(errors)
@@ -213,6 +230,33 @@ def write_text_atomic(path: Path, text: str) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+_TEMP_RE = re.compile(r"^\..+\.\d+\.[0-9a-f]{8}\.tmp$")
+
+
+def remove_stale_temp_files(directory: Path, min_age_s: float = 600.0) -> list[Path]:
+    """Remove the temporary files of :func:`write_text_atomic` that a killed writer left.
+
+    Only names of the form ``.<name>.<pid>.<8 hex>.tmp`` directly in ``directory`` and last
+    modified at least ``min_age_s`` ago (a write takes milliseconds; a live writer's file is
+    younger) are removed. Readers never see these files either way: they do not end in
+    ``.json``. Returns the paths removed.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    now, removed = time.time(), []
+    for path in directory.iterdir():
+        if not _TEMP_RE.match(path.name):
+            continue
+        try:
+            if path.is_file() and now - path.stat().st_mtime >= min_age_s:
+                path.unlink()
+                removed.append(path)
+        except FileNotFoundError:
+            continue
+    return removed
 
 
 def write_report(report: dict[str, Any], directory: Path) -> Path:

@@ -8,6 +8,7 @@ reason, never a missing file) and which need not run again (same fingerprint, st
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,13 +16,13 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from runner import implementations, tables
 from runner import report as report_io
-from runner import tables
-from runner.backends import BACKENDS
+from runner.backends import BACKENDS, DockerBackend, resolve, route
 from runner.cell import fingerprint, skeleton
 from runner.cells import expand, select, select_cases
 from runner.config import load_matrix
-from runner.environment import project_state
+from runner.environment import project_state, uncommitted_digest
 from runner.errors import ConfigError
 
 DEFAULT_TIMEOUT_S = 3600.0
@@ -45,6 +46,12 @@ class CellOutcome:
     reused: bool = False
 
 
+def _fingerprint_extra(backend, matrix, cell) -> dict:
+    """What the backend adds to a cell's fingerprint (a docker image id); {} if nothing."""
+    extra = getattr(backend, "fingerprint_extra", None)
+    return dict(extra(matrix, cell)) if extra else {}
+
+
 def _reusable(path: Path, expected_fingerprint: str) -> bool:
     if not path.exists():
         return False
@@ -56,37 +63,63 @@ def _reusable(path: Path, expected_fingerprint: str) -> bool:
 def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | None = None,
                modes: Sequence[str] | None = None, targets: Sequence[str] | None = None,
                cases: Sequence[str] | None = None, backend: str = "host", force: bool = False,
-               timeout_s: float = DEFAULT_TIMEOUT_S, render: bool = True) -> list[CellOutcome]:
+               timeout_s: float = DEFAULT_TIMEOUT_S, render: bool = True,
+               gpus: str = "all") -> list[CellOutcome]:
     """Run the selected cells and write one report per cell, then the tables.
 
+    ``backend`` is host, docker or auto (docker when an engine answers); a cell of a
+    ``kind: docker`` stack in a host run is ``skipped`` with the reason, a ``kind: host``
+    stack always runs on the host (:func:`runner.backends.route`). ``gpus`` ("all" or ids
+    like "0,1") is the docker backend's GPU request for ``cuda`` cells.
+
     Raises :class:`ConfigError` (nothing run or written) for a bad matrix.yaml, a selection
-    that matches nothing, an explicitly requested target this host lacks, or an unknown
-    backend. Cells that fail are outcomes, not exceptions.
+    that matches nothing, an explicitly requested target this host lacks, an unknown
+    backend or a timeout that is not a positive number of seconds. Cells that fail are
+    outcomes, not exceptions.
     """
-    matrix = load_matrix(matrix_path)
-    if backend not in BACKENDS:
-        raise ConfigError(f"--backend: unknown backend {backend!r}; choose from "
-                          f"{', '.join(BACKENDS)}")
+    if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
+        raise ConfigError(f"--timeout: expected a number of seconds > 0, got {timeout_s!r}")
+    matrix = load_matrix(matrix_path, known_implementations=implementations.KNOWN)
+    made = {"docker": DockerBackend(gpus=gpus, matrix_dir=Path(matrix_path).parent)}
+    chosen, note = resolve(backend, made["docker"])  # ConfigError, BackendError
+    if note:
+        print(f"[runner] {note}", flush=True)
     cells = select(expand(matrix), stacks=stacks, modes=modes, targets=targets)
     chosen_cases = select_cases(matrix, cases)
     has_gpu = cuda_available()
     if targets and "cuda" in targets and not has_gpu:
         raise ConfigError("--target: cuda was requested but torch sees no CUDA device here")
-    runner_backend = BACKENDS[backend]()
     reports_dir.mkdir(parents=True, exist_ok=True)
+    for stale in report_io.remove_stale_temp_files(reports_dir):
+        print(f"[runner] removed {stale.name}: left by an interrupted write", flush=True)
     project = project_state()
+    project["diff_sha256"] = uncommitted_digest() if project.get("dirty") else None
     outcomes: list[CellOutcome] = []
     for cell in cells:
         path = reports_dir / f"{cell.id}.json"
         run_id = uuid.uuid4().hex
+        backend, why_not = route(matrix.stacks[cell.stack].kind, chosen)
+        if why_not:
+            skipped = skeleton(matrix, cell, chosen_cases, backend=chosen, run_id=run_id,
+                               status="skipped", reason=why_not)
+            report_io.write_report(skipped, reports_dir)
+            print(f"[runner] cell {cell.id}: skipped: {why_not}", flush=True)
+            outcomes.append(CellOutcome(cell.id, "skipped", why_not, path))
+            continue
+        if backend not in made:
+            made[backend] = BACKENDS[backend]()
+        runner_backend = made[backend]
+        expected = fingerprint(matrix, cell, chosen_cases, project,
+                               _fingerprint_extra(runner_backend, matrix, cell))
         if cell.target == "cuda" and not has_gpu:
             skipped = skeleton(matrix, cell, chosen_cases, backend=backend, run_id=run_id,
                                status="skipped",
                                reason="target cuda: torch sees no CUDA device on this host")
+            skipped["fingerprint"] = expected
             report_io.write_report(skipped, reports_dir)
             outcomes.append(CellOutcome(cell.id, "skipped", skipped["reason"], path))
             continue
-        if not force and _reusable(path, fingerprint(matrix, cell, chosen_cases, project)):
+        if not force and _reusable(path, expected):
             outcomes.append(CellOutcome(cell.id, "ok", "same fingerprint: not run again", path,
                                         reused=True))
             continue
@@ -94,6 +127,9 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
               flush=True)
         result = runner_backend.run(matrix, cell, chosen_cases, matrix_path=matrix_path,
                                     reports_dir=reports_dir, run_id=run_id, timeout_s=timeout_s)
+        if result.get("fingerprint") != expected:  # the runner's fingerprint decides reuse
+            result = {**result, "fingerprint": expected}
+            report_io.write_report(result, reports_dir)
         outcomes.append(CellOutcome(cell.id, result["status"], result.get("reason"), path))
     if render:
         tables.write_tables(reports_dir)

@@ -91,3 +91,21 @@ def test_bad_input_rejected_on_gpu():
         gate_residual_forward(r, g, r, torch.tensor([0, 1, 3, 0], device="cuda"))
     with pytest.raises(OpInputError, match="different devices"):
         gate_residual_forward(r, g.cpu(), r, torch.zeros(4, dtype=torch.int64, device="cuda"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [128, 129])
+def test_unchecked_out_of_range_index_gives_nan_rows_and_no_stray_read(dtype, d, fresh_seed):
+    from kernels.gate_residual import GateResidual
+
+    x = on_gpu(inputs(300, d, 5, dtype, "int64", fresh_seed, specials=False))
+    bad = x["index"].clone()
+    bad[7], bad[100] = 5, -1
+    r, g, y = (x[k].clone().requires_grad_() for k in ("residual", "gate", "y"))
+    out = GateResidual.apply(r, g, y, bad, False)
+    out.backward(x["grad_out"])
+    assert torch.isnan(out[[7, 100]]).all() and torch.isnan(y.grad[[7, 100]]).all()
+    keep = torch.ones(300, dtype=torch.bool, device="cuda")
+    keep[[7, 100]] = False
+    expected = x["residual"] + x["gate"].index_select(0, x["index"]) * x["y"]
+    assert_bitwise(out[keep], expected[keep], "rows with valid indices")

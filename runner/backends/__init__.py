@@ -1,13 +1,62 @@
 """Backends run one cell somewhere and return its report: ``available()``, ``run(...)``.
 
-Listed in :data:`BACKENDS`. Every subprocess call lives in :mod:`runner.backends.host`
-(every docker-py call will live in ``runner.backends.docker``).
+Listed in :data:`BACKENDS`. Every subprocess call lives in :mod:`runner.backends.host`,
+every docker-py call in :mod:`runner.backends.docker`.
+
+Which backend runs a cell (:func:`route`): a ``kind: host`` stack always runs on the host;
+a ``kind: docker`` stack runs in the docker backend, and is ``skipped`` (with the reason)
+when the run uses the host backend. ``--backend auto`` (:func:`resolve`) is docker when an
+engine answers, else host.
 """
 
 from __future__ import annotations
 
+from runner.backends.docker import DockerBackend
 from runner.backends.host import HostBackend
+from runner.errors import BackendError, ConfigError
 
-BACKENDS = {"host": HostBackend}
+BACKENDS = {"host": HostBackend, "docker": DockerBackend}
+CHOICES = ("auto", *BACKENDS)
 
-__all__ = ["BACKENDS", "HostBackend"]
+__all__ = ["BACKENDS", "CHOICES", "DockerBackend", "HostBackend", "resolve", "route"]
+
+
+def resolve(name: str, docker: DockerBackend | None = None) -> tuple[str, str | None]:
+    """The backend a run uses for ``--backend name``, and a note when ``auto`` chose host.
+
+    Raises ConfigError for an unknown name and BackendError for ``docker`` when no engine
+    answers (nothing is run then).
+
+    Example::
+
+        >>> resolve("host")
+        ('host', None)
+    """
+    if name not in CHOICES:
+        raise ConfigError(f"--backend: unknown backend {name!r}; choose from "
+                          f"{', '.join(CHOICES)}")
+    if name == "host":
+        return "host", None
+    why = (docker or DockerBackend()).available()
+    if name == "docker" and why:
+        raise BackendError(f"--backend docker: {why}")
+    if why:
+        return "host", f"--backend auto: host, since {why}"
+    return "docker", None
+
+
+def route(stack_kind: str, backend: str) -> tuple[str | None, str | None]:
+    """(backend name, None) for a cell of a ``stack_kind`` stack in a ``backend`` run,
+    or (None, why it is skipped).
+
+    Example::
+
+        >>> route("docker", "host")[1]
+        'stack kind docker runs only in a container: this run uses the host backend (--backend docker or auto with a Docker engine)'
+    """  # noqa: E501
+    if stack_kind == "host":
+        return "host", None
+    if backend == "docker":
+        return "docker", None
+    return None, (f"stack kind {stack_kind} runs only in a container: this run uses the "
+                  "host backend (--backend docker or auto with a Docker engine)")

@@ -28,14 +28,74 @@ def _tail(text: str, limit: int = LOG_TAIL_CHARS) -> str:
     return text if len(text) <= limit else "…" + text[-limit:]
 
 
-def classify_failure(exit_code: int | None, log: str, timed_out: bool) -> str:
-    """Status for a cell process that wrote no report: timeout, oom or error."""
+def oom_kill_count() -> int | None:
+    """The kernel's count of OOM-killer kills since boot (``oom_kill`` in /proc/vmstat,
+    Linux >= 4.13, memory-cgroup kills included), or None where it cannot be read."""
+    try:
+        with open("/proc/vmstat", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def classify_failure(exit_code: int | None, log: str, timed_out: bool, *,
+                     oom_kills: tuple[int | None, int | None] = (None, None)) -> str:
+    """Status for a cell process that wrote no report: timeout, oom or error.
+
+    ``oom`` needs evidence: an out-of-memory message in the log, or a SIGKILL while the
+    kernel's OOM-kill count (``oom_kills``: before, after) grew. A bare SIGKILL is ``error``:
+    the OOM killer, a user's ``kill -9`` and a container runtime all send it.
+    """
     if timed_out:
         return "timeout"
     lowered = log.lower()
-    if "out of memory" in lowered or "outofmemoryerror" in lowered or exit_code == -signal.SIGKILL:
+    if "out of memory" in lowered or "outofmemoryerror" in lowered:
+        return "oom"
+    before, after = oom_kills
+    if exit_code == -signal.SIGKILL and None not in (before, after) and after > before:
         return "oom"
     return "error"
+
+
+def failure_reason(exit_code: int | None, timed_out: bool, timeout_s: float, *,
+                   oom_kills: tuple[int | None, int | None] = (None, None)) -> str:
+    """One line saying how a cell process that wrote no report ended."""
+    if timed_out:
+        return (f"timed out: no report after the cell timeout of {timeout_s:g} s; the cell's "
+                "process group was killed")
+    if exit_code is None or exit_code >= 0:
+        return f"cell process exited with code {exit_code} and wrote no report"
+    name = _signal_name(-exit_code)
+    reason = f"cell process was killed by {name} (exit code {exit_code}) and wrote no report"
+    if exit_code != -signal.SIGKILL:
+        return reason
+    before, after = oom_kills
+    if None in (before, after):
+        return (f"{reason}; SIGKILL is ambiguous: the kernel's OOM killer or another process "
+                "sent it (/proc/vmstat oom_kill unreadable: cannot tell which)")
+    if after > before:
+        return (f"{reason}; the kernel's OOM killer fired meanwhile (/proc/vmstat oom_kill "
+                f"{before} -> {after}), so most likely out of memory")
+    return (f"{reason}; not the runner's timeout and no OOM kill was recorded (/proc/vmstat "
+            f"oom_kill stayed {before}): another process sent it")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the cell's process group (its own session), if it is still there."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 class HostBackend:
@@ -46,6 +106,10 @@ class HostBackend:
     def available(self) -> str | None:
         """None: the host can always run cells (targets are checked by the caller)."""
         return None
+
+    def fingerprint_extra(self, matrix, cell) -> dict:
+        """What this backend adds to a cell's fingerprint: nothing (the host is the host)."""
+        return {}
 
     def command(self, *, matrix_path: Path, cell, case_ids: list[str], reports_dir: Path,
                 run_id: str) -> list[str]:
@@ -69,23 +133,29 @@ class HostBackend:
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
         started = time.perf_counter()
+        kills_before = oom_kill_count()
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, env=env, cwd=PROJECT_ROOT, start_new_session=True)
+                                text=True, env=env, cwd=PROJECT_ROOT, start_new_session=True,
+                                errors="replace")
         timed_out = False
         try:
             log, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
-            os.killpg(proc.pid, signal.SIGKILL)
+            _kill_group(proc)
             log, _ = proc.communicate()
+        except BaseException:  # Ctrl-C or SIGTERM in the parent: leave no orphan behind
+            _kill_group(proc)
+            proc.wait()
+            raise
         log = log or ""
+        oom_kills = (kills_before, oom_kill_count())
         path = reports_dir / f"{cell.id}.json"
         loaded = report_io.read_report(path) if path.exists() else None
         if loaded and loaded.data and loaded.data.get("run_id") == run_id:
             return loaded.data
-        status = classify_failure(proc.returncode, log, timed_out)
-        reason = (f"no report after {timeout_s:g} s: killed" if timed_out else
-                  f"cell process exited with code {proc.returncode} and wrote no report")
+        status = classify_failure(proc.returncode, log, timed_out, oom_kills=oom_kills)
+        reason = failure_reason(proc.returncode, timed_out, timeout_s, oom_kills=oom_kills)
         failed = skeleton(matrix, cell, cases, backend=self.name, run_id=run_id, status=status,
                           reason=reason)
         failed.update(exit_code=proc.returncode, log_tail=_tail(log),

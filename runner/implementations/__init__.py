@@ -13,6 +13,7 @@ of residual, y and gate for the upstream gradient ``grad_out``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -49,9 +50,15 @@ class Implementation:
 
 
 def _registry() -> dict[str, Implementation]:
+    """Every implementation; ``fault`` (faulty.py, test-only) when GATE_RESIDUAL_FAULTS=1."""
     from runner.implementations import eager, fp64, numba_kernel
 
-    return {impl.name: impl for impl in (eager.EAGER, numba_kernel.NUMBA, fp64.FP64)}
+    impls = [eager.EAGER, numba_kernel.NUMBA, fp64.FP64]
+    if os.environ.get("GATE_RESIDUAL_FAULTS") == "1":
+        from runner.implementations import faulty
+
+        impls.append(faulty.FAULT)
+    return {impl.name: impl for impl in impls}
 
 
 REGISTRY: dict[str, Implementation] = _registry()

@@ -1,0 +1,83 @@
+// Inlined into reports/index.html by runner/html.py: the client-side filters.
+// Elements with data-cell="<i>" belong to cell i of the JSON in #cells-data; a cell is
+// shown when, for every facet, its value is checked. Identical-bits verdicts are
+// recomputed over the cells shown.
+"use strict";
+(function () {
+  const cells = JSON.parse(document.getElementById("cells-data").textContent);
+  const form = document.getElementById("filters");
+  const boxes = Array.from(form.querySelectorAll("input[type=checkbox]"));
+  const dims = Array.from(new Set(boxes.map((b) => b.dataset.dim)));
+  const tagged = Array.from(document.querySelectorAll("[data-cell]"));
+  const acrossRows = Array.from(document.querySelectorAll("tr[data-across]"));
+  const tables = Array.from(document.querySelectorAll("table.data"));
+
+  function shownCells() {
+    const allowed = {};
+    dims.forEach((d) => { allowed[d] = new Set(); });
+    boxes.forEach((b) => { if (b.checked) { allowed[b.dataset.dim].add(b.value); } });
+    return cells.map((c) => dims.every((d) => allowed[d].has(c[d])));
+  }
+
+  const toggles = Array.from(document.querySelectorAll("input.only-variants"));
+
+  function verdict(tr, shown) {
+    if (tr.dataset.void === "1") { return; }
+    const cell = tr.querySelector("td.verdict");
+    const marked = Array.from(tr.querySelectorAll("td[data-g]"))
+      .filter((td) => shown[Number(td.dataset.cell)]);
+    const n = marked.length;
+    const groups = new Set(marked.map((td) => td.dataset.g)).size;
+    let text = "no cell shown";
+    let kind = "absent";
+    if (n === 1) { text = "1 cell only"; kind = "none"; }
+    else if (n > 1 && groups === 1) { text = "identical (" + n + " cells)"; kind = "eq"; }
+    else if (n > 1) { text = groups + " variants (" + n + " cells)"; kind = "diff"; }
+    if (cell.dataset.static === "1") { kind = "eq"; text = n ? "agree" : text; }
+    cell.textContent = text;
+    cell.className = "verdict k-" + kind;
+  }
+
+  function onlyVariants() {
+    toggles.forEach((box) => {
+      const table = document.getElementById(box.dataset.table);
+      Array.from(table.tBodies[0].rows).forEach((tr) => {
+        const kind = tr.querySelector("td.verdict").className;
+        tr.hidden = box.checked && !/k-(diff|void)/.test(kind);
+      });
+    });
+  }
+
+  function apply() {
+    const shown = shownCells();
+    tagged.forEach((el) => { el.hidden = !shown[Number(el.dataset.cell)]; });
+    acrossRows.forEach((tr) => verdict(tr, shown));
+    onlyVariants();
+    tables.forEach((t) => {
+      const rows = t.tBodies.length ? Array.from(t.tBodies[0].rows) : [];
+      const out = document.getElementById("count-" + t.id);
+      if (out) {
+        const visible = rows.filter((r) => !r.hidden).length;
+        out.textContent = visible + " of " + rows.length + " rows shown";
+      }
+    });
+    const n = shown.filter(Boolean).length;
+    document.getElementById("shown").textContent = n + " of " + cells.length + " cells shown";
+  }
+
+  boxes.forEach((b) => b.addEventListener("change", apply));
+  toggles.forEach((b) => b.addEventListener("change", apply));
+  form.querySelectorAll("button.only").forEach((button) => {
+    button.addEventListener("click", () => {
+      boxes.forEach((b) => {
+        if (b.dataset.dim === button.dataset.dim) { b.checked = b.value === button.value; }
+      });
+      apply();
+    });
+  });
+  document.getElementById("reset").addEventListener("click", () => {
+    boxes.forEach((b) => { b.checked = true; });
+    apply();
+  });
+  apply();
+})();

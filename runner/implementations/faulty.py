@@ -1,0 +1,163 @@
+"""``fault``: a test-only implementation that fails on purpose, to prove the failure paths.
+
+Registered only when ``GATE_RESIDUAL_FAULTS=1`` (see :mod:`runner.implementations`), so a
+user never meets it. What it does is chosen per cell by ``GATE_RESIDUAL_FAULT`` in the
+cell's environment (a mode's ``env`` sets it), read at each call:
+
+=================== ===================================================================
+``GATE_RESIDUAL_FAULT`` what the call does (expected cell status)
+=================== ===================================================================
+unset or ``none``   computes what ``eager`` computes (``ok``)
+``raise``           raises :class:`InjectedFault` (``error``)
+``hang``            prints a marker line and sleeps forever (``timeout``)
+``oom``             allocates 64 MiB blocks without bound until the allocator fails
+                    (``oom``); bounded for safety, see :func:`allocate_without_bound`
+``kill``            prints a marker line and sends SIGKILL to its own process (``error``,
+                    the reason says SIGKILL is ambiguous)
+``illegal_address`` on ``cuda``: a numba.cuda kernel stores 4 TiB past an array, the
+                    CUDA error 700 poisons the context (``error``); elsewhere raises
+=================== ===================================================================
+
+Example (a matrix whose modes arm it, run with ``GATE_RESIDUAL_FAULTS=1``)::
+
+    modes:
+      plain: {}
+      raise: {env: {GATE_RESIDUAL_FAULT: raise}}
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import torch
+
+from runner.implementations import Implementation
+from runner.implementations.eager import run as eager_run
+
+ENABLE_VAR = "GATE_RESIDUAL_FAULTS"
+FAULT_VAR = "GATE_RESIDUAL_FAULT"
+CAP_VAR = "GATE_RESIDUAL_FAULT_OOM_MB"
+FAULTS = ("none", "raise", "hang", "oom", "kill", "illegal_address")
+DEFAULT_CAP_MB = 512
+BLOCK_BYTES = 64 << 20
+
+
+class InjectedFault(RuntimeError):
+    """The failure ``GATE_RESIDUAL_FAULT=raise`` asks for."""
+
+
+def _marker(text: str) -> None:
+    """One line on stdout, flushed: the log tail then shows the fault was reached."""
+    print(f"[fault] {text}", flush=True)
+
+
+def _cap_bytes() -> int:
+    raw = os.environ.get(CAP_VAR, str(DEFAULT_CAP_MB))
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{CAP_VAR}: expected a whole number of MiB >= 1, got {raw!r}")
+    return int(raw) << 20
+
+
+def _address_space_limit(cap: int):
+    """Lower this process's RLIMIT_AS to its current size + ``cap``; return a restorer.
+
+    Returns None where there is no ``resource`` module or ``/proc/self/statm``."""
+    try:
+        import resource
+
+        with open("/proc/self/statm") as f:
+            size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (ImportError, OSError, ValueError):
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = size + cap if hard == resource.RLIM_INFINITY else min(hard, size + cap)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def allocate_without_bound(device: str) -> None:
+    """Allocate and fill 64 MiB blocks until the allocator refuses; raise what it raised.
+
+    Safety: on the CPU the process's address space is first limited (RLIMIT_AS) to its
+    size plus ``GATE_RESIDUAL_FAULT_OOM_MB`` (default 512), so the real allocator fails
+    (``RuntimeError: ... can't allocate memory``) long before the machine runs short; where
+    no such limit can be set, :class:`MemoryError` is raised at the cap. On CUDA the
+    process's share of the GPU is limited to the cap (``set_per_process_memory_fraction``)
+    and torch raises ``torch.cuda.OutOfMemoryError``. Limits are restored and the blocks
+    freed before the error propagates.
+    """
+    cap, blocks = _cap_bytes(), []
+    if device == "cuda":
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total))
+        try:
+            while True:
+                blocks.append(torch.ones(BLOCK_BYTES, dtype=torch.uint8, device="cuda"))
+        finally:
+            blocks.clear()
+            torch.cuda.set_per_process_memory_fraction(1.0)
+            torch.cuda.empty_cache()
+    restore = _address_space_limit(cap)  # CPU
+    try:
+        while True:
+            if restore is None and len(blocks) * BLOCK_BYTES >= cap:
+                raise MemoryError(f"fault oom: safety cap of {cap >> 20} MiB reached")
+            blocks.append(torch.ones(BLOCK_BYTES, dtype=torch.uint8))
+    finally:
+        blocks.clear()
+        if restore is not None:
+            restore()
+
+
+def illegal_address() -> None:
+    """Store through an address 4 TiB past a one-element CUDA array, then synchronise."""
+    from numba import cuda
+
+    @cuda.jit
+    def poke(a, i):
+        a[i] = 1.0
+
+    target = cuda.device_array(1, dtype="float32")
+    poke[1, 1](target, 1 << 40)
+    cuda.synchronize()
+    raise InjectedFault("fault illegal_address: the kernel ran and no CUDA error was raised")
+
+
+def run(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
+    """Do what ``GATE_RESIDUAL_FAULT`` says (see the module docstring), else eager."""
+    fault = os.environ.get(FAULT_VAR, "none") or "none"
+    device = inputs["residual"].device.type
+    if fault == "none":
+        return eager_run(inputs, backward=backward)
+    if fault == "raise":
+        raise InjectedFault(f"injected by {FAULT_VAR}=raise")
+    if fault == "hang":
+        _marker(f"{FAULT_VAR}=hang: sleeping forever in pid {os.getpid()}")
+        while True:
+            time.sleep(3600)
+    if fault == "oom":
+        _marker(f"{FAULT_VAR}=oom: allocating without bound on {device}")
+        allocate_without_bound(device)
+    if fault == "kill":
+        _marker(f"{FAULT_VAR}=kill: sending SIGKILL to own pid {os.getpid()}")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault == "illegal_address":
+        if device != "cuda":
+            raise InjectedFault(f"{FAULT_VAR}=illegal_address needs the cuda target, "
+                                f"got {device}")
+        _marker(f"{FAULT_VAR}=illegal_address: storing 4 TiB past a CUDA array")
+        illegal_address()
+    raise ValueError(f"{FAULT_VAR}: expected one of {', '.join(FAULTS)}, got {fault!r}")
+
+
+FAULT = Implementation(
+    name="fault",
+    source=("fault injection (runner/implementations/faulty.py), armed per cell by "
+            f"{FAULT_VAR}: {', '.join(FAULTS)}"),
+    has_backward=True,
+    run=run,
+)

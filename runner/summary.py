@@ -1,0 +1,147 @@
+"""The tables for other tools: ``reports/summary.csv`` and ``reports/summary.json``.
+
+``summary.csv`` is one long table, one row per cell x implementation x case x tensor
+(:data:`COLUMNS`), with the tensor's sha256, its comparison with the cell's baseline (or, in a
+foreign report, the implementation it was compared with), its accuracy against fp64, the
+determinism verdicts and the case's median times (repeated on each tensor's row). A cell with
+no results has one row with its status and reason and empty implementation columns.
+
+``summary.json`` holds the same rows (typed: numbers, booleans, null) under ``rows``, plus
+``cells`` (each with its configuration), ``across`` (cells grouped by identical bits) and
+``unreadable``. Its ``schema`` is ``"gate_residual_tables/1"``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from runner.aggregate import Cell
+from runner.report import TENSORS
+from runner.table_bits import AcrossRow, configuration
+
+if TYPE_CHECKING:
+    from runner.tables import Tables
+
+__all__ = ["COLUMNS", "SCHEMA", "render_csv", "render_json", "summary_rows"]
+
+SCHEMA = "gate_residual_tables/1"
+COLUMNS = (
+    "cell", "origin", "op", "stack", "mode", "target", "dtype", "gpu", "status", "reason",
+    "impl", "impl_status", "case", "tensor", "sha256", "vs", "equal", "differ", "numel",
+    "vs_max_abs", "vs_max_ulp", "max_abs", "max_rel", "max_abs_ulps", "rel_l2", "repeatable",
+    "repeatable_across_processes", "forward_ms", "forward_backward_ms",
+)
+
+
+def _partner(cell: Cell, impl: str, entry: dict[str, Any]) -> str | None:
+    baseline = cell.data.get("baseline")
+    if impl != baseline and f"vs {baseline}" in entry:
+        return str(baseline)
+    return next((k[3:] for k in entry if k.startswith("vs ")), None)
+
+
+def _case_of(entry: dict[str, Any], key: str, case: str) -> dict[str, Any]:
+    return (entry.get(key) or {}).get(case) or {}
+
+
+def _cell_rows(cell: Cell, keeps_impl: Any) -> Iterator[dict[str, Any]]:
+    base = {"cell": cell.label, "origin": cell.origin, "op": cell.op, "stack": cell.stack,
+            "mode": cell.mode, "target": cell.target, "dtype": cell.dtype, "gpu": cell.gpu,
+            "status": cell.data.get("status"), "reason": cell.reason}
+    emitted = False
+    for impl, entry in cell.results.items():
+        if not keeps_impl(impl):
+            continue
+        vs = _partner(cell, impl, entry)
+        compared = entry.get(f"vs {vs}") or {} if vs else {}
+        keys = ("sha256", "accuracy", "repeatable", "repeatable_across_processes", "timings")
+        cases = list(dict.fromkeys([*(c for k in keys for c in entry.get(k) or {}), *compared]))
+        for case in cases:
+            acc = _case_of(entry, "accuracy", case)
+            figures = {"out": acc.get("out"), **(acc.get("grads") or {})}
+            cmp_case = compared.get(case) or {}
+            cmps = {"out": (cmp_case.get("out") or [None])[0], **(cmp_case.get("grads") or {})}
+            timing = _case_of(entry, "timings", case)
+            for tensor in TENSORS:
+                sha = _case_of(entry, "sha256", case).get(tensor)
+                fig, cmp = figures.get(tensor) or {}, cmps.get(tensor) or {}
+                rep = _case_of(entry, "repeatable", case).get(tensor)
+                across = _case_of(entry, "repeatable_across_processes", case).get(tensor)
+                if not (sha or fig or cmp or rep is not None or across is not None):
+                    continue
+                emitted = True
+                yield {**base, "impl": impl, "impl_status": entry.get("status"), "case": case,
+                       "tensor": tensor, "sha256": sha, "vs": vs if cmp else None,
+                       "equal": cmp.get("equal"), "differ": cmp.get("differ"),
+                       "numel": cmp.get("numel"), "vs_max_abs": cmp.get("max_abs"),
+                       "vs_max_ulp": cmp.get("max_ulp"), "max_abs": fig.get("max_abs"),
+                       "max_rel": fig.get("max_rel"), "max_abs_ulps": fig.get("max_abs_ulps"),
+                       "rel_l2": fig.get("rel_l2"), "repeatable": rep,
+                       "repeatable_across_processes": across,
+                       "forward_ms": timing.get("forward_ms"),
+                       "forward_backward_ms": timing.get("forward_backward_ms")}
+    if not emitted:
+        yield {**base, **{k: None for k in COLUMNS if k not in base}}
+
+
+def summary_rows(tables: Tables) -> Iterator[dict[str, Any]]:
+    """Every row of ``summary.csv``, typed, keys in :data:`COLUMNS` order."""
+    for cell in tables.cells:
+        yield from _cell_rows(cell, tables.filters.keeps_impl)
+
+
+def _csv_value(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value
+
+
+def render_csv(tables: Tables) -> str:
+    """``summary.csv``: a header line, then :func:`summary_rows` (``\\n`` line ends)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for row in summary_rows(tables):
+        writer.writerow([_csv_value(row[k]) for k in COLUMNS])
+    return buffer.getvalue()
+
+
+def _groups(row: AcrossRow, labels: list[str]) -> list[dict[str, Any]]:
+    return [{"sha256": sha, "cells": [labels[i] for i in members]} for sha, members in row.groups]
+
+
+def render_json(tables: Tables) -> str:
+    """``summary.json`` (see the module docstring); keys in a fixed order, one row per line."""
+    labels = [c.label for c in tables.cells]
+    across = tables.across
+    doc = {
+        "schema": SCHEMA,
+        "summary": tables.summary_line(),
+        "filters": {k: list(v) for k, v in vars(tables.filters).items() if v},
+        "cells": [{"cell": c.label, "origin": c.origin, "file": c.report.path.name,
+                   "status": c.data.get("status"), "reason": c.reason,
+                   "configuration": configuration(c)} for c in tables.cells],
+        "across": {
+            "problems": [{"problem": p, "description": d, "cells": [labels[i] for i in m]}
+                         for p, d, m in across.problems],
+            "inputs": [{"problem": r.problem, "case": r.case, "void": r.void,
+                        "differing": [] if not r.void else r.tensor.split(", "),
+                        "groups": _groups(r, labels)} for r in across.inputs],
+            "outputs": [{"problem": r.problem, "impl": r.impl, "case": r.case,
+                         "tensor": r.tensor, "verdict": r.verdict(), "void": r.void,
+                         "groups": _groups(r, labels)} for r in across.rows],
+            "without_bits": [{"cell": labels[i], "why": why} for i, why in across.without],
+        },
+        "unreadable": [{"file": f, "problem": p} for f, p in tables.unreadable],
+    }
+    head = json.dumps(doc, indent=1, ensure_ascii=False)
+    rows = ",\n  ".join(json.dumps(r, ensure_ascii=False, allow_nan=False)
+                        for r in summary_rows(tables))
+    return head[:-2] + f',\n "rows": [\n  {rows}\n ]\n}}\n' if rows else (
+        head[:-2] + ',\n "rows": []\n}\n')

@@ -1,0 +1,422 @@
+"""The tables about bits: pairwise per cell, identical bits across cells, and A/B of two cells.
+
+* :func:`bitwise_table`: per cell, each unordered implementation pair x case, each tensor
+  ``equal`` or ``differ/numel (max_abs, max_ulp)`` (``results[impl]["vs <other>"][case]``).
+* :func:`across_cells`: per problem (dtype, D, G, index dtype, seed), implementation, case and
+  tensor, the cells grouped by the sha256 of the tensor's bits
+  (``results[impl].sha256[case][tensor]``). The inputs' sha256 (``inputs[case].sha256``) must
+  agree across the cells of a problem and case; where they do not, every comparison of that
+  case is marked void.
+* :func:`ab_tables`: two cells side by side: their configuration differences, then per
+  implementation, case and tensor whether the bits changed, the accuracy on each side, and
+  the median times with their ratio.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from runner.aggregate import (
+    ABSENT,
+    Cell,
+    Filters,
+    Row,
+    Table,
+    case_order,
+    cmp_kind,
+    format_cmp,
+    ms,
+    num,
+    status_kind,
+    text,
+)
+from runner.report import TENSORS, iter_pairs
+
+__all__ = ["Across", "AcrossRow", "PairResult", "ab_tables", "across_cells", "across_tables",
+           "bitwise_table", "configuration", "default_ab", "image_of", "pair_results"]
+
+LEGEND = (
+    "Each tensor: `equal` (every element has the same bits), or `differ/numel (max_abs, "
+    "max_ulp)`: elements whose bits differ, element count, largest |a - b| and largest distance "
+    "in units in the last place of the storage dtype (`-` when the report has none; `nan k`: k of "
+    "the differing elements are NaN on at least one side). `—`: the tensor is absent (no "
+    "backward)."
+)
+_MAX_LISTED = 12
+_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+# --------------------------------------------------------------------------- per cell
+
+
+@dataclass(frozen=True)
+class PairResult:
+    """One implementation pair and case of one cell: tensor name -> CMP."""
+
+    cell: Cell
+    a: str
+    b: str
+    case: str
+    tensors: dict[str, dict[str, Any]]
+
+    @property
+    def pair(self) -> str:
+        return f"{self.a} vs {self.b}"
+
+
+def _unordered_pairs(data: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Each unordered pair once, oriented ``non-baseline vs baseline``, else first seen."""
+    baseline = data.get("baseline")
+    seen: dict[frozenset[str], tuple[str, str]] = {}
+    for impl, entry in data.get("results", {}).items():
+        for key in entry:
+            pair = frozenset((impl, key[3:]))
+            if key.startswith("vs ") and pair not in seen:
+                seen[pair] = (key[3:], impl) if impl == baseline else (impl, key[3:])
+    return list(seen.values())
+
+
+def pair_results(cell: Cell, filters: Filters | None = None) -> list[PairResult]:
+    """The cell's comparisons, each unordered pair once, cases in the report's order."""
+    filters = filters or Filters()
+    by_direction: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in iter_pairs(cell.data):
+        by_direction.setdefault((row.impl, row.other), {})[row.case_id] = row.tensors
+    out = []
+    for a, b in _unordered_pairs(cell.data):
+        if not filters.keeps_impl(a, b):
+            continue
+        forward, mirror = by_direction.get((a, b), {}), by_direction.get((b, a), {})
+        # CMP figures are symmetric; a case only in the mirror direction is shown from it.
+        present = list(forward) + [c for c in mirror if c not in forward]
+        cases = [c for c in cell.cases if c in present] + [c for c in present
+                                                           if c not in cell.cases]
+        out += [PairResult(cell, a, b, c, forward.get(c, mirror.get(c, {}))) for c in cases]
+    return out
+
+
+def bitwise_table(cells: Sequence[Cell], filters: Filters | None = None) -> Table:
+    """Per cell x pair x case: each tensor's CMP. A cell without comparisons gets one row
+    with its status, so no cell is dropped."""
+    rows = []
+    for cell in cells:
+        results = pair_results(cell, filters)
+        for r in results:
+            cmps = [r.tensors.get(t) for t in TENSORS]
+            rows.append(Row((cell.label, cell.status, r.pair, r.case, *map(format_cmp, cmps)),
+                            cell.index, ("", status_kind(cell.status), "", "",
+                                         *map(cmp_kind, cmps))))
+        if not results and not _unordered_pairs(cell.data):
+            rows.append(Row((cell.label, cell.status, *[ABSENT] * (2 + len(TENSORS))),
+                            cell.index, ("", status_kind(cell.status))))
+    return Table("bitwise", "Bitwise comparison per cell",
+                 ("cell", "status", "pair", "case", *TENSORS), rows, note=LEGEND,
+                 empty="No reports.")
+
+
+# --------------------------------------------------------------------------- across cells
+
+
+@dataclass(frozen=True)
+class AcrossRow:
+    """Cells grouped by identical bits: ``groups`` holds (sha256, cell indexes) in first-seen
+    order. For inputs, ``impl`` is ``"inputs"`` and ``tensor`` names the inputs that differ."""
+
+    problem: str
+    case: str
+    impl: str
+    tensor: str
+    groups: tuple[tuple[str, tuple[int, ...]], ...]
+    void: bool = False
+
+    @property
+    def count(self) -> int:
+        return sum(len(g) for _, g in self.groups)
+
+    def verdict(self) -> str:
+        if self.void:
+            return "void: inputs differ"
+        if self.count == 1:
+            return "1 cell only"
+        if len(self.groups) == 1:
+            return f"identical ({self.count} cells)"
+        return f"{len(self.groups)} variants ({self.count} cells)"
+
+    def kind(self) -> str:
+        if self.void:
+            return "void"
+        return "eq" if len(self.groups) == 1 and self.count > 1 else (
+            "diff" if len(self.groups) > 1 else "")
+
+
+@dataclass
+class Across:
+    """Everything :func:`across_cells` found; ``without`` lists cells with no bits and why."""
+
+    problems: list[tuple[str, str, tuple[int, ...]]]
+    inputs: list[AcrossRow]
+    rows: list[AcrossRow]
+    without: list[tuple[int, str]]
+
+
+def _problem(cell: Cell) -> tuple[Any, ...] | None:
+    p = cell.data.get("problem")
+    return None if not p else (p["dtype"], p["D"], p["G"], p["index_dtype"], p["seed"])
+
+
+def _group(members: list[tuple[str, int]]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    groups: dict[str, list[int]] = {}
+    for key, index in members:
+        groups.setdefault(key, []).append(index)
+    return tuple((k, tuple(v)) for k, v in groups.items())
+
+
+def _inputs_key(sha: Mapping[str, str]) -> str:
+    return hashlib.sha256(json.dumps(dict(sorted(sha.items()))).encode()).hexdigest()
+
+
+def across_cells(cells: Sequence[Cell], filters: Filters | None = None) -> Across:
+    """Group our cells by the sha256 of every (implementation, case, tensor) they produced.
+
+    Example:
+        >>> a = across_cells(load_cells(read_reports(Path("reports"))))
+        >>> a.rows[0].verdict()
+        'identical (2 cells)'
+    """
+    filters = filters or Filters()
+    problems: dict[tuple[Any, ...], list[Cell]] = {}
+    without = []
+    for cell in cells:
+        has_bits = any((e.get("sha256") or {}) for e in cell.results.values())
+        key = _problem(cell)
+        if not has_bits or key is None:
+            why = ("foreign report: the reference layout has no sha256" if not cell.ours
+                   else f"status {cell.status}" + (f": {text(cell.reason)}" if cell.reason
+                                                   else ": no sha256 in the report"))
+            without.append((cell.index, why))
+            continue
+        problems.setdefault(key, []).append(cell)
+    across = Across([], [], [], without)
+    for n, (key, members) in enumerate(problems.items(), 1):
+        label = f"P{n}"
+        dtype, d, g, index_dtype, seed = key
+        across.problems.append((label, f"{dtype}, D={d}, G={g}, index {index_dtype}, seed {seed}",
+                                tuple(c.index for c in members)))
+        cases = case_order(c for cell in members for c in cell.cases)
+        void = set()
+        for case in cases:
+            shas = [(c.index, ((c.data.get("inputs") or {}).get(case) or {}).get("sha256"))
+                    for c in members]
+            shas = [(i, s) for i, s in shas if s]
+            if not shas:
+                continue
+            names = sorted({n for _, s in shas for n in s})
+            differing = [n for n in names if len({s.get(n) for _, s in shas}) > 1]
+            row = AcrossRow(label, case, "inputs", ", ".join(differing) or "all",
+                            _group([(_inputs_key(s), i) for i, s in shas]), bool(differing))
+            across.inputs.append(row)
+            if row.void:
+                void.add(case)
+        impls = list(dict.fromkeys(i for cell in members for i in cell.results))
+        for impl in filter(filters.keeps_impl, impls):
+            for case in cases:
+                for tensor in TENSORS:
+                    found = [(s, c.index) for c in members
+                             if (s := (_get(c, impl, "sha256", case) or {}).get(tensor))]
+                    if found:
+                        across.rows.append(AcrossRow(label, case, impl, tensor, _group(found),
+                                                     case in void))
+    return across
+
+
+def _listing(row: AcrossRow, labels: Sequence[str]) -> str:
+    if row.count == 1:
+        return labels[row.groups[0][1][0]]
+    if len(row.groups) == 1:
+        return "all"
+    parts = []
+    for n, (_, members) in enumerate(row.groups):
+        names = [labels[i] for i in members[:_MAX_LISTED]]
+        more = f", +{len(members) - _MAX_LISTED} more" if len(members) > _MAX_LISTED else ""
+        parts.append(f"{_LETTERS[n % 26]} ({len(members)}): {', '.join(names)}{more}")
+    return " · ".join(parts)
+
+
+def across_tables(across: Across, cells: Sequence[Cell]) -> list[Table]:
+    """The Markdown view of :func:`across_cells`: inputs, then outputs."""
+    labels = [c.label for c in cells]
+    problems = "; ".join(f"{p} = {t} ({len(m)} cells)" for p, t, m in across.problems)
+    without = "; ".join(f"{labels[i]} ({why})" for i, why in across.without)
+    head = Table(
+        "across", "Identical bits across cells", (),
+        note="Our cells grouped by the sha256 of each tensor's bits, within one problem "
+             "(dtype, D, G, index dtype, seed; " + (problems or "none") + "): first the "
+             "inputs of each case, which must agree for the comparison to mean anything (where "
+             "they differ, that case's rows are void), then each implementation's outputs. "
+             "Groups are lettered in the order of the cells.")
+    inputs = Table(
+        "across-inputs", "Inputs", ("problem", "case", "inputs", "cells by identical bits"),
+        [Row((r.problem, r.case, r.verdict() if r.void else "agree", _listing(r, labels)),
+             None, ("", "", r.kind() if r.void else "eq")) for r in across.inputs],
+        empty="No cell has input hashes.", level=3)
+    by_case: dict[tuple[str, str, str], dict[str, AcrossRow]] = {}
+    for r in across.rows:
+        by_case.setdefault((r.problem, r.impl, r.case), {})[r.tensor] = r
+    rows = []
+    for key, tensors in by_case.items():
+        split: dict[str, list[str]] = {}
+        for t, r in tensors.items():
+            if len(r.groups) > 1:
+                split.setdefault(_listing(r, labels), []).append(t)
+        found = [tensors.get(t) for t in TENSORS]
+        rows.append(Row((*key, *(r.verdict() if r else ABSENT for r in found),
+                         " / ".join(f"{', '.join(ts)}: {listing}" for listing, ts in split.items())
+                         or ABSENT), None, ("", "", "", *(r.kind() if r else "absent"
+                                                          for r in found))))
+    outputs = Table(
+        "across-outputs", "Outputs",
+        ("problem", "impl", "case", *TENSORS, "cells by identical bits, where they differ"),
+        rows, empty="No cell has output hashes.",
+        footer=f"Cells without bits: {without}." if without else "", level=3)
+    return [head, inputs, outputs]
+
+
+# --------------------------------------------------------------------------- A/B
+
+
+def default_ab(cells: Sequence[Cell]) -> tuple[Cell, Cell] | None:
+    """The first two of our cells that have results, else the first two of ours; None if
+    there are fewer than two of ours."""
+    ours = [c for c in cells if c.ours]
+    with_results = [c for c in ours if c.results]
+    chosen = with_results if len(with_results) >= 2 else ours
+    return (chosen[0], chosen[1]) if len(chosen) >= 2 else None
+
+
+def image_of(data: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(tag, digest) from the report's ``image`` (a string or an object), else None."""
+    image = data.get("image") or (data.get("environment") or {}).get("image")
+    if isinstance(image, str):
+        return image, None
+    if isinstance(image, Mapping):
+        tag = image.get("tag") or image.get("name")
+        digest = image.get("digest") or image.get("repo_digest") or image.get("id")
+        return (str(tag) if tag else None), (str(digest) if digest else None)
+    return None, None
+
+
+def configuration(cell: Cell) -> dict[str, str]:
+    """What identifies a cell's set-up, flat: versions, GPU, driver, mode, image, problem."""
+    d, env = cell.data, cell.environment
+    cap = env.get("capability")
+    project = env.get("project") or {}
+    out = {"origin": cell.origin, "op": d.get("op"), "stack": cell.stack, "mode": cell.mode,
+           "target": cell.target, "backend": (d.get("cell") or {}).get("backend"),
+           "gpu": cell.gpu, "capability": ".".join(map(str, cap)) if cap else None,
+           "driver": env.get("driver"), "cuda": env.get("cuda"), "python": env.get("python"),
+           "torch": env.get("torch"), "tf32": env.get("tf32"), "platform": env.get("platform")}
+    out.update({f"library {k}": v for k, v in sorted((env.get("libraries") or {}).items())})
+    modes = env.get("mode_environment")
+    out["mode environment"] = json.dumps(modes, sort_keys=True) if modes is not None else None
+    out["image"], out["image digest"] = image_of(d)
+    image = d.get("image") or env.get("image")
+    if isinstance(image, Mapping):
+        out["base image"] = image.get("base_image")
+        out.update({f"pin {k}": v for k, v in sorted((image.get("pins") or {}).items())})
+    out.update({f"problem {k}": v for k, v in (d.get("problem") or {}).items()})
+    out["cases"] = ", ".join(cell.cases) or None
+    out["project commit"] = project.get("commit")
+    return {k: ABSENT if v is None else text(v) for k, v in out.items()}
+
+
+def _get(cell: Cell, impl: str, key: str, case: str) -> Any:
+    return ((cell.results.get(impl) or {}).get(key) or {}).get(case)
+
+
+def _acc(cell: Cell, impl: str, case: str, tensor: str) -> Mapping[str, Any] | None:
+    acc = _get(cell, impl, "accuracy", case) or {}
+    return acc.get("out") if tensor == "out" else (acc.get("grads") or {}).get(tensor)
+
+
+def _inputs_differ(a: Cell, b: Cell, case: str) -> bool:
+    ia = ((a.data.get("inputs") or {}).get(case) or {}).get("sha256")
+    ib = ((b.data.get("inputs") or {}).get(case) or {}).get("sha256")
+    return _problem(a) != _problem(b) or (ia is not None and ib is not None and ia != ib)
+
+
+def _yes(value: Any) -> str:
+    return "" if value is None else ("eq" if value else "diff")
+
+
+def _ratio(a: Any, b: Any) -> str:
+    ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b))
+    return f"{b / a:.2f}x" if ok and a > 0 else ABSENT
+
+
+def ab_tables(a: Cell, b: Cell, filters: Filters | None = None, why: str = "") -> list[Table]:
+    """A/B of two cells: configuration differences, bits and accuracy, time."""
+    filters = filters or Filters()
+    ca, cb = configuration(a), configuration(b)
+    diffs = [Row((k, ca.get(k, ABSENT), cb.get(k, ABSENT)))
+             for k in dict.fromkeys([*ca, *cb]) if ca.get(k, ABSENT) != cb.get(k, ABSENT)]
+    head = Table("ab", f"A/B: {a.label} vs {b.label}", ("configuration", "A", "B"), diffs,
+                 note=f"A = `{a.label}`, B = `{b.label}`{why}. Configuration keys that "
+                      "differ (versions, GPU, driver, mode, image, problem), then what changed.",
+                 empty="No configuration differences.")
+    both = [i for i in a.results if i in b.results and filters.keeps_impl(i)]
+    only = [f"{', '.join(x)} only in {side}" for side, x in (
+        ("A", [c for c in case_order(a.cases) if c not in b.cases]),
+        ("B", [c for c in case_order(b.cases) if c not in a.cases]),
+        ("A", [i for i in a.results if i not in b.results and filters.keeps_impl(i)]),
+        ("B", [i for i in b.results if i not in a.results and filters.keeps_impl(i)])) if x]
+    bits, times = [], []
+    for impl in both:
+        def cases_of(*keys: str, impl: str = impl) -> list[str]:
+            ka, kb = ({c for k in keys for c in (x.results[impl].get(k) or {})} for x in (a, b))
+            return case_order(ka & kb)
+
+        for case in cases_of("sha256", "accuracy"):
+            for tensor in TENSORS:
+                sa = (_get(a, impl, "sha256", case) or {}).get(tensor)
+                sb = (_get(b, impl, "sha256", case) or {}).get(tensor)
+                fa, fb = _acc(a, impl, case, tensor) or {}, _acc(b, impl, case, tensor) or {}
+                if not (sa or sb or fa or fb):
+                    continue
+                if not (sa and sb):
+                    verdict, kind = ABSENT, "absent"
+                elif _inputs_differ(a, b, case):
+                    verdict, kind = "void: inputs differ", "void"
+                else:
+                    verdict, kind = ("same", "eq") if sa == sb else ("CHANGED", "diff")
+                ra = (_get(a, impl, "repeatable", case) or {}).get(tensor)
+                rb = (_get(b, impl, "repeatable", case) or {}).get(tensor)
+                bits.append(Row((impl, case, tensor, verdict, num(fa.get("max_abs")),
+                                 num(fb.get("max_abs")), num(fa.get("max_abs_ulps")),
+                                 num(fb.get("max_abs_ulps")), num(ra), num(rb)),
+                                None, ("", "", "", kind, "", "", "", "", _yes(ra), _yes(rb))))
+        for case in cases_of("timings"):
+            ta, tb = _get(a, impl, "timings", case) or {}, _get(b, impl, "timings", case) or {}
+            fa, fb = ta.get("forward_ms"), tb.get("forward_ms")
+            ga, gb = ta.get("forward_backward_ms"), tb.get("forward_backward_ms")
+            times.append(Row((impl, case, ms(fa), ms(fb), _ratio(fa, fb), ms(ga), ms(gb),
+                              _ratio(ga, gb))))
+    changed = sum(r.values[3] == "CHANGED" for r in bits)
+    same = sum(r.values[3] == "same" for r in bits)
+    return [
+        head,
+        Table("ab-bits", "Bits and accuracy", ("impl", "case", "tensor", "bits A→B",
+                                               "max_abs A", "max_abs B", "max ULP A",
+                                               "max ULP B", "repeatable A", "repeatable B"),
+              bits, note=f"Bits: {same} tensors the same, {changed} changed (sha256 of the "
+                         "bits; void where the inputs differ). Accuracy against fp64. "
+                         "Implementations and cases both cells have"
+                         + (f" ({'; '.join(only)})." if only else "."),
+              empty="No implementation has bits or accuracy figures in either cell.", level=3),
+        Table("ab-time", "Time (median ms)", ("impl", "case", "forward A", "forward B", "B/A",
+                                              "fwd+bwd A", "fwd+bwd B", "B/A"), times,
+              empty="No timings in either cell.", level=3),
+    ]

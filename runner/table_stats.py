@@ -1,0 +1,294 @@
+"""The tables about each cell: accuracy and determinism, cells, environment, timings, benchmarks.
+
+* :func:`accuracy_table`: per cell, implementation, case and tensor: error against fp64
+  (``results[impl].accuracy``), repeatable within a process (``repeatable``), across processes
+  (``repeatable_across_processes``) and batch-invariant (``batch_invariant``); the last two may
+  be absent from a report and then show ``—``.
+* :func:`cells_table`, :func:`environment_table`, :func:`implementations_table`: every
+  readable report with its status and reason, versions and image; implementations that did
+  not run.
+* :func:`timings_table`: median times (``results[impl].timings``) and effective bandwidth.
+* :func:`bench_tables`: any ``reports/bench/*.json`` of the form ``{"title": ..., "rows":
+  [{flat}, ...]}``, rendered as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from runner.aggregate import ABSENT, Cell, Filters, Row, Table, ms, num, status_kind, text
+from runner.report import TENSORS
+from runner.table_bits import image_of
+
+__all__ = ["ITEMSIZE", "LIBRARIES", "accuracy_table", "bench_tables", "cells_table",
+           "environment_table", "implementations_table", "moved_bytes", "timings_table"]
+
+ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
+"""Bytes per element of each storage dtype."""
+LIBRARIES = ("triton", "vllm", "sglang", "diffusers", "numba-cuda")
+"""Library versions in the environment table (besides torch), from ``environment.libraries``."""
+
+_MAX_REASON = 200
+_SHORT_COMMIT = 12
+_SHORT_DIGEST = 12
+_CASE_N = re.compile(r"^([0-9]+)")
+
+
+def _short(value: Any, limit: int = _MAX_REASON) -> str:
+    line = text(value)
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _yes_no(value: Any) -> str:
+    """A determinism verdict: bool, or an object of named checks (all must hold)."""
+    if value is None:
+        return ABSENT
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, Mapping):
+        checks = {k: v for k, v in value.items() if isinstance(v, bool)}
+        if not checks:
+            return ABSENT
+        failed = [k for k, v in checks.items() if not v]
+        size = value.get("first_failing_size")
+        detail = ", ".join(failed) + (f"; first failing size {size}" if size is not None else "")
+        return "yes" if not failed else f"NO ({detail})"
+    return text(value)
+
+
+def _batch_invariant(entry: Mapping[str, Any], case: str, tensor: str) -> str:
+    """``batch_invariant``: a bool, {check: bool}, or either per case and/or per tensor."""
+    value = entry.get("batch_invariant")
+    if isinstance(value, Mapping) and case in value:
+        value = value[case]
+    if isinstance(value, Mapping) and tensor in value:
+        value = value[tensor]
+    return _yes_no(value)
+
+
+def _kind(verdict: str) -> str:
+    return "eq" if verdict == "yes" else ("diff" if verdict.startswith("NO") else "")
+
+
+def accuracy_table(cells: Sequence[Cell], filters: Filters | None = None) -> Table:
+    """Per cell x implementation x case x tensor: error vs fp64 and the determinism checks."""
+    filters = filters or Filters()
+    rows, without = [], []
+    for cell in cells:
+        before = len(rows)
+        for impl, entry in cell.results.items():
+            if not filters.keeps_impl(impl):
+                continue
+            acc = entry.get("accuracy") or {}
+            rep = entry.get("repeatable") or {}
+            across = entry.get("repeatable_across_processes") or {}
+            keys = list(dict.fromkeys([*acc, *rep, *across]))
+            for case in [c for c in cell.cases if c in keys] + [k for k in keys
+                                                                 if k not in cell.cases]:
+                figures = {"out": (acc.get(case) or {}).get("out"),
+                           **((acc.get(case) or {}).get("grads") or {})}
+                for tensor in TENSORS:
+                    fig = figures.get(tensor) or {}
+                    verdicts = [_yes_no((rep.get(case) or {}).get(tensor)),
+                                _yes_no((across.get(case) or {}).get(tensor)),
+                                _batch_invariant(entry, case, tensor)]
+                    if not fig and verdicts[:2] == [ABSENT, ABSENT]:
+                        continue
+                    rows.append(Row((cell.label, impl, case, tensor, num(fig.get("max_abs")),
+                                     num(fig.get("max_rel")), num(fig.get("max_abs_ulps")),
+                                     *verdicts), cell.index,
+                                    ("",) * 7 + tuple(map(_kind, verdicts))))
+        if len(rows) == before and cell.ours:
+            without.append(f"{cell.label} ({cell.status})")
+    return Table(
+        "accuracy", "Accuracy vs fp64 and determinism",
+        ("cell", "impl", "case", "tensor", "max_abs", "max_rel", "max ULP", "repeatable",
+         "across processes", "batch-invariant"), rows,
+        note="Each implementation against the float64 reference: `max_abs`, `max_rel` "
+             "(over elements with a non-zero reference) and `max ULP` (`max_abs_ulps`: max_abs "
+             "in ULPs of the storage dtype at the largest |reference|). `repeatable`: the same "
+             "bits in every repeat within one process; `across processes`: the same bits in "
+             "separate processes; `batch-invariant`: rows computed alone, in sub-batches and "
+             "in the full batch agree. `—`: the report has no such figure.",
+        empty="No accuracy figures.",
+        footer=f"Cells without figures: {'; '.join(without)}." if without else "")
+
+
+def _commit(cell: Cell) -> str:
+    project = cell.environment.get("project") or {}
+    commit, dirty = project.get("commit"), project.get("dirty")
+    if commit is None and not cell.ours:
+        # The reference report names its project's commit at the top, e.g. rl_kernel_commit.
+        commit = next((v for k, v in cell.data.items()
+                       if k.endswith("_commit") and isinstance(v, str)), None)
+        dirty = cell.data.get("tracked_tree_dirty")
+    if not commit:
+        return ABSENT
+    return str(commit)[:_SHORT_COMMIT] + (" (dirty)" if dirty else "")
+
+
+def _file(cell: Cell, relative_to: Path | None) -> str:
+    path = cell.report.path
+    if relative_to is not None:
+        try:
+            path = path.resolve().relative_to(Path(relative_to).resolve())
+        except ValueError:
+            pass
+    return path.as_posix()
+
+
+def cells_table(cells: Sequence[Cell], relative_to: Path | None = None) -> Table:
+    """One row per readable report: what it is, its status and reason, commit and file."""
+    rows = [Row((c.label, c.origin, c.facet("stack"), c.facet("mode"), c.facet("target"),
+                 c.facet("dtype"), c.status, _short(c.reason or ABSENT), _commit(c),
+                 _file(c, relative_to)), c.index, ("", "", "", "", "", "",
+                                                   status_kind(c.status)))
+            for c in cells]
+    return Table("cells", "Cells", ("cell", "origin", "stack", "mode", "target", "dtype",
+                                    "status", "reason", "project commit", "file"), rows,
+                 note="Every readable report, whatever its status; `foreign`: another "
+                      "project's report (the reference layout), read where it can be.",
+                 empty="No reports.")
+
+
+def _digest(digest: str | None) -> str:
+    if not digest:
+        return ABSENT
+    algo, _, hexpart = digest.rpartition("@")[2].rpartition(":")
+    return (f"{algo}:" if algo else "") + hexpart[:_SHORT_DIGEST]
+
+
+def environment_table(cells: Sequence[Cell]) -> Table:
+    """Per cell: GPU, capability, driver, CUDA, Python, torch, libraries, image, status."""
+    rows = []
+    for c in cells:
+        env = c.environment
+        libs = env.get("libraries") or {}
+        cap = env.get("capability")
+        tag, digest = image_of(c.data)
+        rows.append(Row((c.label, c.status, c.facet("gpu"),
+                         ".".join(map(str, cap)) if cap else ABSENT,
+                         *(num(env.get(k)) for k in ("driver", "cuda", "python", "torch")),
+                         *(num(libs.get(k)) for k in LIBRARIES), num(tag), _digest(digest)),
+                        c.index, ("", status_kind(c.status))))
+    return Table("environment", "Environment",
+                 ("cell", "status", "GPU", "capability", "driver", "CUDA", "Python", "torch",
+                  *LIBRARIES, "image", "digest"), rows,
+                 note="Versions as the cell saw them (`—`: not installed or not recorded); "
+                      "image tag and digest for cells run in a container.",
+                 empty="No reports.")
+
+
+def implementations_table(cells: Sequence[Cell], filters: Filters | None = None) -> Table:
+    """Implementations whose status is not ok, with the reason."""
+    filters = filters or Filters()
+    rows = [Row((c.label, impl, str(e.get("status")), _short(e.get("reason") or ABSENT)),
+                c.index, ("", "", status_kind(str(e.get("status")))))
+            for c in cells for impl, e in c.results.items()
+            if e.get("status") not in (None, "ok") and filters.keeps_impl(impl)]
+    return Table("implementations", "Implementations that did not run",
+                 ("cell", "impl", "status", "reason"), rows,
+                 empty="Every implementation in every cell ran (status ok or not recorded).",
+                 level=3)
+
+
+def _rows_of(cell: Cell, case: str) -> int | None:
+    n = ((cell.data.get("inputs") or {}).get(case) or {}).get("n")
+    match = _CASE_N.match(case)
+    return n if isinstance(n, int) else (int(match.group(1)) if match else None)
+
+
+def moved_bytes(n: int, d: int, g: int, itemsize: int) -> tuple[int, int]:
+    """The bytes the op must move: (forward, forward+backward).
+
+    Forward reads ``residual`` and ``y`` and writes ``out``: 3·N·D·s (``gate`` and ``index``
+    ignored). The backward reads ``grad_out`` and ``y`` and writes ``grad_y`` (3·N·D·s; as in
+    autograd ``grad_residual`` is ``grad_out`` itself), reads ``gate`` and writes ``grad_gate``
+    (2·G·D·s). Source: issue 7 (docs/tables.md).
+
+    Example:
+        >>> moved_bytes(32768, 5376, 9, 2)
+        (1056964608, 2114122752)
+    """
+    forward = 3 * n * d * itemsize
+    return forward, forward + 3 * n * d * itemsize + 2 * g * d * itemsize
+
+
+def _gbps(nbytes: int | None, ms: Any) -> str:
+    if nbytes is None or not isinstance(ms, (int, float)) or isinstance(ms, bool) or ms <= 0:
+        return ABSENT
+    rate = nbytes / (ms * 1e6)
+    return f"{rate:.0f}" if rate >= 100 else f"{rate:.3g}"
+
+
+def timings_table(cells: Sequence[Cell], filters: Filters | None = None) -> Table:
+    """Per cell x implementation x case: median forward and forward+backward times, GB/s."""
+    filters = filters or Filters()
+    rows, without = [], []
+    for cell in cells:
+        problem = cell.data.get("problem") or {}
+        size = ITEMSIZE.get(problem.get("dtype", ""))
+        before = len(rows)
+        for impl, entry in cell.results.items():
+            timings = entry.get("timings") or {}
+            if not filters.keeps_impl(impl):
+                continue
+            for case in [c for c in cell.cases if c in timings] + [c for c in timings
+                                                                   if c not in cell.cases]:
+                t = timings[case] or {}
+                n = _rows_of(cell, case)
+                known = (n and size and "D" in problem and "G" in problem
+                         and entry.get("role") != "accuracy_reference")
+                fwd, both = (moved_bytes(n, problem["D"], problem["G"], size) if known
+                             else (None, None))
+                f_ms, b_ms = t.get("forward_ms"), t.get("forward_backward_ms")
+                rows.append(Row((cell.label, impl, case, num(n), ms(f_ms), _gbps(fwd, f_ms),
+                                 ms(b_ms), _gbps(both, b_ms)), cell.index))
+        if len(rows) == before and cell.ours:
+            without.append(f"{cell.label} ({cell.status})")
+    return Table(
+        "timings", "Timings", ("cell", "impl", "case", "N", "forward ms", "forward GB/s",
+                               "fwd+bwd ms", "fwd+bwd GB/s"), rows,
+        note="Medians over the timed iterations (CUDA events on a GPU). Effective bandwidth = "
+             "bytes that must move / median time, GB/s = 1e9 B/s, with s the storage dtype's "
+             "bytes per element: forward 3·N·D·s (reads `residual`, `y`; writes `out`); "
+             "forward+backward adds 3·N·D·s (reads `grad_out`, `y`; writes `grad_y`) and "
+             "2·G·D·s (reads `gate`; writes `grad_gate`). `gate`/`index` reads of the forward "
+             "are not counted.",
+        empty="No timings.",
+        footer=f"Cells without timings: {'; '.join(without)}." if without else "")
+
+
+def _bench_value(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return num(value)
+
+
+def bench_tables(bench_dir: Path) -> tuple[list[Table], list[tuple[Path, str]]]:
+    """Each ``<bench_dir>/*.json`` as a table; files that are not ``{"rows": [{...}]}`` are
+    returned as (path, problem) instead of raising."""
+    tables: list[Table] = []
+    problems: list[tuple[Path, str]] = []
+    paths = sorted(Path(bench_dir).glob("*.json")) if Path(bench_dir).is_dir() else []
+    for path in paths:
+        name = f"{Path(bench_dir).name}/{path.name}"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            problems.append((path, f"not readable as JSON: {_short(err)}"))
+            continue
+        rows = data.get("rows") if isinstance(data, dict) else None
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            problems.append((path, 'not a benchmark: expected {"rows": [{...}, ...]}'))
+            continue
+        headers = tuple(dict.fromkeys(k for r in rows for k in r))
+        title = text(data.get("title") or path.stem)
+        tables.append(Table(f"bench-{path.stem}", title, headers,
+                            [Row(tuple(_bench_value(r.get(h)) for h in headers)) for r in rows],
+                            note=f"From `{name}`.", empty="No rows.", level=3))
+    return tables, problems

@@ -1,0 +1,100 @@
+"""Time the tables over many cell reports: synthesise N reports, then read and render them.
+
+Usage::
+
+    python scripts/bench_tables.py            # 1,000 reports
+    python scripts/bench_tables.py --cells 200 --keep /tmp/many
+
+The reports are copies of a real H200 report (tests/data/h200/host-plain-cuda.json, five
+cases, three implementations) with their cell ids, stacks, modes, torch versions and some
+hashes changed; one in twenty has status ``error`` and no results. They are written to a
+temporary directory, then timed: reading and validating (:func:`runner.report.read_reports`),
+building the tables, rendering each output, and :func:`runner.tables.write_tables` end to
+end. Prints one line per phase (seconds) and the output sizes. A benchmark, not a test; the
+figure is quoted in docs/tables.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from runner import html, summary  # noqa: E402
+from runner.report import read_reports  # noqa: E402
+from runner.tables import OUTPUTS, build_tables, markdown, write_tables  # noqa: E402
+
+TEMPLATE = ROOT / "tests" / "data" / "h200" / "host-plain-cuda.json"
+TORCH = ("2.11.0", "2.12.1", "2.13.0", "2.14.0")
+MODES = ("plain", "deterministic", "tf32", "compile", "inference")
+
+
+def synthesise(directory: Path, count: int) -> None:
+    """Write ``count`` reports derived from :data:`TEMPLATE` into ``directory``."""
+    template = json.loads(TEMPLATE.read_text(encoding="utf-8"))
+    for i in range(count):
+        report = copy.deepcopy(template)
+        stack, mode = f"stack{i // (2 * len(MODES)):03d}", MODES[i % len(MODES)]
+        target = ("cuda", "cpu")[(i // len(MODES)) % 2]
+        report["cell"].update(id=f"{stack}-{mode}-{target}", stack=stack, mode=mode,
+                              target=target, backend="docker")
+        torch = TORCH[(i // (2 * len(MODES))) % len(TORCH)]
+        report["environment"]["torch"] = f"{torch}+cu130"
+        report["environment"]["libraries"]["torch"] = torch
+        if i % 20 == 19:
+            report.update(status="error", reason="RuntimeError: synthetic failure",
+                          log_tail="Traceback ...\nRuntimeError: synthetic failure\n",
+                          exit_code=1, results={})
+        elif torch != TORCH[0]:
+            for case, tensors in report["results"]["eager"]["sha256"].items():
+                tensors["gate"] = hashlib.sha256(f"{torch}/{case}".encode()).hexdigest()
+        path = directory / f"{report['cell']['id']}.json"
+        path.write_text(json.dumps(report, indent=2), encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cells", type=int, default=1000, help="reports to synthesise")
+    parser.add_argument("--keep", type=Path, help="write them here and keep them")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = args.keep or Path(tmp) / "reports"
+        directory.mkdir(parents=True, exist_ok=True)
+        synthesise(directory, args.cells)
+        size = sum(p.stat().st_size for p in directory.glob("*.json"))
+        print(f"{args.cells} reports, {size / 1e6:.1f} MB, in {directory}")
+        timings = {}
+        start = time.perf_counter()
+        reports = read_reports(directory)
+        timings["read + validate"] = time.perf_counter() - start
+        start = time.perf_counter()
+        tables = build_tables(reports, relative_to=directory, bench_dir=directory / "bench")
+        timings["build tables"] = time.perf_counter() - start
+        for name, render in (("README.md", markdown), ("index.html", html.render_html),
+                             ("summary.csv", summary.render_csv),
+                             ("summary.json", summary.render_json)):
+            start = time.perf_counter()
+            text = render(tables)
+            timings[f"render {name} ({len(text.encode()) / 1e6:.1f} MB)"] = (
+                time.perf_counter() - start)
+        start = time.perf_counter()
+        write_tables(directory)
+        timings["write_tables end to end (read, build, render, write)"] = (
+            time.perf_counter() - start)
+        for phase, seconds in timings.items():
+            print(f"{seconds:8.2f} s  {phase}")
+        bad = [r for r in reports if not r.ok]
+        print(f"unreadable: {len(bad)}; outputs: {', '.join(OUTPUTS)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,271 @@
+"""Failing cells cost that cell only: fault injection through the real command line.
+
+``tests/data/faults.yaml`` arms the test-only implementation ``fault``
+(runner/implementations/faulty.py) per mode: raise, hang, oom, kill; ``plain`` leaves it
+off and runs after the failing cells. One ``python -m runner matrix`` run over them (CPU)
+must write one report per cell with the right status, reason, exit code and log tail, and
+exit 5 with a summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from runner import implementations
+from runner.backends.host import classify_failure, failure_reason, oom_kill_count
+from runner.cell import out_of_memory, run_cell
+from runner.cells import Cell, select_cases
+from runner.config import parse_matrix
+from runner.implementations import faulty
+from runner.report import read_report
+
+ROOT = Path(__file__).resolve().parent.parent
+FAULTS = ROOT / "tests" / "data" / "faults.yaml"
+TIMEOUT_S = 15  # the hang cell costs this much; other cells take ~3 s
+# A fixed project state, so that edits to the checkout while the tests run do not change the
+# fingerprints (tests/test_rerun.py covers the project state's part in them).
+PINNED_PROJECT = {"GATE_RESIDUAL_COMMIT": "0123456789abcdef0123456789abcdef01234567"}
+
+
+def runner_cli(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    """``python -m runner ARGS`` from the project root with fault injection enabled."""
+    full_env = {**os.environ, "GATE_RESIDUAL_FAULTS": "1", **PINNED_PROJECT, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "runner", *args], cwd=ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=300, **kw)
+
+
+@pytest.fixture(scope="module")
+def fault_run(tmp_path_factory):
+    """One matrix run over the CPU fault cells: (completed process, reports directory)."""
+    reports = tmp_path_factory.mktemp("fault-reports")
+    modes = [a for m in ("raise", "hang", "oom", "kill", "plain") for a in ("--mode", m)]
+    done = runner_cli("matrix", "--matrix", str(FAULTS), "--reports", str(reports),
+                      "--target", "cpu", *modes, "--timeout", str(TIMEOUT_S))
+    return done, reports
+
+
+def report_of(reports: Path, cell_id: str) -> dict:
+    loaded = read_report(reports / f"{cell_id}.json")
+    assert loaded.ok, f"{cell_id}: {loaded.problem}"
+    return loaded.data
+
+
+def test_run_goes_to_the_end_and_exits_5_with_a_summary(fault_run):
+    done, reports = fault_run
+    assert done.returncode == 5, done.stderr
+    err = done.stderr.strip().splitlines()[-1]
+    assert err == ("error: 4 of 5 cells did not end ok: host-raise-cpu (error), host-hang-cpu "
+                   "(timeout), host-oom-cpu (oom), host-kill-cpu (error)"), done.stderr
+    summary = {line.split()[0]: line.split()[1] for line in done.stdout.splitlines()
+               if line.startswith("host-")}
+    assert summary == {"host-raise-cpu": "error", "host-hang-cpu": "timeout",
+                       "host-oom-cpu": "oom", "host-kill-cpu": "error", "host-plain-cpu": "ok"}
+    assert sorted(p.name for p in reports.glob("host-*.json")) == sorted(
+        f"host-{m}-cpu.json" for m in ("raise", "hang", "oom", "kill", "plain"))
+    assert not [p.name for p in reports.iterdir() if p.name.startswith(".")]  # no temp files
+    assert report_of(reports, "host-plain-cpu")["status"] == "ok"  # ran after four failures
+
+
+def test_raise_is_error_with_traceback_and_others_still_ran(fault_run):
+    r = report_of(fault_run[1], "host-raise-cpu")
+    assert (r["status"], r["exit_code"]) == ("error", 0)
+    assert r["reason"] == "fault: case 5: InjectedFault: injected by GATE_RESIDUAL_FAULT=raise"
+    assert "faulty.py" in r["log_tail"] and "InjectedFault" in r["log_tail"]
+    assert r["results"]["fault"]["status"] == "error"
+    assert "Traceback" in r["results"]["fault"]["traceback"]
+    assert r["results"]["eager"]["status"] == "ok" and r["results"]["eager"]["accuracy"]["5"]
+
+
+def test_hang_is_timeout_with_the_log_tail(fault_run):
+    r = report_of(fault_run[1], "host-hang-cpu")
+    assert (r["status"], r["exit_code"]) == ("timeout", -signal.SIGKILL)
+    assert r["reason"] == (f"timed out: no report after the cell timeout of {TIMEOUT_S} s; "
+                           "the cell's process group was killed")
+    assert "GATE_RESIDUAL_FAULT=hang: sleeping forever" in r["log_tail"]  # the hang was reached
+    assert TIMEOUT_S <= r["duration_s"] < TIMEOUT_S + 30
+
+
+def test_unbounded_allocation_is_oom(fault_run):
+    r = report_of(fault_run[1], "host-oom-cpu")
+    assert r["status"] == "oom" and r["results"]["fault"]["status"] == "oom"
+    assert r["reason"].startswith("fault: case 5: RuntimeError: ")
+    assert "can't allocate memory" in r["reason"] and "\n" not in r["reason"]
+    assert r["results"]["eager"]["status"] == "ok"  # the limit was lifted again
+
+
+def test_killed_process_is_error_with_exit_code_and_reasoned_signal(fault_run):
+    r = report_of(fault_run[1], "host-kill-cpu")
+    assert (r["status"], r["exit_code"]) == ("error", -signal.SIGKILL)
+    assert r["reason"].startswith("cell process was killed by SIGKILL (exit code -9) and wrote "
+                                  "no report; "), r["reason"]
+    assert "/proc/vmstat oom_kill" in r["reason"]
+    assert "GATE_RESIDUAL_FAULT=kill: sending SIGKILL" in r["log_tail"]
+
+
+def test_a_rerun_reruns_failed_cells_and_reuses_ok_ones(fault_run):
+    done, reports = fault_run
+    before = {p.name: p.read_text() for p in reports.glob("*.json")}
+    again = runner_cli("matrix", "--matrix", str(FAULTS), "--reports", str(reports),
+                       "--target", "cpu", "--mode", "raise", "--mode", "plain")
+    assert again.returncode == 5, again.stderr
+    assert "host-plain-cpu  ok (reused)" in again.stdout
+    assert (reports / "host-plain-cpu.json").read_text() == before["host-plain-cpu.json"]
+    rerun = json.loads((reports / "host-raise-cpu.json").read_text())
+    assert rerun["run_id"] != json.loads(before["host-raise-cpu.json"])["run_id"]
+
+
+# ------------------------------------------------------------------ in process, no cell process
+
+
+@pytest.fixture
+def with_fault(monkeypatch):
+    """``fault`` registered in this process, as GATE_RESIDUAL_FAULTS=1 does at import."""
+    monkeypatch.setitem(implementations.REGISTRY, "fault", faulty.FAULT)
+    monkeypatch.setattr(implementations, "KNOWN", (*implementations.KNOWN, "fault"))
+
+
+def small_matrix(impls):
+    data = yaml.safe_load(FAULTS.read_text())
+    data["implementations"] = impls
+    return parse_matrix(data, known_implementations=implementations.KNOWN)
+
+
+def test_raise_leaves_the_bitwise_comparisons_of_the_others(with_fault, monkeypatch):
+    monkeypatch.setenv("GATE_RESIDUAL_FAULT", "raise")
+    m = small_matrix(["eager", "numba", "fault", "fp64"])
+    r = run_cell(m, Cell("host", "plain", "cpu"), select_cases(m), timings=False)
+    assert r["status"] == "error" and r["results"]["fault"]["status"] == "error"
+    assert r["results"]["numba"]["status"] == "ok"
+    assert r["results"]["numba"]["vs eager"]["5"]["out"][0]["equal"] is True
+    assert r["results"]["fp64"]["status"] == "ok"
+
+
+def test_disarmed_fault_is_eager(with_fault, monkeypatch):
+    monkeypatch.delenv("GATE_RESIDUAL_FAULT", raising=False)
+    m = small_matrix(["eager", "fault", "fp64"])
+    r = run_cell(m, Cell("host", "plain", "cpu"), select_cases(m), timings=False)
+    assert r["status"] == "ok"
+    assert r["results"]["fault"]["vs eager"]["5"]["out"][0]["differ"] == 0
+
+
+def test_unknown_fault_is_an_error_naming_the_choices(with_fault, monkeypatch):
+    monkeypatch.setenv("GATE_RESIDUAL_FAULT", "segfault")
+    m = small_matrix(["eager", "fault", "fp64"])
+    r = run_cell(m, Cell("host", "plain", "cpu"), select_cases(m), timings=False)
+    assert r["results"]["fault"]["reason"] == (
+        "case 5: ValueError: GATE_RESIDUAL_FAULT: expected one of none, raise, hang, oom, kill, "
+        "illegal_address, got 'segfault'")
+
+
+def test_fault_is_registered_only_when_enabled():
+    code = "import runner.implementations as i; print(','.join(i.KNOWN))"
+    env = {k: v for k, v in os.environ.items() if k != "GATE_RESIDUAL_FAULTS"}
+    off = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                         text=True, check=True)
+    on = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                        env={**env, "GATE_RESIDUAL_FAULTS": "1"}, check=True)
+    assert off.stdout.strip() == "eager,numba,fp64"
+    assert on.stdout.strip() == "eager,numba,fp64,fault"
+
+
+def test_fault_matrix_is_a_config_error_without_the_switch(tmp_path, monkeypatch):
+    from runner.__main__ import main
+
+    monkeypatch.setattr(implementations, "KNOWN", ("eager", "numba", "fp64"))  # switch off
+    reports = tmp_path / "reports"
+    code = main(["matrix", "--matrix", str(FAULTS), "--reports", str(reports)])
+    assert code == 2 and not reports.exists()
+
+
+@pytest.mark.parametrize(("err", "oom"), [
+    (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
+    (MemoryError(), True),
+    (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 64"), True),
+    (RuntimeError("CUDA error: an illegal memory access was encountered"), False),
+    (ValueError("can't allocate memory"), False),
+])
+def test_out_of_memory_recognises_allocator_failures(err, oom):
+    assert out_of_memory(err) is oom
+
+
+@pytest.mark.parametrize(("code", "log", "timed_out", "kills", "status", "fragment"), [
+    (-9, "", True, (0, 0), "timeout", "timed out: no report after the cell timeout of 60 s"),
+    (-9, "", False, (3, 4), "oom", "OOM killer fired meanwhile (/proc/vmstat oom_kill 3 -> 4)"),
+    (-9, "", False, (3, 3), "error", "oom_kill stayed 3): another process sent it"),
+    (-9, "", False, (None, None), "error", "SIGKILL is ambiguous: the kernel's OOM killer or"),
+    (-11, "", False, (0, 0), "error", "killed by SIGSEGV (exit code -11) and wrote no report"),
+    (1, "torch.OutOfMemoryError: CUDA out of memory", False, (0, 0), "oom", "exited with code 1"),
+    (3, "error: invalid report", False, (0, 0), "error", "exited with code 3 and wrote no"),
+])
+def test_classify_and_explain_a_cell_process_without_report(code, log, timed_out, kills,
+                                                            status, fragment):
+    assert classify_failure(code, log, timed_out, oom_kills=kills) == status
+    reason = failure_reason(code, timed_out, 60.0, oom_kills=kills)
+    assert fragment in reason and "\n" not in reason
+
+
+def test_oom_kill_count_reads_proc_vmstat():
+    count = oom_kill_count()
+    if Path("/proc/vmstat").exists() and "oom_kill " in Path("/proc/vmstat").read_text():
+        assert isinstance(count, int) and count >= 0
+    else:
+        assert count is None
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+@pytest.mark.skipif(not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists(),
+                    reason="needs /proc/<pid>/task/<pid>/children (Linux)")
+def test_ctrl_c_kills_the_cell_process_and_exits_130(tmp_path):
+    env = {**os.environ, "GATE_RESIDUAL_FAULTS": "1"}
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "runner", "matrix", "--matrix", str(FAULTS), "--reports",
+         str(tmp_path), "--target", "cpu", "--mode", "hang", "--timeout", "300"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not _children(parent.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (child,) = _children(parent.pid)
+    parent.send_signal(signal.SIGINT)
+    _, err = parent.communicate(timeout=60)
+    assert parent.returncode == 130, err
+    assert err.strip().splitlines()[-1].startswith("error: interrupted: the reports written")
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
+    assert not list(tmp_path.glob("*.json"))
+
+
+# ------------------------------------------------------------------ on the H200
+
+
+@pytest.mark.gpu
+def test_cuda_illegal_address_and_oom_cost_their_cell_only(tmp_path):
+    modes = [a for m in ("illegal", "oom", "plain") for a in ("--mode", m)]
+    done = runner_cli("matrix", "--matrix", str(FAULTS), "--reports", str(tmp_path), *modes,
+                      "--timeout", "600", env={"GATE_RESIDUAL_FAULT_OOM_MB": "2048"})
+    assert done.returncode == 5, done.stderr
+    illegal = report_of(tmp_path, "host-illegal-cuda")
+    assert illegal["status"] == "error", illegal["reason"]
+    text = f"{illegal['reason']}\n{illegal['log_tail']}".lower()
+    assert "illegal" in text, text[-2000:]  # CUDA_ERROR_ILLEGAL_ADDRESS / illegal memory access
+    oom = report_of(tmp_path, "host-oom-cuda")
+    assert oom["status"] == "oom" and "OutOfMemoryError" in oom["reason"], oom["reason"]
+    assert oom["results"]["eager"]["status"] == "ok"
+    for cell in ("host-plain-cuda", "host-plain-cpu"):
+        assert report_of(tmp_path, cell)["status"] == "ok"
