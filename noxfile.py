@@ -42,8 +42,8 @@ def matrix(session: nox.Session) -> None:
 
 @nox.session(venv_params=VENV)
 def report(session: nox.Session) -> None:
-    """Render reports/README.md from every report under reports/."""
-    install_project(session)
+    """Render reports/README.md, index.html, summary.csv|json (filters: docs/tables.md)."""
+    install_project(session, "report")
     session.run("python", "-m", "runner", "report", *session.posargs)
 
 

@@ -64,3 +64,35 @@ def check_inputs(residual, gate, y, index, *, device: str, check_index: bool = T
                 f"gate_residual: index holds {bad}, outside [0, G={gate.shape[0]})"
             )
     return residual.contiguous(), gate.contiguous(), y.contiguous(), index.contiguous()
+
+
+def check_backward_inputs(grad_out, gate, y, index, *, device: str, check_index: bool = True):
+    """Validate the backward's inputs and return them contiguous.
+
+    ``grad_out`` must be a tensor of ``y``'s shape, dtype and device; ``gate``, ``y`` and
+    ``index`` are checked as by :func:`check_inputs` (``y`` in the place of ``residual``),
+    the index range too unless ``check_index`` is False (the autograd Function's backward:
+    its forward checked them). Raises :class:`runner.errors.OpInputError`, one line, e.g.
+    ``gate_residual backward: grad_out must be (N, D) = (4, 8) like y, got (5, 8)``.
+    """
+    for name, t in (("grad_out", grad_out), ("y", y)):
+        if not isinstance(t, torch.Tensor):
+            raise OpInputError(
+                f"gate_residual backward: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if y.dtype not in FLOAT_DTYPES:
+        raise OpInputError(
+            f"gate_residual backward: y must be bfloat16, float16 or float32, got {y.dtype}")
+    if y.dim() != 2:
+        raise OpInputError(f"gate_residual backward: y must be (N, D), got {tuple(y.shape)}")
+    _, gate, y, index = check_inputs(y, gate, y, index, device=device, check_index=check_index)
+    if grad_out.device != y.device:
+        raise OpInputError(
+            f"gate_residual backward: grad_out is on {grad_out.device} but y is on {y.device}")
+    if grad_out.dtype != y.dtype:
+        raise OpInputError(
+            f"gate_residual backward: grad_out is {grad_out.dtype} but y is {y.dtype}")
+    if grad_out.shape != y.shape:
+        raise OpInputError(
+            f"gate_residual backward: grad_out must be (N, D) = {tuple(y.shape)} like y, "
+            f"got {tuple(grad_out.shape)}")
+    return grad_out.contiguous(), gate, y, index

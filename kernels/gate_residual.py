@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from numba import cuda, float32
 
-from kernels.rounding import CODECS, WORD_CODECS, add_rn, mul_rn
+from kernels.rounding import CODECS, LANE_CODECS, add_rn, mul_rn
 
 #: Rows per chunk of the grad_gate reduction. Part of the algorithm (it fixes the summation
 #: order), not a launch parameter.
@@ -122,23 +122,41 @@ def _make_kernels(load, store):
     return forward, backward_chunks, reduce_chunks
 
 
-def _make_word_kernels(decode, encode, bits):
+def _make_word_kernels(get, put, rnd, half_lanes):
     """The vectorised kernels: each thread moves 8-byte words (int64 views of the tensors).
 
-    Same arithmetic, same order as :func:`_make_kernels`; lanes of a word are elements
-    ``lanes * word + j``. Needs D * itemsize % 8 == 0 and 8-byte aligned storage.
+    Same operations in the same order as :func:`_make_kernels`. A word splits into two
+    uint32 halves of ``half_lanes`` lanes each (kernels/rounding.py); word lane
+    ``h * half_lanes + j`` is column ``word * lanes + h * half_lanes + j``. Needs
+    D * itemsize % 8 == 0 and 8-byte aligned storage.
     """
-    lanes = 64 // bits
-    mask = (1 << bits) - 1
-    nan_word = 0x7FFF7FFF7FFF7FFF if bits == 16 else 0x7FFFFFFF7FFFFFFF  # canonical NaN lanes
+    lanes = 2 * half_lanes
+    nan_word = 0x7FFF7FFF7FFF7FFF if half_lanes == 2 else 0x7FFFFFFF7FFFFFFF  # canonical NaN
+
+    @cuda.jit(device=True, inline="always")
+    def forward_half(rh, gh, yh):
+        o = np.uint32(0)
+        for j in range(half_lanes):
+            product = rnd(mul_rn(get(gh, j), get(yh, j)))
+            o |= put(add_rn(get(rh, j), product), j)
+        return o
 
     @cuda.jit(device=True, inline="always")
     def forward_word(rw, gw, yw):
-        o = 0
-        for j in range(lanes):
-            sh = j * bits
-            product = decode(encode(mul_rn(decode((gw >> sh) & mask), decode((yw >> sh) & mask))))
-            o |= encode(add_rn(decode((rw >> sh) & mask), product)) << sh
+        lo = forward_half(np.uint32(rw & 0xFFFFFFFF), np.uint32(gw & 0xFFFFFFFF),
+                          np.uint32(yw & 0xFFFFFFFF))
+        hi = forward_half(np.uint32((rw >> 32) & 0xFFFFFFFF), np.uint32((gw >> 32) & 0xFFFFFFFF),
+                          np.uint32((yw >> 32) & 0xFFFFFFFF))
+        return np.int64(lo) | (np.int64(hi) << 32)
+
+    @cuda.jit(device=True, inline="always")
+    def backward_half(goh, gh, yh, acc, base, width, tx):
+        o = np.uint32(0)
+        for j in range(half_lanes):
+            go = get(goh, j)
+            o |= put(mul_rn(go, get(gh, j)), j)
+            slot = (base + j) * width + tx
+            acc[slot] = add_rn(acc[slot], mul_rn(go, get(yh, j)))
         return o
 
     @cuda.jit
@@ -206,14 +224,13 @@ def _make_word_kernels(decode, encode, bits):
                     grad_y[i, col] = nan_word
                     continue
                 gw = gate[k, col]
-                o = 0
-                for j in range(lanes):
-                    sh = j * bits
-                    go = decode((gow >> sh) & mask)
-                    o |= encode(mul_rn(go, decode((gw >> sh) & mask))) << sh
-                    slot = (k * lanes + j) * width + tx
-                    acc[slot] = add_rn(acc[slot], mul_rn(go, decode((yw >> sh) & mask)))
-                grad_y[i, col] = o
+                lo = backward_half(np.uint32(gow & 0xFFFFFFFF), np.uint32(gw & 0xFFFFFFFF),
+                                   np.uint32(yw & 0xFFFFFFFF), acc, k * lanes, width, tx)
+                hi = backward_half(np.uint32((gow >> 32) & 0xFFFFFFFF),
+                                   np.uint32((gw >> 32) & 0xFFFFFFFF),
+                                   np.uint32((yw >> 32) & 0xFFFFFFFF), acc,
+                                   k * lanes + half_lanes, width, tx)
+                grad_y[i, col] = np.int64(lo) | (np.int64(hi) << 32)
             for k in range(n_gate):
                 for j in range(lanes):
                     partial[chunk, k, col * lanes + j] = acc[(k * lanes + j) * width + tx]
@@ -229,7 +246,7 @@ _WORD_KERNELS: dict[str, tuple] = {}
 def word_kernels_for(dtype: str):
     """The (forward, backward_chunks) 8-byte-word numba.cuda kernels for a storage dtype."""
     if dtype not in _WORD_KERNELS:
-        _WORD_KERNELS[dtype] = _make_word_kernels(*WORD_CODECS[dtype])
+        _WORD_KERNELS[dtype] = _make_word_kernels(*LANE_CODECS[dtype])
     return _WORD_KERNELS[dtype]
 
 
@@ -339,7 +356,7 @@ def launch_backward_words(grad_y, grad_gate, partial, grad_out, gate, y, index, 
     if grad_out.shape[1] == 0 or gate.shape[0] == 0:
         return
     if partial.shape[0]:
-        lanes = 64 // WORD_CODECS[dtype][2]
+        lanes = 2 * LANE_CODECS[dtype][3]
         grid, block, shared = backward_words_geometry(partial.shape[0], grad_out.shape[1],
                                                       gate.shape[0], lanes, block_cols,
                                                       max_grid_y)
@@ -458,7 +475,7 @@ def gate_residual_backward(grad_out, gate, y, index):
     if partial.shape[0]:
         if _words_ok(grad_y, grad_out, gate, y):
             words = [t.view(torch.int64) for t in (grad_y, grad_out, gate, y)]
-            lanes = 64 // WORD_CODECS[dtype][2]
+            lanes = 2 * LANE_CODECS[dtype][3]
             grid, block, shared = backward_words_geometry(partial.shape[0], words[0].shape[1],
                                                           n_gate, lanes)
             _launcher("words", dtype, 1)(grid, block, shared, words[0], partial, *words[1:],

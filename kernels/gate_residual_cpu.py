@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from kernels.checks import check_inputs
+from kernels.checks import check_backward_inputs, check_inputs
 from kernels.gate_residual import CHUNK_ROWS
 
 _NAN32 = np.uint32(0x7FFFFFFF).view(np.float32)
@@ -121,7 +121,8 @@ _LOOPS = {
 
 
 def _as_f32(t: torch.Tensor) -> np.ndarray:
-    """Exact float32 numpy copy of a CPU tensor of a storage dtype."""
+    """Exact float32 numpy copy of a CPU tensor of a storage dtype (autograd detached)."""
+    t = t.detach()
     if t.dtype == torch.bfloat16:
         bits = t.view(torch.int16).numpy().astype(np.uint16).astype(np.uint32) << np.uint32(16)
         return bits.view(np.float32)
@@ -147,21 +148,24 @@ def gate_residual_cpu(residual, gate, y, index):
     residual, gate, y, index = check_inputs(residual, gate, y, index, device="cpu")
     forward, _ = _LOOPS[residual.dtype]
     out = np.empty(tuple(residual.shape), dtype=np.float32)
-    forward(out, _as_f32(residual), _as_f32(gate), _as_f32(y), index.numpy())
+    forward(out, _as_f32(residual), _as_f32(gate), _as_f32(y), index.detach().numpy())
     return _from_f32(out, residual.dtype)
 
 
-def gate_residual_backward_cpu(grad_out, gate, y, index):
+def gate_residual_backward_cpu(grad_out, gate, y, index, *, check_index: bool = True):
     """(grad_y, grad_gate) on CPU tensors, in SUMMATION_ORDER; the GPU kernels' bits.
 
-    ``grad_out`` (N, D), ``gate`` (G, D), ``y`` (N, D), ``index`` (N,).
+    ``grad_out`` (N, D) of ``y``'s dtype, ``gate`` (G, D), ``y`` (N, D), ``index`` (N,).
+    Raises :class:`runner.errors.OpInputError` for bad input (``check_index=False`` skips
+    the index range, for callers that checked it, as the autograd Function's forward did).
     """
-    grad_out = grad_out.contiguous()
+    grad_out, gate, y, index = check_backward_inputs(grad_out, gate, y, index, device="cpu",
+                                                     check_index=check_index)
     _, backward = _LOOPS[grad_out.dtype]
     grad_y = np.empty(tuple(grad_out.shape), dtype=np.float32)
     grad_gate = np.empty(tuple(gate.shape), dtype=np.float32)
-    backward(grad_y, grad_gate, _as_f32(grad_out), _as_f32(gate.contiguous()),
-             _as_f32(y.contiguous()), index.contiguous().numpy(), CHUNK_ROWS)
+    backward(grad_y, grad_gate, _as_f32(grad_out), _as_f32(gate), _as_f32(y),
+             index.detach().numpy(), CHUNK_ROWS)
     return _from_f32(grad_y, grad_out.dtype), _from_f32(grad_gate, gate.dtype)
 
 
@@ -177,5 +181,6 @@ class GateResidualCPU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         gate, y, index = ctx.saved_tensors
-        grad_y, grad_gate = gate_residual_backward_cpu(grad_out, gate, y, index)
+        grad_y, grad_gate = gate_residual_backward_cpu(grad_out, gate, y, index,
+                                                       check_index=False)
         return grad_out, grad_gate, grad_y, None

@@ -34,14 +34,14 @@ SIMULATOR = bool(config.ENABLE_CUDASIM)
 if not SIMULATOR:
     from numba.cuda import libdevice
     @cuda.jit(device=True, inline="always")
-    def f32_from_bits(b):
-        """int64 holding 32 bits -> the float32 with those bits."""
+    def f32_from_u32(b):
+        """uint32 -> the float32 with those bits."""
         return libdevice.int_as_float(np.int32(b))
 
     @cuda.jit(device=True, inline="always")
-    def bits_from_f32(x):
-        """float32 -> its 32 bits in an int64 (0 <= bits < 2**32)."""
-        return np.int64(libdevice.float_as_int(x)) & 0xFFFFFFFF
+    def u32_from_f32(x):
+        """float32 -> its bits as uint32."""
+        return np.uint32(libdevice.float_as_int(x))
 
     @cuda.jit(device=True, inline="always")
     def rint(x):
@@ -103,11 +103,11 @@ else:  # pragma: no cover - exercised only with NUMBA_ENABLE_CUDASIM=1
         x = np.float32(x)
         return _CANONICAL_NAN32 if x != x else x
 
-    def f32_from_bits(b):
+    def f32_from_u32(b):
         return np.array([int(b) & 0xFFFFFFFF], dtype=np.uint32).view(np.float32)[0]
 
-    def bits_from_f32(x):
-        return np.int64(np.array([x], dtype=np.float32).view(np.uint32)[0])
+    def u32_from_f32(x):
+        return np.array([x], dtype=np.float32).view(np.uint32)[0]
 
     def rint(x):
         return np.rint(np.float32(x))
@@ -149,78 +149,123 @@ else:  # pragma: no cover - exercised only with NUMBA_ENABLE_CUDASIM=1
 
 
 # ----------------------------------------------------------------------------------------
-# Word codecs: storage bits <-> float32 in integer arithmetic on int64, shared by the GPU and
-# the simulator (only f32_from_bits, bits_from_f32 and rint differ). The vectorised kernels
-# load 8-byte words (4 bfloat16/float16 or 2 float32 elements) and use these per lane.
+# Lane codecs for the word kernels. A kernel loads 8-byte words and splits each into two
+# 32-bit halves; a half holds two bfloat16/float16 lanes or one float32 lane. Everything is
+# uint32 arithmetic (numba widens + and - to 64 bits, so sums are narrowed explicitly with
+# np.uint32), shared by the GPU and the simulator: only f32_from_u32, u32_from_f32, mul_rn
+# and rint differ between the two.
 
 _jit = (lambda f: f) if SIMULATOR else cuda.jit(device=True, inline="always")
 
+U0 = np.uint32(0)
+U1 = np.uint32(1)
+U13 = np.uint32(13)
+U16 = np.uint32(16)
+HIGH16 = np.uint32(0xFFFF0000)
+LOW16 = np.uint32(0xFFFF)
+ABS32 = np.uint32(0x7FFFFFFF)
+INF32 = np.uint32(0x7F800000)
+NAN_BF16_HIGH = np.uint32(0x7FFF0000)  # bfloat16 canonical NaN 0x7FFF, in float32's top half
+TWO_POW_112 = np.float32(5.192296858534828e33)
+TWO_POW_24 = np.float32(16777216.0)
+
 
 @_jit
-def decode_bf16(b):
-    """bfloat16 bits (0..0xFFFF) -> float32, exact."""
-    return f32_from_bits(b << 16)
-
-
-@_jit
-def encode_bf16(x):
-    """float32 -> bfloat16 bits: round to nearest even, overflow to inf, NaN -> 0x7FFF
-    (the result of ``cvt.rn.bf16.f32``)."""
-    u = bits_from_f32(x)
-    if (u & 0x7FFFFFFF) > 0x7F800000:
-        return 0x7FFF
-    return (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+def round_bf16_bits(x):
+    """float32 -> float32 bits rounded to bfloat16 (low 16 bits zero): nearest even,
+    overflow to inf, any NaN -> 0x7FFF0000 (``cvt.rn.bf16.f32``'s canonical NaN)."""
+    u = u32_from_f32(x)
+    if (u & ABS32) > INF32:
+        return NAN_BF16_HIGH
+    return np.uint32(u + np.uint32(0x7FFF) + ((u >> U16) & U1)) & HIGH16
 
 
 @_jit
 def decode_f16(b):
-    """float16 bits (0..0xFFFF) -> float32, exact (subnormals, inf and NaN payload kept).
+    """float16 bits (uint32 0..0xFFFF) -> float32, exact (subnormals, inf, NaN payload).
 
-    The 15 magnitude bits shifted into float32's place are the value times 2**-112 (for
+    The 15 magnitude bits moved into float32's place are the value times 2**-112 (for
     subnormals too); one exact multiplication by 2**112 restores it. Exponent 31 (inf, NaN)
     maps to float32's all-ones exponent instead.
     """
-    magnitude = (b & 0x7FFF) << 13
-    if (b & 0x7C00) == 0x7C00:
-        value = f32_from_bits(magnitude | 0x7F800000)
+    magnitude = (b & np.uint32(0x7FFF)) << U13
+    if (b & np.uint32(0x7C00)) == np.uint32(0x7C00):
+        value = f32_from_u32(magnitude | INF32)
     else:
-        value = mul_rn(f32_from_bits(magnitude), float32(5.192296858534828e33))
-    return -value if (b & 0x8000) else value
+        value = mul_rn(f32_from_u32(magnitude), TWO_POW_112)
+    return -value if (b & np.uint32(0x8000)) else value
 
 
 @_jit
 def encode_f16(x):
-    """float32 -> float16 bits: round to nearest even, subnormals, overflow to inf at
-    |x| >= 65520, NaN -> 0x7FFF (the result of ``cvt.rn.f16.f32``)."""
-    u = bits_from_f32(x)
-    sign = (u >> 16) & 0x8000
-    a = u & 0x7FFFFFFF
-    if a > 0x7F800000:
-        return 0x7FFF
-    if a >= 0x477FF000:
-        return sign | 0x7C00
-    if a < 0x38800000:  # below 2**-14: multiples of 2**-24; 1024 * 2**-24 encodes 2**-14
-        return sign | np.int64(rint(f32_from_bits(a) * float32(16777216.0)))
-    return sign | (((a + 0x0FFF + ((a >> 13) & 1)) >> 13) - (112 << 10))
+    """float32 -> float16 bits (uint32): nearest even, subnormals, overflow to inf at
+    |x| >= 65520, NaN -> 0x7FFF (the results of ``cvt.rn.f16.f32``)."""
+    u = u32_from_f32(x)
+    sign = (u >> U16) & np.uint32(0x8000)
+    a = u & ABS32
+    if a > INF32:
+        return np.uint32(0x7FFF)
+    if a >= np.uint32(0x477FF000):
+        return sign | np.uint32(0x7C00)
+    if a < np.uint32(0x38800000):  # below 2**-14: multiples of 2**-24 (1024 of them is 2**-14)
+        return sign | np.uint32(rint(mul_rn(f32_from_u32(a), TWO_POW_24)))
+    rounded = np.uint32(a + np.uint32(0x0FFF) + ((a >> U13) & U1)) >> U13
+    return sign | np.uint32(rounded - np.uint32(112 << 10))
+
+
+# get(half, j) -> float32 of lane j; put(x, j) -> x encoded in lane j's place; rnd(x) -> x
+# rounded to the storage dtype, as float32. j is a compile-time constant after unrolling.
+
+@_jit
+def get_bf16(h, j):
+    return f32_from_u32((h << np.uint32(16 - 16 * j)) & HIGH16)
 
 
 @_jit
-def decode_f32(b):
-    """float32 bits -> float32."""
-    return f32_from_bits(b)
+def put_bf16(x, j):
+    return round_bf16_bits(x) >> np.uint32(16 - 16 * j)
 
 
 @_jit
-def encode_f32(x):
-    """float32 -> its bits (NaN from GPU arithmetic is already the canonical 0x7FFFFFFF)."""
-    return bits_from_f32(x)
+def rnd_bf16(x):
+    return f32_from_u32(round_bf16_bits(x))
 
 
-#: storage dtype name -> (decode, encode, bits per element) for the 8-byte word kernels
-WORD_CODECS = {
-    "bfloat16": (decode_bf16, encode_bf16, 16),
-    "float16": (decode_f16, encode_f16, 16),
-    "float32": (decode_f32, encode_f32, 32),
+@_jit
+def get_f16(h, j):
+    return decode_f16((h >> np.uint32(16 * j)) & LOW16)
+
+
+@_jit
+def put_f16(x, j):
+    return encode_f16(x) << np.uint32(16 * j)
+
+
+@_jit
+def rnd_f16(x):
+    return decode_f16(encode_f16(x))
+
+
+@_jit
+def get_f32(h, j):
+    return f32_from_u32(h)
+
+
+@_jit
+def put_f32(x, j):
+    return u32_from_f32(x)
+
+
+@_jit
+def rnd_f32(x):
+    return x
+
+
+#: storage dtype name -> (get, put, rnd, lanes per 32-bit half) for the word kernels
+LANE_CODECS = {
+    "bfloat16": (get_bf16, put_bf16, rnd_bf16, 2),
+    "float16": (get_f16, put_f16, rnd_f16, 2),
+    "float32": (get_f32, put_f32, rnd_f32, 1),
 }
 
 #: storage dtype name -> (load, store, numpy dtype of the array that holds it)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from runner.aggregate import ABSENT, Cell, Table, format_cmp, status_kind, text
 from runner.report import TENSORS
-from runner.table_bits import AcrossRow, pair_results
+from runner.table_bits import NOTHING_TO_COMPARE, AcrossRow, pair_results
 
 if TYPE_CHECKING:
     from runner.tables import Tables
@@ -40,7 +40,7 @@ _BINS = (1e-3, 1e-2, 1e-1, 0.5)
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _PALETTE = 8
 _WRAP = 60
-_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?x?$")
+_NUMBER = re.compile(r"^([-+]?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?x?|inf)$")
 
 
 def _e(value: Any) -> str:
@@ -74,10 +74,17 @@ class _Ids:
         return key if n == 0 else f"{key}-{n + 1}"
 
 
-def _td(value: str, kind: str) -> str:
-    """One value: its colour class, right-aligned if a number, wrapped if long."""
+def _numeric_columns(table: Table) -> list[bool]:
+    """Columns whose values are all numbers (or absent): right-aligned."""
+    return [all(_NUMBER.match(r.values[i]) or r.values[i] == ABSENT for r in table.rows)
+            and any(_NUMBER.match(r.values[i]) for r in table.rows)
+            for i in range(len(table.headers))]
+
+
+def _td(value: str, kind: str, numeric: bool) -> str:
+    """One value: its colour class, right-aligned in a numeric column, wrapped if long."""
     classes = [f"k-{kind}"] if kind else []
-    if _NUMBER.match(value):
+    if numeric:
         classes.append("num")
     elif len(value) > _WRAP:
         classes.append("wrap")
@@ -98,9 +105,11 @@ def _table(table: Table, ids: _Ids) -> str:
             out.append(f'<div class="scroll"><table class="data" id="t-{tid}"><thead><tr>')
             out += [f"<th>{_e(h)}</th>" for h in table.headers]
             out.append("</tr></thead><tbody>")
+            numeric = _numeric_columns(table)
             for row in table.rows:
                 kinds = row.kinds + ("",) * (len(row.values) - len(row.kinds))
-                tds = "".join(_td(v, k) for v, k in zip(row.values, kinds, strict=False))
+                tds = "".join(_td(v, k, n) for v, k, n in zip(row.values, kinds, numeric,
+                                                                strict=False))
                 out.append(f"<tr{_attr_cell(row.cell)}>{tds}</tr>")
             out.append("</tbody></table></div>")
         else:
@@ -174,8 +183,7 @@ def _matrix(title: str, key: str, rows: Sequence[AcrossRow], cells: Sequence[Cel
     members = sorted({i for r in rows for _, m in r.groups for i in m})
     out = [f'<section id="{key}" class="level3"><h3>{_e(title)}</h3>']
     if not rows:
-        what = "input" if inputs else "output"
-        return "\n".join([*out, f'<p class="empty">No cell has {what} hashes.</p></section>'])
+        return "\n".join([*out, f'<p class="empty">{NOTHING_TO_COMPARE}</p></section>'])
     lead = ("problem", "case", "differing") if inputs else ("problem", "impl", "case", "tensor")
     if not inputs:
         out.append('<p class="toggle"><label><input type="checkbox" class="only-variants" '
@@ -190,7 +198,7 @@ def _matrix(title: str, key: str, rows: Sequence[AcrossRow], cells: Sequence[Cel
         shas = {n: sha for n, (sha, _) in enumerate(r.groups)}
         lead_values = ((r.problem, r.case, r.tensor if r.void else "") if inputs
                        else (r.problem, r.impl, r.case, r.tensor))
-        verdict = r.verdict() if (r.void or not inputs) else "agree"
+        verdict = r.verdict() if (r.void or not inputs or r.count == 1) else "agree"
         tds = []
         for i in members:
             n = group_of.get(i)
@@ -254,9 +262,11 @@ def render_html(tables: Tables) -> str:
     nav = [("heatmap", "Heatmap")]
     for table in tables.sections:
         if table.key == "across-inputs":
-            body.append(_matrix("Inputs", ids(table.key), tables.across.inputs, cells, True))
+            rows = tables.across.inputs if tables.across.comparable else []
+            body.append(_matrix("Inputs", ids(table.key), rows, cells, True))
         elif table.key == "across-outputs":
-            body.append(_matrix("Outputs", ids(table.key), tables.across.rows, cells, False))
+            rows = tables.across.rows if tables.across.comparable else []
+            body.append(_matrix("Outputs", ids(table.key), rows, cells, False))
             if table.footer:
                 body.append(f'<p class="footer">{_inline(table.footer)}</p>')
         else:

@@ -220,7 +220,7 @@ def requirements(stack_name: str, stack: DockerStack, project_deps: Iterable[str
     lines += [f"{name}{spec}" for name, spec in pins.items()]
     lines.append("numpy<2.5")  # numba-cuda 0.30 fails at first compile with numpy 2.5
     lines += list(project_deps)
-    return "\n".join(lines) + "\n"
+    return "\n".join(dict.fromkeys(lines)) + "\n"  # each line once, first place kept
 
 
 def project_files(root: Path = PROJECT_ROOT) -> list[tuple[str, Path]]:

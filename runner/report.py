@@ -414,8 +414,10 @@ def read_report(path: Path) -> LoadedReport:
 def read_reports(directory: Path) -> list[LoadedReport]:
     """Read every ``*.json`` under ``directory`` (recursively, sorted by path).
 
-    Files under a ``bench/`` directory (below ``directory``) are skipped. A bad file
-    does not stop the others: it comes back with ``problem`` set.
+    Files under a ``bench/`` directory (below ``directory``) are skipped, and so is every
+    hidden path (a name starting with ``.``): the temporary files of an interrupted
+    :func:`write_text_atomic` and a backend's staging directories are never reports. A bad
+    file does not stop the others: it comes back with ``problem`` set.
 
     Raises:
         ReportError: ``directory`` is not a directory.
@@ -428,7 +430,9 @@ def read_reports(directory: Path) -> list[LoadedReport]:
     if not directory.is_dir():
         raise ReportError(f"{directory}: reports directory not found")
     paths = sorted(
-        p for p in directory.rglob("*.json") if "bench" not in p.relative_to(directory).parts[:-1]
+        p for p in directory.rglob("*.json")
+        if "bench" not in (parts := p.relative_to(directory).parts)[:-1]
+        and not any(part.startswith(".") for part in parts)
     )
     return [read_report(p) for p in paths]
 

@@ -88,10 +88,14 @@ def _cell_rows(cell: Cell, keeps_impl: Any) -> Iterator[dict[str, Any]]:
         yield {**base, **{k: None for k in COLUMNS if k not in base}}
 
 
-def summary_rows(tables: Tables) -> Iterator[dict[str, Any]]:
-    """Every row of ``summary.csv``, typed, keys in :data:`COLUMNS` order."""
-    for cell in tables.cells:
-        yield from _cell_rows(cell, tables.filters.keeps_impl)
+def summary_rows(tables: Tables) -> list[dict[str, Any]]:
+    """Every row of ``summary.csv``, typed, keys in :data:`COLUMNS` order (computed once per
+    :class:`~runner.tables.Tables`: the CSV and the JSON share them)."""
+    cached = tables.cache.get("summary_rows")
+    if cached is None:
+        cached = tables.cache["summary_rows"] = [
+            row for cell in tables.cells for row in _cell_rows(cell, tables.filters.keeps_impl)]
+    return cached
 
 
 def _csv_value(value: Any) -> Any:
@@ -141,7 +145,7 @@ def render_json(tables: Tables) -> str:
         "unreadable": [{"file": f, "problem": p} for f, p in tables.unreadable],
     }
     head = json.dumps(doc, indent=1, ensure_ascii=False)
-    rows = ",\n  ".join(json.dumps(r, ensure_ascii=False, allow_nan=False)
-                        for r in summary_rows(tables))
+    encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
+    rows = ",\n  ".join(map(encode, summary_rows(tables)))
     return head[:-2] + f',\n "rows": [\n  {rows}\n ]\n}}\n' if rows else (
         head[:-2] + ',\n "rows": []\n}\n')

@@ -36,8 +36,9 @@ from runner.aggregate import (
 )
 from runner.report import TENSORS, iter_pairs
 
-__all__ = ["Across", "AcrossRow", "PairResult", "ab_tables", "across_cells", "across_tables",
-           "bitwise_table", "configuration", "default_ab", "image_of", "pair_results"]
+__all__ = ["NOTHING_TO_COMPARE", "Across", "AcrossRow", "PairResult", "ab_tables",
+           "across_cells", "across_tables", "bitwise_table", "configuration", "default_ab",
+           "image_of", "pair_results"]
 
 LEGEND = (
     "Each tensor: `equal` (every element has the same bits), or `differ/numel (max_abs, "
@@ -162,6 +163,11 @@ class Across:
     rows: list[AcrossRow]
     without: list[tuple[int, str]]
 
+    @property
+    def comparable(self) -> bool:
+        """Whether at least two cells have bits (else there is nothing to compare)."""
+        return sum(len(m) for _, _, m in self.problems) >= 2
+
 
 def _problem(cell: Cell) -> tuple[Any, ...] | None:
     p = cell.data.get("problem")
@@ -246,10 +252,21 @@ def _listing(row: AcrossRow, labels: Sequence[str]) -> str:
     return " · ".join(parts)
 
 
+NOTHING_TO_COMPARE = "Fewer than two of our cells have bits: nothing to compare across cells yet."
+
+
+def _cells(n: int) -> str:
+    return f"{n} cell" + ("" if n == 1 else "s")
+
+
+def _inputs_verdict(row: AcrossRow) -> str:
+    return row.verdict() if row.void or row.count == 1 else "agree"
+
+
 def across_tables(across: Across, cells: Sequence[Cell]) -> list[Table]:
     """The Markdown view of :func:`across_cells`: inputs, then outputs."""
     labels = [c.label for c in cells]
-    problems = "; ".join(f"{p} = {t} ({len(m)} cells)" for p, t, m in across.problems)
+    problems = "; ".join(f"{p} = {t} ({_cells(len(m))})" for p, t, m in across.problems)
     without = "; ".join(f"{labels[i]} ({why})" for i, why in across.without)
     head = Table(
         "across", "Identical bits across cells", (),
@@ -260,11 +277,12 @@ def across_tables(across: Across, cells: Sequence[Cell]) -> list[Table]:
              "Groups are lettered in the order of the cells.")
     inputs = Table(
         "across-inputs", "Inputs", ("problem", "case", "inputs", "cells by identical bits"),
-        [Row((r.problem, r.case, r.verdict() if r.void else "agree", _listing(r, labels)),
-             None, ("", "", r.kind() if r.void else "eq")) for r in across.inputs],
-        empty="No cell has input hashes.", level=3)
+        [Row((r.problem, r.case, _inputs_verdict(r), _listing(r, labels)), None,
+             ("", "", r.kind() if r.void else ("eq" if r.count > 1 else "")))
+         for r in across.inputs if across.comparable],
+        empty=NOTHING_TO_COMPARE, level=3)
     by_case: dict[tuple[str, str, str], dict[str, AcrossRow]] = {}
-    for r in across.rows:
+    for r in across.rows if across.comparable else []:
         by_case.setdefault((r.problem, r.impl, r.case), {})[r.tensor] = r
     rows = []
     for key, tensors in by_case.items():
@@ -280,7 +298,7 @@ def across_tables(across: Across, cells: Sequence[Cell]) -> list[Table]:
     outputs = Table(
         "across-outputs", "Outputs",
         ("problem", "impl", "case", *TENSORS, "cells by identical bits, where they differ"),
-        rows, empty="No cell has output hashes.",
+        rows, empty=NOTHING_TO_COMPARE,
         footer=f"Cells without bits: {without}." if without else "", level=3)
     return [head, inputs, outputs]
 

@@ -98,10 +98,12 @@ def accuracy_table(cells: Sequence[Cell], filters: Filters | None = None) -> Tab
                                 _batch_invariant(entry, case, tensor)]
                     if not fig and verdicts[:2] == [ABSENT, ABSENT]:
                         continue
+                    ulps = fig.get("max_abs_ulps")
+                    over = ulps == "inf" or (isinstance(ulps, (int, float)) and ulps > 1)
                     rows.append(Row((cell.label, impl, case, tensor, num(fig.get("max_abs")),
-                                     num(fig.get("max_rel")), num(fig.get("max_abs_ulps")),
-                                     *verdicts), cell.index,
-                                    ("",) * 7 + tuple(map(_kind, verdicts))))
+                                     num(fig.get("max_rel")), num(ulps), *verdicts), cell.index,
+                                    ("",) * 6 + ("warn" if over else "",)
+                                    + tuple(map(_kind, verdicts))))
         if len(rows) == before and cell.ours:
             without.append(f"{cell.label} ({cell.status})")
     return Table(
@@ -110,7 +112,8 @@ def accuracy_table(cells: Sequence[Cell], filters: Filters | None = None) -> Tab
          "across processes", "batch-invariant"), rows,
         note="Each implementation against the float64 reference: `max_abs`, `max_rel` "
              "(over elements with a non-zero reference) and `max ULP` (`max_abs_ulps`: max_abs "
-             "in ULPs of the storage dtype at the largest |reference|). `repeatable`: the same "
+             "in ULPs of the storage dtype at the largest |reference|; above 1 is marked in the HTML "
+             "page). `repeatable`: the same "
              "bits in every repeat within one process; `across processes`: the same bits in "
              "separate processes; `batch-invariant`: rows computed alone, in sub-batches and "
              "in the full batch agree. `—`: the report has no such figure.",

@@ -24,10 +24,12 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tabulate import tabulate
 
 from runner.aggregate import (
+    STATUSES,
     Cell,
     Filters,
     Row,
@@ -85,13 +87,15 @@ class Tables:
     across: Across
     ab: list[tuple[Cell, Cell]] = field(default_factory=list)
     unreadable: list[tuple[str, str]] = field(default_factory=list)
+    cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def summary_line(self) -> str:
         """E.g. ``3 cell reports: 2 ours (1 ok, 1 error), 1 foreign; 1 unreadable file.``"""
         ours = [c for c in self.cells if c.ours]
-        statuses = Counter(c.status for c in ours)
-        parts = [f"{len(ours)} ours ({', '.join(f'{n} {s}' for s, n in statuses.items())})"
-                 if ours else "0 ours"]
+        counts = Counter(c.status for c in ours)
+        order = [*STATUSES, *sorted(set(counts) - set(STATUSES))]
+        statuses = ", ".join(f"{counts[s]} {s}" for s in order if counts[s])
+        parts = [f"{len(ours)} ours ({statuses})" if ours else "0 ours"]
         foreign = len(self.cells) - len(ours)
         if foreign:
             parts.append(f"{foreign} foreign")

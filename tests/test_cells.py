@@ -30,7 +30,9 @@ def ids(cells: tuple[Cell, ...]) -> list[str]:
 
 
 def test_shipped_matrix_expands() -> None:
-    assert ids(expand(load_matrix(MATRIX))) == ["host-plain-cuda", "host-plain-cpu"]
+    matrix = load_matrix(MATRIX)
+    assert ids(expand(matrix))[:2] == ["host-plain-cuda", "host-plain-cpu"]
+    assert ids(expand(matrix)) == [f"{s}-plain-{t}" for s in matrix.stacks for t in ("cuda", "cpu")]
 
 
 def test_expansion_order_and_count(matrix: Matrix) -> None:

@@ -1,31 +1,48 @@
-"""Tests for runner.tables: the Markdown tables rendered from the reports."""
+"""Tests for runner.tables: the Markdown tables, golden files, filters, A/B and the outputs.
+
+Golden files live in tests/data/tables/expected/; regenerate them after an intended change
+with ``UPDATE_GOLDEN=1 pytest tests/test_tables.py`` and read the diff.
+"""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
-from runner.report import read_report, read_reports
-from runner.tables import format_cmp, render_markdown, write_tables
+from runner.__main__ import main
+from runner.aggregate import Filters, format_cmp, load_cells
+from runner.errors import SelectionError
+from runner.report import LoadedReport, read_report, read_reports
+from runner.summary import COLUMNS
+from runner.tables import OUTPUTS, build_tables, render_markdown, slug, write_tables
 
 DATA = Path(__file__).parent / "data"
 REPORTS = DATA / "reports"
-EXPECTED = DATA / "expected_tables.md"
+TABLES = DATA / "tables"
+H200 = DATA / "h200" / "host-plain-cuda.json"
 REFERENCE = Path(__file__).parent.parent / "reports" / "reference" / "gate_residual_b200.json"
-GOLDEN_INPUTS = ["docker-vllm-plain-cuda.json", "host-compile-cpu.json", "corrupt.json"]
+REF = "reference:gate_residual_b200 (NVIDIA B200)"
 
 
 def section(text: str, title: str) -> str:
-    """The text of section ``## title`` up to the next ``## ``."""
-    start = text.index(f"## {title}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start:] if end < 0 else text[start:end]
+    """The text under heading ``title`` (any level) up to the next heading of any level."""
+    for level in ("## ", "### "):
+        marker = f"\n{level}{title}\n"
+        if marker in text:
+            start = text.index(marker) + 1
+            end = text.find("\n#", start + 1)
+            return text[start:] if end < 0 else text[start:end]
+    raise AssertionError(f"no section {title!r}")
 
 
 def rows(text: str) -> list[list[str]]:
-    """The body rows of every github table in ``text``, cells stripped."""
+    """The body rows of every github table in ``text``, cells stripped (header rows too)."""
     out = []
     for line in text.splitlines():
         if line.startswith("|") and not line.startswith("|-"):
@@ -33,10 +50,35 @@ def rows(text: str) -> list[list[str]]:
     return out
 
 
+def keyed(text: str, width: int = 1) -> dict[tuple[str, ...], list[str]]:
+    """Table rows by their first ``width`` values (header row dropped)."""
+    return {tuple(r[:width]): r[width:] for r in rows(text)[1:]}
+
+
 @pytest.fixture(scope="module")
-def rendered() -> str:
-    reports = [*read_reports(REPORTS), read_report(REFERENCE)]
-    return render_markdown(reports, relative_to=REPORTS)
+def golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/data/tables/reports plus the reference report, rendered by write_tables."""
+    reports = tmp_path_factory.mktemp("golden") / "reports"
+    shutil.copytree(TABLES / "reports", reports)
+    (reports / "reference").mkdir()
+    shutil.copy(REFERENCE, reports / "reference" / REFERENCE.name)
+    (reports / "corrupt.json").write_text('{"schema_version": 1, "kind": x}\n')
+    write_tables(reports)
+    return reports
+
+
+@pytest.fixture(scope="module")
+def md(golden: Path) -> str:
+    return (golden / "README.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("name", ["README.md", "summary.csv"])
+def test_golden(golden: Path, name: str) -> None:
+    expected = TABLES / "expected" / name
+    text = (golden / name).read_text(encoding="utf-8")
+    if os.environ.get("UPDATE_GOLDEN"):
+        expected.write_text(text, encoding="utf-8")
+    assert text == expected.read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize(
@@ -45,170 +87,255 @@ def rendered() -> str:
         (None, "—"),
         ({"equal": True, "differ": 0, "numel": 5, "max_abs": 0.0}, "equal"),
         ({"equal": False, "differ": 46978, "numel": 48384, "max_abs": 32.0}, "46978/48384 (32, -)"),
-        (
-            {"equal": False, "differ": 3, "numel": 9, "max_abs": 0.375, "max_ulp": 2},
-            "3/9 (0.375, 2)",
-        ),
-        (
-            {
-                "equal": False,
-                "differ": 3,
-                "numel": 9,
-                "max_abs": "inf",
-                "max_ulp": None,
-                "nan_differ": 1,
-            },
-            "3/9 (inf, -, nan 1)",
-        ),
-        (
-            {"equal": False, "differ": 1, "numel": 9, "max_abs": 1.5e-07, "max_ulp": 1},
-            "1/9 (1.5e-07, 1)",
-        ),
+        ({"equal": False, "differ": 3, "numel": 9, "max_abs": 0.375, "max_ulp": 2},
+         "3/9 (0.375, 2)"),
+        ({"equal": False, "differ": 3, "numel": 9, "max_abs": "inf", "max_ulp": None,
+          "nan_differ": 1}, "3/9 (inf, -, nan 1)"),
     ],
 )
 def test_format_cmp(cmp: dict | None, expected: str) -> None:
     assert format_cmp(cmp) == expected
 
 
-def test_reference_rows(rendered: str) -> None:
-    bitwise = rows(section(rendered, "Bitwise comparison"))
-    label = "reference:gate_residual_b200 (NVIDIA B200)"
-    ref = [r for r in bitwise if r[0] == label]
-    assert ref == [
-        [label, "—", "diffusers vs rl_kernel", "1", "equal", "equal", "equal", "equal"],
-        [
-            label,
-            "—",
-            "diffusers vs rl_kernel",
-            "257",
-            "equal",
-            "equal",
-            "equal",
-            "35402/48384 (0.375, -)",
-        ],
-        [
-            label,
-            "—",
-            "diffusers vs rl_kernel",
-            "4097",
-            "equal",
-            "equal",
-            "equal",
-            "44538/48384 (4.5, -)",
-        ],
-        [
-            label,
-            "—",
-            "diffusers vs rl_kernel",
-            "32768",
-            "equal",
-            "equal",
-            "equal",
-            "46978/48384 (32, -)",
-        ],
+def test_reference_report_is_read_and_marked_foreign(md: str) -> None:
+    bitwise = [r for r in rows(section(md, "Bitwise comparison per cell")) if r[0] == REF]
+    assert [r[2:] for r in bitwise] == [
+        ["diffusers vs rl_kernel", "1", "equal", "equal", "equal", "equal"],
+        ["diffusers vs rl_kernel", "257", "equal", "equal", "equal", "35402/48384 (0.375, -)"],
+        ["diffusers vs rl_kernel", "4097", "equal", "equal", "equal", "44538/48384 (4.5, -)"],
+        ["diffusers vs rl_kernel", "32768", "equal", "equal", "equal", "46978/48384 (32, -)"],
     ]
-    assert "rl_kernel vs diffusers" not in rendered  # the mirror is shown once
-    cells = {r[0]: r for r in rows(section(rendered, "Cells"))}
-    assert cells[label][1:8] == [
-        "foreign",
-        "—",
-        "—",
-        "NVIDIA B200",
-        "2.13.0+cu130",
-        "3.12.14",
-        "910d614a6269",
-    ]
-    assert label not in section(rendered, "Accuracy vs fp64 and repeatability")
+    assert "rl_kernel vs diffusers" not in md  # the mirror is shown once
+    cells = keyed(section(md, "Cells"))
+    assert cells[(REF,)][:6] == ["foreign", "—", "plain", "cuda", "—", "—"]
+    assert cells[(REF,)][7:] == ["910d614a6269", "reference/gate_residual_b200.json"]
+    env = keyed(section(md, "Environment"))
+    assert env[(REF,)][:7] == ["—", "NVIDIA B200", "10.0", "—", "13.0", "3.12.14", "2.13.0+cu130"]
+    assert env[(REF,)][7:10] == ["3.7.1", "0.30.0", "0.5.21"]  # triton, vllm, sglang
+    assert f"{REF} (foreign report: the reference layout has no sha256)" in md
+    assert REF not in section(md, "Accuracy vs fp64 and determinism")
 
 
-def test_pairs_oriented_against_baseline_once(rendered: str) -> None:
-    bitwise = rows(section(rendered, "Bitwise comparison"))
-    pairs = {(r[0], r[2]) for r in bitwise if r[0].startswith("host-")}
-    assert pairs == {
-        ("host-plain-cuda", "numba vs eager"),
-        ("host-compile-cpu", "numba vs eager"),
-        ("host-compile-cpu", "fwdonly vs eager"),
-    }
-    fwd = [r for r in bitwise if r[2] == "fwdonly vs eager"]
-    assert [r[3] for r in fwd] == ["257", "257-specials"]
-    assert all(r[4:] == ["equal", "—", "—", "—"] for r in fwd)
-
-
-def test_non_ok_cells_are_never_dropped(rendered: str) -> None:
-    bitwise = {r[0]: r for r in rows(section(rendered, "Bitwise comparison"))}
-    assert bitwise["docker-vllm-plain-cuda"][1:4] == ["error", "—", "—"]
-    assert bitwise["docker-sglang-plain-cuda"][1:4] == ["skipped", "—", "—"]
-    cells = {r[0]: r for r in rows(section(rendered, "Cells"))}
-    assert cells["docker-vllm-plain-cuda"][2:4] == [
-        "error",
-        "RuntimeError: CUDA error: an illegal memory access was encountered",
-    ]
+def test_non_ok_cells_are_never_dropped(md: str) -> None:
+    bitwise = keyed(section(md, "Bitwise comparison per cell"))
+    assert bitwise[("docker-vllm-plain-cuda",)][:3] == ["error", "—", "—"]
+    assert bitwise[("docker-sglang-plain-cuda",)][:3] == ["skipped", "—", "—"]
+    cells = keyed(section(md, "Cells"))
+    assert cells[("docker-vllm-plain-cuda",)][5:7] == [
+        "error", "RuntimeError: CUDA error: an illegal memory access was encountered"]
     # A "|" in a reason is escaped so the table keeps its columns.
-    assert cells["docker-sglang-plain-cuda"][2:4] == [
-        "skipped",
-        "no Docker engine answers \\| skipped by --backend host",
-    ]
+    assert cells[("docker-sglang-plain-cuda",)][5:7] == [
+        "skipped", "no Docker engine answers \\| skipped by --backend host"]
+    env = keyed(section(md, "Environment"))
+    assert env[("docker-vllm-plain-cuda",)][0] == "error"
+    for title in ("Outputs", "Accuracy vs fp64 and determinism", "Timings"):
+        assert "docker-vllm-plain-cuda" in section(md, title), title
+        assert "docker-sglang-plain-cuda" in section(md, title), title
 
 
-def test_accuracy_section(rendered: str) -> None:
-    acc = rows(section(rendered, "Accuracy vs fp64 and repeatability"))
-    by_key = {(r[0], r[1], r[2], r[3]): r[4:] for r in acc[1:]}
-    assert by_key[("host-plain-cuda", "eager", "257", "gate")] == ["0.25", "2", "0.004", "NO"]
-    assert by_key[("host-plain-cuda", "numba", "257", "gate")] == ["0", "0", "0", "yes"]
-    assert ("host-compile-cpu", "fwdonly", "257", "gate") not in by_key
-    assert not any(k[0].startswith("docker-") for k in by_key)
+def test_unavailable_implementation_is_listed(md: str) -> None:
+    impls = keyed(section(md, "Implementations that did not run"), 2)
+    assert impls == {("docker-torch213-plain-cuda", "sglang"): [
+        "unavailable", "sglang is not installed in this stack"]}
 
 
-def test_unreadable_section(rendered: str) -> None:
-    unreadable = {r[0]: r[1] for r in rows(section(rendered, "Unreadable files"))[1:]}
-    assert set(unreadable) == {
-        "corrupt.json",
-        "truncated.json",
-        "newer.json",
-        "invalid-status.json",
-    }
-    assert unreadable["corrupt.json"].startswith("corrupt JSON: Expecting value at line 1")
-    assert "refused" in unreadable["newer.json"]
-    assert "bench/timing.json" not in rendered
+def test_across_cells_groups_by_sha256_and_voids_differing_inputs(md: str) -> None:
+    inputs = keyed(section(md, "Inputs"), 2)
+    assert inputs[("P1", "1")] == [
+        "void: inputs differ",
+        "A (1): docker-torch213-plain-cuda · B (1): host-plain-cuda"]
+    assert inputs[("P1", "257")] == ["agree", "all"]
+    out = keyed(section(md, "Outputs"), 3)
+    # host-compile-cpu's eager is torch.compile: other bits; torch 2.13 moved grad_gate.
+    assert out[("P1", "eager", "257")] == [
+        "2 variants (3 cells)", "2 variants (3 cells)", "2 variants (3 cells)",
+        "3 variants (3 cells)",
+        "out, res, y: A (2): docker-torch213-plain-cuda, host-plain-cuda · B (1): "
+        "host-compile-cpu / gate: A (1): docker-torch213-plain-cuda · B (1): host-compile-cpu "
+        "· C (1): host-plain-cuda"]
+    assert out[("P1", "numba", "257")] == ["identical (3 cells)"] * 4 + ["—"]
+    assert out[("P1", "numba", "1")][:4] == ["void: inputs differ"] * 4
+    assert out[("P1", "fwdonly", "257")] == ["1 cell only", "—", "—", "—", "—"]
+    assert "P1 = bfloat16, D=8, G=3, index int64, seed 20261129 (3 cells)" in md
 
 
-def test_no_unreadable_section_when_all_read() -> None:
-    text = render_markdown([read_report(REFERENCE)])
-    assert "## Unreadable files" not in text
-    assert "_No accuracy figures._" in text
+def test_default_ab_is_first_two_cells_with_results(md: str) -> None:
+    assert "## A/B: docker-torch213-plain-cuda vs host-compile-cpu" in md
+    config = keyed(section(md, "A/B: docker-torch213-plain-cuda vs host-compile-cpu"))
+    assert config[("torch",)] == ["2.13.0+cu130", "2.11.0+cu130"]
+    assert config[("mode",)] == ["plain", "compile"]
+    assert ("python",) not in config  # only what differs
+    bits = keyed(section(md, "Bits and accuracy"), 3)
+    assert bits[("eager", "257", "gate")] == ["CHANGED", "0.5", "0", "4", "0", "NO", "yes"]
+    assert bits[("eager", "257", "out")][0] == "CHANGED"
+    assert bits[("numba", "257", "out")][0] == "same"
+    assert ("numba", "1", "out") not in bits  # case 1 only in A
+    assert "Bits: 4 tensors the same, 4 changed" in md
+    assert "(1, 257-specials only in A" not in md and "1 only in A; 257-specials only in B" in md
 
 
-def test_empty_reports() -> None:
-    text = render_markdown([])
-    assert "_No reports._" in text and "## Cells" in text
+def test_ab_from_the_command_line(golden: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert main(["report", "--reports", str(golden), "--out", str(out),
+                 "--ab", "host-plain-cuda", "docker-torch213-plain-cuda",
+                 "--ab", "host-plain-cuda", "gate_residual_b200"]) == 0
+    text = (out / "README.md").read_text(encoding="utf-8")
+    assert "## A/B: host-plain-cuda vs docker-torch213-plain-cuda" in text
+    assert f"## A/B: host-plain-cuda vs {REF}" in text
+    assert "## A/B: docker-torch213-plain-cuda vs host-compile-cpu" not in text
+    bits = keyed(section(text, "Bits and accuracy"), 3)
+    assert bits[("eager", "257", "gate")][0] == "CHANGED"
+    assert bits[("eager", "1", "gate")][0] == "void: inputs differ"
+    times = keyed(section(text, "Time (median ms)"), 2)
+    assert times[("eager", "257")] == ["0.01", "0.02", "2.00x", "0.03", "0.09", "3.00x"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUTS)
 
 
-def test_golden_small_synthetic_case() -> None:
-    text = render_markdown([read_report(REPORTS / n) for n in GOLDEN_INPUTS], relative_to=REPORTS)
-    assert text == EXPECTED.read_text(encoding="utf-8")
+def test_accuracy_and_determinism(md: str) -> None:
+    acc = keyed(section(md, "Accuracy vs fp64 and determinism"), 4)
+    assert acc[("host-plain-cuda", "eager", "257", "gate")] == [
+        "0.25", "0.25", "2", "NO", "—", "—"]
+    assert acc[("docker-torch213-plain-cuda", "eager", "257", "gate")] == [
+        "0.5", "0.5", "4", "NO", "NO", "NO (sub_batches, size_sweep; first failing size 9)"]
+    assert acc[("docker-torch213-plain-cuda", "numba", "1", "gate")][3:] == ["yes", "yes", "yes"]
+    assert ("host-compile-cpu", "fwdonly", "257", "gate") not in acc
+    assert acc[("host-compile-cpu", "fwdonly", "257", "out")][:3] == ["0.0078125", "0.0078125",
+                                                                    "0.5"]
 
 
-def test_write_tables(tmp_path: Path) -> None:
+def test_timings_and_bandwidth() -> None:
+    text = render_markdown([read_report(H200)])
+    t = keyed(section(text, "Timings"), 3)
+    # eager forward N=32768, D=5376, bf16: 3*N*D*2 B / 0.5901 ms.
+    assert t[("host-plain-cuda", "eager", "32768")] == ["32768", "0.5901", "1791", "2.58", "819"]
+    assert t[("host-plain-cuda", "numba", "1")][1:3] == ["0.8404", "0.0384"]
+    assert "3·N·D·s" in section(text, "Timings") and "2·G·D·s" in section(text, "Timings")
+    bits = keyed(section(text, "Bitwise comparison per cell"), 4)
+    assert bits[("host-plain-cuda", "ok", "numba vs eager", "257")][3] == (
+        "35095/48384 (0.375, 31258)")
+
+
+def test_bench_json_is_shown_and_bad_bench_files_listed(md: str) -> None:
+    bench = rows(section(md, "Forward, N=32768, bf16 (synthetic)"))
+    assert bench == [["impl", "ms", "GB/s", "of copy", "note"],
+                     ["eager", "0.61", "1733", "0.41", "—"],
+                     ["numba", "0.298", "3547", "0.84", "2D grid"]]
+    unreadable = keyed(section(md, "Unreadable files"))
+    assert unreadable[("bench/broken.json",)] == [
+        'not a benchmark: expected {"rows": [{...}, ...]}']
+    assert unreadable[("corrupt.json",)][0].startswith("corrupt JSON: Expecting value")
+    assert ("summary.json",) not in unreadable  # our own output is not read as a report
+
+
+def test_filters_select_cells_and_implementations() -> None:
+    reports = [*read_reports(TABLES / "reports"), read_report(REFERENCE)]
+    t = build_tables(reports, filters=Filters(stack=("host",), impl=("numba",)))
+    assert [c.label for c in t.cells] == ["host-compile-cpu", "host-plain-cuda"]
+    text = render_markdown(reports, filters=Filters(stack=("host",), impl=("numba",)))
+    assert "Filtered by `--stack host --impl numba`: 2 of 6 readable reports shown." in text
+    pairs = {r[2] for r in rows(section(text, "Bitwise comparison per cell"))[1:]}
+    assert pairs == {"numba vs eager"}  # fwdonly vs eager dropped: neither side is numba
+    assert {r[1] for r in rows(section(text, "Accuracy vs fp64 and determinism"))[1:]} == {
+        "numba"}
+    assert REF not in text
+    by_mode = render_markdown(reports, filters=Filters(mode=("plain",), target=("cuda",)))
+    assert REF in by_mode and "host-compile-cpu" not in by_mode
+
+
+@pytest.mark.parametrize(
+    ("filters", "message"),
+    [
+        (Filters(stack=("hots",)), '--stack: no report has stack "hots"; choose from '
+                                   "docker-sglang, docker-torch213, docker-vllm, host, —"),
+        (Filters(dtype=("float8",)), '--dtype: no report has dtype "float8"; choose from '
+                                     "bfloat16, —"),
+        (Filters(impl=("triton",)), '--impl: no report has impl "triton"; choose from'),
+    ],
+)
+def test_unknown_filter_values_are_errors(filters: Filters, message: str) -> None:
+    reports = [*read_reports(TABLES / "reports"), read_report(REFERENCE)]
+    with pytest.raises(SelectionError) as info:
+        build_tables(reports, filters=filters)
+    assert str(info.value).startswith(message)
+
+
+def test_cli_filter_error_exit_code_and_nothing_written(golden: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    assert main(["report", "--reports", str(golden), "--out", str(tmp_path / "o"),
+                 "--stack", "nope"]) == 2
+    assert 'no report has stack "nope"' in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    assert main(["report", "--reports", str(golden), "--out", str(tmp_path / "o"),
+                 "--ab", "host-plain-cuda", "nope"]) == 2
+
+
+def test_summary_csv_and_json(golden: Path) -> None:
+    table = list(csv.DictReader(io.StringIO((golden / "summary.csv").read_text("utf-8"))))
+    assert tuple(table[0]) == COLUMNS
+    row = next(r for r in table if r["cell"] == "docker-torch213-plain-cuda"
+               and r["impl"] == "eager" and r["case"] == "257" and r["tensor"] == "gate")
+    assert row["vs"] == "numba" and row["equal"] == "true" and row["repeatable"] == "false"
+    assert row["max_abs_ulps"] == "4.0" and row["forward_ms"] == "0.02"
+    skipped = [r for r in table if r["cell"] == "docker-sglang-plain-cuda"]
+    assert len(skipped) == 1 and skipped[0]["status"] == "skipped" and skipped[0]["impl"] == ""
+    ref = [r for r in table if r["cell"] == REF]
+    assert {r["vs"] for r in ref} == {"rl_kernel", "diffusers"} and ref[0]["origin"] == "foreign"
+    doc = json.loads((golden / "summary.json").read_text("utf-8"))
+    assert doc["schema"] == "gate_residual_tables/1"
+    assert len(doc["rows"]) == len(table)
+    assert doc["rows"][0] == {k: doc["rows"][0][k] for k in COLUMNS}
+    outputs = doc["across"]["outputs"]
+    gate = next(o for o in outputs if (o["impl"], o["case"], o["tensor"]) == ("eager", "257",
+                                                                              "gate"))
+    assert [g["cells"] for g in gate["groups"]] == [["docker-torch213-plain-cuda"],
+                                                    ["host-compile-cpu"], ["host-plain-cuda"]]
+    assert {u["file"] for u in doc["unreadable"]} == {"corrupt.json", "bench/broken.json"}
+
+
+def test_write_tables_is_deterministic_and_atomic(golden: Path, tmp_path: Path) -> None:
     reports = tmp_path / "reports"
-    (reports / "reference").mkdir(parents=True)
-    shutil.copy(REFERENCE, reports / "reference" / REFERENCE.name)
-    for name in ["host-plain-cuda.json", "corrupt.json"]:
-        shutil.copy(REPORTS / name, reports / name)
-    path = write_tables(reports)
-    assert path == reports / "README.md"
-    text = path.read_text(encoding="utf-8")
-    assert "Generated by `nox -s report`" in text and "do not edit by hand" in text.lower()
-    assert "| reference/gate_residual_b200.json" in text
-    assert sorted(p.name for p in reports.iterdir()) == [
-        "README.md",
-        "corrupt.json",
-        "host-plain-cuda.json",
-        "reference",
-    ]
-    first = path.read_bytes()
-    assert write_tables(reports).read_bytes() == first  # deterministic: no timestamps
+    shutil.copytree(golden, reports)
+    first = {n: (reports / n).read_bytes() for n in OUTPUTS}
+    assert write_tables(reports) == reports / "README.md"
+    assert {n: (reports / n).read_bytes() for n in OUTPUTS} == first  # no timestamps
+    assert not [p for p in reports.iterdir() if p.name.startswith(".")]  # no temp files left
 
+
+def test_write_tables_elsewhere(tmp_path: Path) -> None:
+    reports = tmp_path / "reports"
+    shutil.copytree(TABLES / "reports", reports)
     other = tmp_path / "elsewhere" / "TABLES.md"
-    other.parent.mkdir()
     assert write_tables(reports, other) == other
     assert f"| {(reports / 'host-plain-cuda.json').as_posix()} " in other.read_text("utf-8")
+    assert sorted(p.name for p in other.parent.iterdir()) == sorted(
+        ["TABLES.md", *OUTPUTS[1:]])
+    assert not (reports / "README.md").exists()
+
+
+def test_empty_and_unreadable_only() -> None:
+    text = render_markdown([])
+    assert "_No reports._" in text and "## Cells" in text and "## A/B" not in text
+    text = render_markdown([read_report(REPORTS / "corrupt.json")], relative_to=REPORTS)
+    assert "0 cell reports: 0 ours; 1 unreadable file." in text
+    assert keyed(section(text, "Unreadable files"))[("corrupt.json",)]
+
+
+def test_image_tag_and_digest_are_read_from_the_report() -> None:
+    loaded = read_report(TABLES / "reports" / "host-plain-cuda.json")
+    image = {"tag": "gate-residual-matrix:t213-3f2a", "id": "sha256:" + "ab" * 32,
+             "digest": None, "base_image": "local/bookworm:1", "pins": {"torch": "2.13.0"}}
+    text = render_markdown([LoadedReport(loaded.path, {**loaded.data, "image": image}, "ours")])
+    env = keyed(section(text, "Environment"))
+    assert env[("host-plain-cuda",)][-2:] == ["gate-residual-matrix:t213-3f2a",
+                                              "sha256:abababababab"]
+
+
+def test_slug_matches_github_anchors() -> None:
+    assert slug("A/B: host-plain-cuda vs docker-x") == "ab-host-plain-cuda-vs-docker-x"
+    assert slug("Accuracy vs fp64 and determinism") == "accuracy-vs-fp64-and-determinism"
+
+
+def test_cells_keep_order_ours_then_foreign() -> None:
+    cells = load_cells([read_report(REFERENCE), *read_reports(TABLES / "reports")])
+    assert [c.label for c in cells][-1] == REF
+    assert [c.index for c in cells] == list(range(len(cells)))

@@ -33,7 +33,7 @@
     if (n === 1) { text = "1 cell only"; kind = "none"; }
     else if (n > 1 && groups === 1) { text = "identical (" + n + " cells)"; kind = "eq"; }
     else if (n > 1) { text = groups + " variants (" + n + " cells)"; kind = "diff"; }
-    if (cell.dataset.static === "1") { kind = "eq"; text = n ? "agree" : text; }
+    if (cell.dataset.static === "1" && n > 1) { kind = "eq"; text = "agree"; }
     cell.textContent = text;
     cell.className = "verdict k-" + kind;
   }

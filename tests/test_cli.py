@@ -1,0 +1,138 @@
+"""Command-line options are validated before anything runs: exit 2, one line, nothing written.
+
+Each bad option or matrix is given to ``python -m runner`` (``runner.__main__.main``, in this
+process) with a reports directory that already holds a report and a stray file; after the
+error the directory must be exactly as it was (names, bytes, modification times), and a
+reports directory that did not exist must still not exist.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from runner import run as run_mod
+from runner.__main__ import main
+
+ROOT = Path(__file__).resolve().parent.parent
+MATRIX = ROOT / "matrix.yaml"
+FAULTS = ROOT / "tests" / "data" / "faults.yaml"
+REPORT = ROOT / "tests" / "data" / "reports" / "host-plain-cuda.json"
+
+
+def snapshot(directory: Path) -> dict | None:
+    if not directory.exists():
+        return None
+    return {p.relative_to(directory).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def reports(tmp_path) -> Path:
+    d = tmp_path / "reports"
+    d.mkdir()
+    shutil.copy(REPORT, d / "host-plain-cuda.json")
+    (d / "notes.txt").write_text("keep me\n")
+    return d
+
+
+def bad_matrix(tmp_path: Path, old: str, new: str) -> str:
+    text = MATRIX.read_text()
+    assert old in text, old
+    path = tmp_path / "bad.yaml"
+    path.write_text(text.replace(old, new, 1))
+    return str(path)
+
+
+# (test id, argv after "matrix --reports <dir>", a fragment of the one-line error)
+BAD_OPTIONS = [
+    ("unknown stack", ["--stack", "nohost"], '--stack: unknown stack "nohost"; choose from host'),
+    ("stack with shell metacharacters", ["--stack", "host;rm -rf /"], 'unknown stack "host;rm'),
+    ("stack with path traversal", ["--stack", "../../etc"], 'unknown stack "../../etc"'),
+    ("stack with a newline", ["--stack", "host\nx"], 'unknown stack "host\\nx"'),
+    ("unknown mode", ["--mode", "det"], '--mode: unknown mode "det"; choose from plain'),
+    ("mode with $()", ["--mode", "$(id)"], 'unknown mode "$(id)"'),
+    ("unknown target", ["--target", "gpu"], '--target: unknown target "gpu"; choose from cuda'),
+    ("target with a backtick", ["--target", "cpu`id`"], 'unknown target "cpu`id`"'),
+    ("unknown case", ["--case", "999"], '--case: unknown case "999"; choose from 1, 257'),
+    ("case with path traversal", ["--case", "../257"], 'unknown case "../257"'),
+    ("case with a NUL", ["--case", "257\0"], 'unknown case "257\\x00"'),
+    ("unknown backend", ["--backend", "podman"], "--backend: unknown backend 'podman'"),
+    ("backend with a semicolon", ["--backend", "host;id"], "unknown backend 'host;id'"),
+    ("timeout zero", ["--timeout", "0"], "--timeout: expected a number of seconds > 0, got 0.0"),
+    ("timeout negative", ["--timeout", "-5"], "got -5.0"),
+    ("timeout nan", ["--timeout", "nan"], "got nan"),
+    ("timeout inf", ["--timeout", "inf"], "got inf"),
+    ("timeout not a number", ["--timeout", "soon"], "argument --timeout: invalid float value"),
+    ("unknown option", ["--targets", "cpu"], "unrecognized arguments: --targets cpu"),
+    ("missing matrix", ["--matrix", "/nonexistent/m.yaml"], "cannot read the matrix file"),
+]
+
+
+@pytest.mark.parametrize(("argv", "fragment"), [b[1:] for b in BAD_OPTIONS],
+                         ids=[b[0] for b in BAD_OPTIONS])
+def test_bad_option_exits_2_and_writes_nothing(reports, capsys, argv, fragment):
+    before = snapshot(reports)
+    code = main(["matrix", "--reports", str(reports), *argv])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1 and fragment in err, err
+    assert snapshot(reports) == before
+
+
+@pytest.mark.parametrize(("old", "new", "fragment"), [
+    ("  D: 5376", "  D: 0", "problem.D: expected an integer >= 1, got 0"),
+    ("  - {n: 4097}", "  - {n: 4097, specail: true}", 'got unknown key "specail"'),
+    ("implementations: [eager, numba, fp64]", "implementations: [eager, numba, fp64, fault]",
+     'implementations[3]: expected one of eager, numba, fp64, got "fault"'),
+    ("  torch: 2.13.0\n", '  torch: "2.13.0; rm -rf /"\n', "torch: expected a version like"),
+    ("op: gate_residual", "op: !!python/object/apply:os.system [id]", "invalid YAML"),
+    ("  plain: {}", "  ../plain: {}", 'modes["../plain"]: expected a name'),
+])
+def test_bad_matrix_exits_2_and_writes_nothing(reports, tmp_path, capsys, old, new, fragment):
+    before = snapshot(reports)
+    code = main(["matrix", "--matrix", bad_matrix(tmp_path, old, new), "--reports",
+                 str(reports)])
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err and err.count("\n") == 1, err
+    assert snapshot(reports) == before
+
+
+def test_a_missing_reports_directory_is_not_created_on_error(tmp_path, capsys):
+    target = tmp_path / "new" / "reports"
+    assert main(["matrix", "--reports", str(target), "--stack", "nope"]) == 2
+    assert not (tmp_path / "new").exists()
+
+
+def test_cuda_requested_without_a_gpu_exits_2_and_writes_nothing(reports, capsys, monkeypatch):
+    monkeypatch.setattr(run_mod, "cuda_available", lambda: False)
+    before = snapshot(reports)
+    for argv in (["--target", "cuda"], ["--target", "cpu", "--target", "cuda"]):
+        assert main(["matrix", "--reports", str(reports), *argv]) == 2
+        err = capsys.readouterr().err
+        assert err == ("error: --target: cuda was requested but torch sees no CUDA device "
+                       "here\n"), err
+    assert snapshot(reports) == before
+
+
+def test_cell_command_refuses_cuda_without_a_gpu(reports, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    before = snapshot(reports)
+    code = main(["cell", "--reports", str(reports), "--stack", "host", "--mode", "plain",
+                 "--target", "cuda"])
+    assert code == 2 and "cuda was requested" in capsys.readouterr().err
+    assert snapshot(reports) == before
+
+
+def test_fault_implementation_is_unknown_without_the_switch(reports, capsys, monkeypatch):
+    from runner import implementations
+
+    monkeypatch.setattr(implementations, "KNOWN", ("eager", "numba", "fp64"))
+    before = snapshot(reports)
+    assert main(["matrix", "--matrix", str(FAULTS), "--reports", str(reports)]) == 2
+    assert 'implementations[2]: expected one of eager, numba, fp64, got "fault"' in (
+        capsys.readouterr().err)
+    assert snapshot(reports) == before
