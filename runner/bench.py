@@ -105,6 +105,30 @@ def host_overhead_us(sets: list[dict], calls: int = 300) -> dict:
     }
 
 
+def forward_grid_sweep(n: int, d: int, g: int, device: str, *, iters: int, warmup: int,
+                       caps=(65535, 8192, 2048, 1024)) -> list[dict]:
+    """Word forward kernel alone (direct launch, no checks) with grid.y capped at each of
+    ``caps``: a block then walks ceil(N / cap) rows. Launch shape only; bits do not move."""
+    from kernels import gate_residual as K
+
+    sets = input_sets(n, d, g, "bfloat16", device, 1)
+    outs = [torch.empty_like(x["residual"]) for x in sets]
+    launcher = K._launcher("words", "bfloat16", 0)
+    rows = []
+    for cap in caps:
+        def call(i, cap=cap):
+            x, out = sets[i % len(sets)], outs[i % len(sets)]
+            words = [t.view(torch.int64) for t in (out, x["residual"], x["gate"], x["y"])]
+            grid, block = K.forward_words_geometry(*words[0].shape, max_grid_y=cap)
+            launcher(grid, block, 0, *words, x["index"])
+
+        t = median_ms(call, device=device, warmup=warmup, iters=iters)
+        rows.append({"dtype": "bfloat16", "N": n, "impl": f"numba kernel, grid.y<={cap}",
+                     "forward_ms": t["median_ms"],
+                     "forward_GBps": 3 * n * d * 2 / t["median_ms"] / 1e6})
+    return rows
+
+
 def bench_case(n: int, d: int, g: int, dtype: str, device: str, *, iters: int, warmup: int,
                with_compile: bool, seed: int = 1) -> list[dict]:
     """One row per implementation: forward and forward+backward medians for one shape."""
@@ -151,10 +175,13 @@ def main(argv: list[str] | None = None) -> int:
         with_compile = device == "cuda" and not args.no_compile and (n in (1, 257, 32768))
         rows += bench_case(n, d, g, dtype, device, iters=iters, warmup=warmup,
                            with_compile=with_compile)
+    if device == "cuda":
+        rows += forward_grid_sweep(32768, d, g, device, iters=iters, warmup=warmup)
     by_key = {(r["dtype"], r["N"], r["impl"]): r for r in rows}
     for r in rows:
         eager = by_key[(r["dtype"], r["N"], "eager")]
         r["forward_vs_eager"] = eager["forward_ms"] / r["forward_ms"]
+        r.setdefault("forward_GBps", 0.0)
         r["forward_copy_fraction"] = r["forward_GBps"] * 1e9 / copy
         if "forward_backward_ms" in r:
             r["forward_backward_vs_eager"] = eager["forward_backward_ms"] / r["forward_backward_ms"]

@@ -22,8 +22,8 @@ for step in $steps; do
             python3 -c "import torch, numba, numpy, numba_cuda; print('torch', torch.__version__, 'numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'numpy', numpy.__version__)" ;;
     tests)  python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py 2>&1 | tee "$out/gpu-tests.log" | tail -25 || rc=1 ;;
     sass)   python3 scripts/sass_report.py > "$out/sass-report.txt" 2>&1 || rc=1; tail -30 "$out/sass-report.txt" ;;
-    matrix) python3 -m runner matrix --target cuda ${MATRIX_ARGS:-} 2>&1 | tee "$out/matrix.log" | tail -30 || rc=1
-            cp reports/*.json reports/README.md "$out/" 2>/dev/null ;;
+    matrix) python3 -m runner matrix ${MATRIX_ARGS:---stack host --target cuda} 2>&1 | tee "$out/matrix.log" | tail -30 || rc=1
+            cp reports/host-*.json reports/README.md "$out/" 2>/dev/null ;;
     bench)  [ -f runner/bench.py ] && { python3 -m runner.bench ${BENCH_ARGS:-} --out "$out" 2>&1 | tail -40 || rc=1; } ;;
   esac
 done
