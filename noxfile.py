@@ -2,6 +2,9 @@
 
     nox -s matrix                       # every cell this host can run, then the tables
     nox -s matrix -- --target cpu --case 257
+    nox -s matrix -- --backend docker --stack cpu-torch2.13   # builds what is missing first
+    nox -s build -- --stack cpu-torch2.13   # the images of the docker stacks (all by default)
+    nox -s base_image                   # root: the local base image (debootstrap + import)
     nox -s report                       # reports/README.md from every report
     nox -s tests                        # the test suite (no GPU needed)
     nox -s lint
@@ -35,9 +38,23 @@ def install_project(session: nox.Session, *extras: str) -> None:
 
 @nox.session(venv_params=VENV)
 def matrix(session: nox.Session) -> None:
-    """Run the matrix (matrix.yaml) on this host, write reports/ and reports/README.md."""
-    install_project(session)
+    """Run the matrix (docker stacks in containers, building missing images), then tables."""
+    install_project(session, "docker")
     session.run("python", "-m", "runner", "matrix", *session.posargs)
+
+
+@nox.session(venv_params=VENV)
+def build(session: nox.Session) -> None:
+    """Build the images of the docker stacks that are missing (posargs: --stack NAME ...)."""
+    install_project(session, "docker")
+    session.run("python", "-m", "runner", "build", *session.posargs)
+
+
+@nox.session(venv_params=VENV)
+def base_image(session: nox.Session) -> None:
+    """Make the local base image without a registry: debootstrap + docker import (root)."""
+    install_project(session, "docker")
+    session.run("python", "-m", "runner", "base-image", *session.posargs)
 
 
 @nox.session(venv_params=VENV)

@@ -84,6 +84,8 @@ def check_backward_inputs(grad_out, gate, y, index, *, device: str, check_index:
             f"gate_residual backward: y must be bfloat16, float16 or float32, got {y.dtype}")
     if y.dim() != 2:
         raise OpInputError(f"gate_residual backward: y must be (N, D), got {tuple(y.shape)}")
+    if isinstance(gate, torch.Tensor) and gate.dtype != y.dtype:
+        raise OpInputError(f"gate_residual backward: gate is {gate.dtype} but y is {y.dtype}")
     _, gate, y, index = check_inputs(y, gate, y, index, device=device, check_index=check_index)
     if grad_out.device != y.device:
         raise OpInputError(

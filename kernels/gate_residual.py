@@ -507,7 +507,11 @@ class GateResidual(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        from kernels.checks import check_backward_inputs
+
         gate, y, index = ctx.saved_tensors
+        grad_out, gate, y, index = check_backward_inputs(grad_out, gate, y, index,
+                                                         device="cuda", check_index=False)
         grad_y, grad_gate = gate_residual_backward(grad_out, gate, y, index)
         return grad_out, grad_gate, grad_y, None, None
 

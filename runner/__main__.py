@@ -58,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--matrix", type=Path, default=DEFAULT_MATRIX, help="matrix.yaml path")
     b.add_argument("--stack", action="append", help="build only this stack (repeatable)")
     b.add_argument("--force", action="store_true", help="rebuild without the layer cache")
+    b.add_argument("--prune", action="store_true",
+                   help="then remove each stack's images of older content")
 
     i = sub.add_parser("base-image", help="make a base image without a registry: debootstrap "
                        "+ docker import (root; see docs/containers.md)")
@@ -97,7 +99,7 @@ def _cmd_matrix(args) -> int:
 def _cmd_build(args) -> int:
     from runner.backends.docker import build_stacks
 
-    results = build_stacks(args.matrix, stacks=args.stack, force=args.force)
+    results = build_stacks(args.matrix, stacks=args.stack, force=args.force, prune=args.prune)
     bad = [r for r in results if not r.ok]
     if bad:
         raise ImageError(f"{len(bad)} of {len(results)} images did not build: "

@@ -176,6 +176,16 @@ class Cell:
     def cases(self) -> list[str]:
         return [str(c) for c in self.data.get("cases", [])]
 
+    @property
+    def problem_key(self) -> tuple[Any, ...] | None:
+        """(dtype, D, G, index dtype, seed): cells with the same key ran the same problem."""
+        p = self.data.get("problem")
+        return None if not p else (p["dtype"], p["D"], p["G"], p["index_dtype"], p["seed"])
+
+    def per_case(self, impl: str, key: str, case: str) -> Any:
+        """``results[impl][key][case]`` (e.g. ``key="sha256"``), None where absent."""
+        return ((self.results.get(impl) or {}).get(key) or {}).get(case)
+
     def facet(self, name: str) -> str:
         """A facet's value for display and filtering, :data:`ABSENT` when unknown."""
         value = getattr(self, name)
@@ -257,7 +267,8 @@ class Filters:
             SelectionError: e.g. ``--stack: no report has stack "hots"; choose from host``.
         """
         for facet in FACETS:
-            present = list(dict.fromkeys(c.facet(facet) for c in cells))
+            present = list(dict.fromkeys(c.facet(facet) for c in cells
+                                         if getattr(c, facet) is not None))
             self._check_values(facet, getattr(self, facet), present)
         impls = list(dict.fromkeys(i for c in cells for i in c.results))
         self._check_values("impl", self.impl, impls)

@@ -119,8 +119,8 @@ def accuracy(a: torch.Tensor, ref: torch.Tensor) -> dict:
     Over elements where ``ref`` is finite and within the range of ``a``'s dtype (an overflow
     that the storage dtype cannot hold is not an error of the implementation): ``max_abs``,
     ``max_rel`` (max |a-ref|/|ref| where ref != 0), ``rel_l2`` (||a-ref||_2 / ||ref||_2) and
-    ``max_abs_ulps`` (max_abs over one ULP of ``a``'s dtype at max |ref|). Non-finite ``a`` where ``ref`` is finite makes the
-    figures ``"inf"``. ``finite`` counts the elements compared.
+    ``max_abs_ulps`` (max_abs over one ULP of ``a``'s dtype at max |ref|). Non-finite ``a``
+    where ``ref`` is finite makes the figures ``"inf"``. ``finite`` counts the elements compared.
     """
     ref = ref.detach().to("cpu", torch.float64).reshape(-1)
     got = a.detach().to("cpu").reshape(-1)

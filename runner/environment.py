@@ -84,7 +84,7 @@ def capture(target: str, mode_environment: dict) -> dict:
     env: dict = {
         "gpu": None,
         "capability": None,
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
         "tf32": bool(torch.backends.cuda.matmul.allow_tf32),

@@ -55,7 +55,9 @@ class ImageSpec:
     """Everything needed to build one stack's image, and its content-derived tag.
 
     ``files`` maps each path in the build context to its bytes or to the host file that
-    holds them. ``pins`` is the stack's ``{distribution: specifier}`` (``python`` first).
+    holds them (``file_digests``: the sha256 of each such host file when rendered, which the
+    tag was computed from). ``pins`` is the stack's ``{distribution: specifier}``, python
+    first.
     """
 
     stack: str
@@ -66,26 +68,34 @@ class ImageSpec:
     pins: Mapping[str, str]
     labels: Mapping[str, str]
     files: Mapping[str, bytes | Path] = field(repr=False)
+    file_digests: Mapping[str, str] = field(default_factory=dict, repr=False)  # host files
     buildargs: Mapping[str, str] = field(default_factory=dict)
 
     def write_context(self, fileobj: IO[bytes]) -> None:
         """Write the build context as an uncompressed tar to ``fileobj`` (Dockerfile first).
 
         Files are owned by root, mode 0644 (directories 0755), so the image's user reads
-        them and cannot change them.
+        them and cannot change them. Small files were read when the spec was rendered; a
+        wheel (a host file) must still have the content the tag was computed from.
+
+        Raises:
+            ImageError: a wheel changed since :func:`render` (render again).
         """
         with tarfile.open(fileobj=fileobj, mode="w", format=tarfile.PAX_FORMAT) as tar:
             entries = {"Dockerfile": self.dockerfile.encode(), **self.files}
             for name, content in entries.items():
-                data = content if isinstance(content, bytes) else None
                 info = tarfile.TarInfo(name)
-                info.size = len(data) if data is not None else Path(content).stat().st_size
                 info.mode, info.mtime = 0o644, 0
-                if data is not None:
-                    tar.addfile(info, io.BytesIO(data))
-                else:
-                    with open(content, "rb") as f:
-                        tar.addfile(info, f)
+                if isinstance(content, bytes):
+                    info.size = len(content)
+                    tar.addfile(info, io.BytesIO(content))
+                    continue
+                if _file_digest(content) != self.file_digests[name]:
+                    raise ImageError(f"{content} changed after image {self.tag} was named: "
+                                     "render the stack again")
+                info.size = content.stat().st_size
+                with open(content, "rb") as f:
+                    tar.addfile(info, f)
 
 
 def render(matrix: Matrix, stack_name: str, *, matrix_dir: Path,
@@ -93,7 +103,8 @@ def render(matrix: Matrix, stack_name: str, *, matrix_dir: Path,
     """The :class:`ImageSpec` of docker stack ``stack_name`` of ``matrix``.
 
     ``matrix_dir`` resolves relative ``find_links`` / ``ca_bundle`` paths. The stack's
-    ``pip:`` options go on top of the matrix's (key by key).
+    ``pip:`` options go on top of the matrix's (key by key). ``project_root`` holds the
+    template (``containers/Dockerfile.in``) and the files baked in.
 
     Raises:
         ImageError: the stack is not ``kind: docker``; the wheelhouse is not a directory
@@ -113,7 +124,7 @@ def render(matrix: Matrix, stack_name: str, *, matrix_dir: Path,
     files: dict[str, bytes | Path] = {}
     ca = _host_path(options.ca_bundle, matrix_dir, stack_name, "pip.ca_bundle", file=True)
     if ca is not None:
-        files["ca-bundle.crt"] = ca
+        files["ca-bundle.crt"] = ca.read_bytes()
     wheelhouse = _host_path(options.find_links, matrix_dir, stack_name, "pip.find_links",
                             file=False)
     if wheelhouse is not None:
@@ -126,16 +137,19 @@ def render(matrix: Matrix, stack_name: str, *, matrix_dir: Path,
                                  ca_bundle=ca is not None).encode()
     deps = _project_dependencies(project_root / "pyproject.toml")
     files["requirements.txt"] = requirements(stack_name, stack, deps).encode()
-    files.update({f"project/{rel}": path for rel, path in project_files(project_root)})
+    # read now: the tag must name exactly what the image gets, even if a file is edited later
+    files.update({f"project/{rel}": path.read_bytes() for rel, path in project_files(project_root)})
     pins = stack.pins()
     labels = {f"{LABEL_PREFIX}stack": stack_name, f"{LABEL_PREFIX}base-image": stack.base_image,
               **{f"{LABEL_PREFIX}pin.{name}": spec for name, spec in pins.items()}}
     dockerfile = render_dockerfile(stack_name, stack, labels=labels, ca_bundle=ca is not None,
-                                   wheelhouse=wheelhouse is not None)
-    digest = _content_hash(dockerfile, files, {})
+                                   wheelhouse=wheelhouse is not None,
+                                   template=project_root / TEMPLATE.relative_to(PROJECT_ROOT))
+    host_files = {name: _file_digest(p) for name, p in files.items() if isinstance(p, Path)}
+    digest = _content_hash(dockerfile, files, {}, host_files)
     return ImageSpec(stack=stack_name, tag=f"{REPOSITORY}:{stack_name}-{digest[:16]}",
                      content_hash=digest, dockerfile=dockerfile, base_image=stack.base_image,
-                     pins=pins, labels=labels, files=files)
+                     pins=pins, labels=labels, files=files, file_digests=host_files)
 
 
 def render_dockerfile(stack_name: str, stack: DockerStack, *, labels: Mapping[str, str],
@@ -162,6 +176,10 @@ def render_dockerfile(stack_name: str, stack: DockerStack, *, labels: Mapping[st
         "CA_BUNDLE": ca_lines if ca_bundle else "# (no CA bundle: pip trusts the image's own)",
         "WHEELHOUSE": ("COPY wheelhouse/ /opt/wheelhouse/" if wheelhouse
                        else "# (no wheelhouse: pip.find_links not set)"),
+        # A wheelhouse stays behind in the build stage; without one the image simply goes on
+        # from the build stage, so the venv (GBs) is stored once, not copied into a new stage.
+        "FINAL_STAGE": ("FROM runtime\nCOPY --from=build /opt/venv /opt/venv" if wheelhouse
+                        else "FROM build"),
         "LABELS": "LABEL " + " \\\n      ".join(f"{k}={json.dumps(v)}"
                                                 for k, v in labels.items()),
     }
@@ -274,10 +292,11 @@ def _file_digest(path: Path) -> str:
 
 
 def _content_hash(dockerfile: str, files: Mapping[str, bytes | Path],
-                  buildargs: Mapping[str, str]) -> str:
-    """sha256 hex over the Dockerfile, the build args and (name, sha256) of every file."""
+                  buildargs: Mapping[str, str], host_files: Mapping[str, str]) -> str:
+    """sha256 hex over the Dockerfile, the build args and (name, sha256) of every file
+    (``host_files``: the digests of the files given as paths)."""
     listing = [[name, hashlib.sha256(c).hexdigest() if isinstance(c, bytes) else
-                _file_digest(c)] for name, c in sorted(files.items())]
+                host_files[name]] for name, c in sorted(files.items())]
     doc = {"dockerfile": dockerfile, "buildargs": dict(sorted(buildargs.items())),
            "files": listing}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()

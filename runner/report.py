@@ -160,14 +160,24 @@ def _semantic_problems(report: Mapping[str, Any]) -> Iterator[str]:
                     yield from _cmp_problems(cmp, (*here, "grads", name))
 
 
+def _fast_valid(report: Any) -> bool:
+    """True when jsonschema-rs is installed and accepts ``report``; False also for what it
+    cannot take (a ``str`` subclass such as ``torch.__version__`` raises ValueError there):
+    the slow pass then decides."""
+    fast = _fast_validator()
+    try:
+        return fast is not None and fast.is_valid(report)
+    except (ValueError, TypeError):
+        return False
+
+
 def _first_problem(
     report: Any, validator: jsonschema.Draft202012Validator, semantic: bool = False
 ) -> str | None:
     """One line naming the worst problem and how many others there are, or None."""
     problems = list(_json_problems(report))
     first, count = (problems[0], len(problems)) if problems else (None, 0)
-    fast = _fast_validator() if validator is _validator() else None
-    if first is None and not (fast is not None and fast.is_valid(report)):
+    if first is None and not (validator is _validator() and _fast_valid(report)):
         errors = list(validator.iter_errors(report))
         if errors:
             worst = best_match(errors)

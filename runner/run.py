@@ -127,8 +127,12 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
               flush=True)
         result = runner_backend.run(matrix, cell, chosen_cases, matrix_path=matrix_path,
                                     reports_dir=reports_dir, run_id=run_id, timeout_s=timeout_s)
-        if result.get("fingerprint") != expected:  # the runner's fingerprint decides reuse
-            result = {**result, "fingerprint": expected}
+        # The runner's fingerprint decides reuse; taken again after the run, so that what the
+        # run made (a docker image and its id) counts as the next run will see it.
+        ran_with = fingerprint(matrix, cell, chosen_cases, project,
+                               _fingerprint_extra(runner_backend, matrix, cell))
+        if result.get("fingerprint") != ran_with:
+            result = {**result, "fingerprint": ran_with}
             report_io.write_report(result, reports_dir)
         outcomes.append(CellOutcome(cell.id, result["status"], result.get("reason"), path))
     if render:

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from runner.aggregate import Cell
 from runner.report import TENSORS
-from runner.table_bits import AcrossRow, configuration
+from runner.table_ab import configuration
+from runner.table_bits import AcrossRow
 
 if TYPE_CHECKING:
     from runner.tables import Tables

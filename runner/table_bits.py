@@ -1,4 +1,4 @@
-"""The tables about bits: pairwise per cell, identical bits across cells, and A/B of two cells.
+"""The tables about bits: pairwise per cell and identical bits across cells (A/B: table_ab).
 
 * :func:`bitwise_table`: per cell, each unordered implementation pair x case, each tensor
   ``equal`` or ``differ/numel (max_abs, max_ulp)`` (``results[impl]["vs <other>"][case]``).
@@ -7,9 +7,6 @@
   (``results[impl].sha256[case][tensor]``). The inputs' sha256 (``inputs[case].sha256``) must
   agree across the cells of a problem and case; where they do not, every comparison of that
   case is marked void.
-* :func:`ab_tables`: two cells side by side: their configuration differences, then per
-  implementation, case and tensor whether the bits changed, the accuracy on each side, and
-  the median times with their ratio.
 """
 
 from __future__ import annotations
@@ -29,16 +26,13 @@ from runner.aggregate import (
     case_order,
     cmp_kind,
     format_cmp,
-    ms,
-    num,
     status_kind,
     text,
 )
 from runner.report import TENSORS, iter_pairs
 
-__all__ = ["NOTHING_TO_COMPARE", "Across", "AcrossRow", "PairResult", "ab_tables",
-           "across_cells", "across_tables", "bitwise_table", "configuration", "default_ab",
-           "image_of", "pair_results"]
+__all__ = ["NOTHING_TO_COMPARE", "Across", "AcrossRow", "PairResult", "across_cells",
+           "across_tables", "bitwise_table", "pair_results"]
 
 LEGEND = (
     "Each tensor: `equal` (every element has the same bits), or `differ/numel (max_abs, "
@@ -169,11 +163,6 @@ class Across:
         return sum(len(m) for _, _, m in self.problems) >= 2
 
 
-def _problem(cell: Cell) -> tuple[Any, ...] | None:
-    p = cell.data.get("problem")
-    return None if not p else (p["dtype"], p["D"], p["G"], p["index_dtype"], p["seed"])
-
-
 def _group(members: list[tuple[str, int]]) -> tuple[tuple[str, tuple[int, ...]], ...]:
     groups: dict[str, list[int]] = {}
     for key, index in members:
@@ -198,7 +187,7 @@ def across_cells(cells: Sequence[Cell], filters: Filters | None = None) -> Acros
     without = []
     for cell in cells:
         has_bits = any((e.get("sha256") or {}) for e in cell.results.values())
-        key = _problem(cell)
+        key = cell.problem_key
         if not has_bits or key is None:
             why = ("foreign report: the reference layout has no sha256" if not cell.ours
                    else f"status {cell.status}" + (f": {text(cell.reason)}" if cell.reason
@@ -232,7 +221,7 @@ def across_cells(cells: Sequence[Cell], filters: Filters | None = None) -> Acros
             for case in cases:
                 for tensor in TENSORS:
                     found = [(s, c.index) for c in members
-                             if (s := (_get(c, impl, "sha256", case) or {}).get(tensor))]
+                             if (s := (c.per_case(impl, "sha256", case) or {}).get(tensor))]
                     if found:
                         across.rows.append(AcrossRow(label, case, impl, tensor, _group(found),
                                                      case in void))
@@ -301,140 +290,3 @@ def across_tables(across: Across, cells: Sequence[Cell]) -> list[Table]:
         rows, empty=NOTHING_TO_COMPARE,
         footer=f"Cells without bits: {without}." if without else "", level=3)
     return [head, inputs, outputs]
-
-
-# --------------------------------------------------------------------------- A/B
-
-
-def default_ab(cells: Sequence[Cell]) -> tuple[Cell, Cell] | None:
-    """The first two of our cells that have results, else the first two of ours; None if
-    there are fewer than two of ours."""
-    ours = [c for c in cells if c.ours]
-    with_results = [c for c in ours if c.results]
-    chosen = with_results if len(with_results) >= 2 else ours
-    return (chosen[0], chosen[1]) if len(chosen) >= 2 else None
-
-
-def image_of(data: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """(tag, digest) from the report's ``image`` (a string or an object), else None."""
-    image = data.get("image") or (data.get("environment") or {}).get("image")
-    if isinstance(image, str):
-        return image, None
-    if isinstance(image, Mapping):
-        tag = image.get("tag") or image.get("name")
-        digest = image.get("digest") or image.get("repo_digest") or image.get("id")
-        return (str(tag) if tag else None), (str(digest) if digest else None)
-    return None, None
-
-
-def configuration(cell: Cell) -> dict[str, str]:
-    """What identifies a cell's set-up, flat: versions, GPU, driver, mode, image, problem."""
-    d, env = cell.data, cell.environment
-    cap = env.get("capability")
-    project = env.get("project") or {}
-    out = {"origin": cell.origin, "op": d.get("op"), "stack": cell.stack, "mode": cell.mode,
-           "target": cell.target, "backend": (d.get("cell") or {}).get("backend"),
-           "gpu": cell.gpu, "capability": ".".join(map(str, cap)) if cap else None,
-           "driver": env.get("driver"), "cuda": env.get("cuda"), "python": env.get("python"),
-           "torch": env.get("torch"), "tf32": env.get("tf32"), "platform": env.get("platform")}
-    out.update({f"library {k}": v for k, v in sorted((env.get("libraries") or {}).items())})
-    modes = env.get("mode_environment")
-    out["mode environment"] = json.dumps(modes, sort_keys=True) if modes is not None else None
-    out["image"], out["image digest"] = image_of(d)
-    image = d.get("image") or env.get("image")
-    if isinstance(image, Mapping):
-        out["base image"] = image.get("base_image")
-        out.update({f"pin {k}": v for k, v in sorted((image.get("pins") or {}).items())})
-    out.update({f"problem {k}": v for k, v in (d.get("problem") or {}).items()})
-    out["cases"] = ", ".join(cell.cases) or None
-    out["project commit"] = project.get("commit")
-    return {k: ABSENT if v is None else text(v) for k, v in out.items()}
-
-
-def _get(cell: Cell, impl: str, key: str, case: str) -> Any:
-    return ((cell.results.get(impl) or {}).get(key) or {}).get(case)
-
-
-def _acc(cell: Cell, impl: str, case: str, tensor: str) -> Mapping[str, Any] | None:
-    acc = _get(cell, impl, "accuracy", case) or {}
-    return acc.get("out") if tensor == "out" else (acc.get("grads") or {}).get(tensor)
-
-
-def _inputs_differ(a: Cell, b: Cell, case: str) -> bool:
-    ia = ((a.data.get("inputs") or {}).get(case) or {}).get("sha256")
-    ib = ((b.data.get("inputs") or {}).get(case) or {}).get("sha256")
-    return _problem(a) != _problem(b) or (ia is not None and ib is not None and ia != ib)
-
-
-def _yes(value: Any) -> str:
-    return "" if value is None else ("eq" if value else "diff")
-
-
-def _ratio(a: Any, b: Any) -> str:
-    ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b))
-    return f"{b / a:.2f}x" if ok and a > 0 else ABSENT
-
-
-def ab_tables(a: Cell, b: Cell, filters: Filters | None = None, why: str = "") -> list[Table]:
-    """A/B of two cells: configuration differences, bits and accuracy, time."""
-    filters = filters or Filters()
-    ca, cb = configuration(a), configuration(b)
-    diffs = [Row((k, ca.get(k, ABSENT), cb.get(k, ABSENT)))
-             for k in dict.fromkeys([*ca, *cb]) if ca.get(k, ABSENT) != cb.get(k, ABSENT)]
-    head = Table("ab", f"A/B: {a.label} vs {b.label}", ("configuration", "A", "B"), diffs,
-                 note=f"A = `{a.label}`, B = `{b.label}`{why}. Configuration keys that "
-                      "differ (versions, GPU, driver, mode, image, problem), then what changed.",
-                 empty="No configuration differences.")
-    both = [i for i in a.results if i in b.results and filters.keeps_impl(i)]
-    only = [f"{', '.join(x)} only in {side}" for side, x in (
-        ("A", [c for c in case_order(a.cases) if c not in b.cases]),
-        ("B", [c for c in case_order(b.cases) if c not in a.cases]),
-        ("A", [i for i in a.results if i not in b.results and filters.keeps_impl(i)]),
-        ("B", [i for i in b.results if i not in a.results and filters.keeps_impl(i)])) if x]
-    bits, times = [], []
-    for impl in both:
-        def cases_of(*keys: str, impl: str = impl) -> list[str]:
-            ka, kb = ({c for k in keys for c in (x.results[impl].get(k) or {})} for x in (a, b))
-            return case_order(ka & kb)
-
-        for case in cases_of("sha256", "accuracy"):
-            for tensor in TENSORS:
-                sa = (_get(a, impl, "sha256", case) or {}).get(tensor)
-                sb = (_get(b, impl, "sha256", case) or {}).get(tensor)
-                fa, fb = _acc(a, impl, case, tensor) or {}, _acc(b, impl, case, tensor) or {}
-                if not (sa or sb or fa or fb):
-                    continue
-                if not (sa and sb):
-                    verdict, kind = ABSENT, "absent"
-                elif _inputs_differ(a, b, case):
-                    verdict, kind = "void: inputs differ", "void"
-                else:
-                    verdict, kind = ("same", "eq") if sa == sb else ("CHANGED", "diff")
-                ra = (_get(a, impl, "repeatable", case) or {}).get(tensor)
-                rb = (_get(b, impl, "repeatable", case) or {}).get(tensor)
-                bits.append(Row((impl, case, tensor, verdict, num(fa.get("max_abs")),
-                                 num(fb.get("max_abs")), num(fa.get("max_abs_ulps")),
-                                 num(fb.get("max_abs_ulps")), num(ra), num(rb)),
-                                None, ("", "", "", kind, "", "", "", "", _yes(ra), _yes(rb))))
-        for case in cases_of("timings"):
-            ta, tb = _get(a, impl, "timings", case) or {}, _get(b, impl, "timings", case) or {}
-            fa, fb = ta.get("forward_ms"), tb.get("forward_ms")
-            ga, gb = ta.get("forward_backward_ms"), tb.get("forward_backward_ms")
-            times.append(Row((impl, case, ms(fa), ms(fb), _ratio(fa, fb), ms(ga), ms(gb),
-                              _ratio(ga, gb))))
-    changed = sum(r.values[3] == "CHANGED" for r in bits)
-    same = sum(r.values[3] == "same" for r in bits)
-    return [
-        head,
-        Table("ab-bits", "Bits and accuracy", ("impl", "case", "tensor", "bits A→B",
-                                               "max_abs A", "max_abs B", "max ULP A",
-                                               "max ULP B", "repeatable A", "repeatable B"),
-              bits, note=f"Bits: {same} tensors the same, {changed} changed (sha256 of the "
-                         "bits; void where the inputs differ). Accuracy against fp64. "
-                         "Implementations and cases both cells have"
-                         + (f" ({'; '.join(only)})." if only else "."),
-              empty="No implementation has bits or accuracy figures in either cell.", level=3),
-        Table("ab-time", "Time (median ms)", ("impl", "case", "forward A", "forward B", "B/A",
-                                              "fwd+bwd A", "fwd+bwd B", "B/A"), times,
-              empty="No timings in either cell.", level=3),
-    ]

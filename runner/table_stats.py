@@ -22,7 +22,7 @@ from typing import Any
 
 from runner.aggregate import ABSENT, Cell, Filters, Row, Table, ms, num, status_kind, text
 from runner.report import TENSORS
-from runner.table_bits import image_of
+from runner.table_ab import image_of
 
 __all__ = ["ITEMSIZE", "LIBRARIES", "accuracy_table", "bench_tables", "cells_table",
            "environment_table", "implementations_table", "moved_bytes", "timings_table"]
@@ -112,8 +112,8 @@ def accuracy_table(cells: Sequence[Cell], filters: Filters | None = None) -> Tab
          "across processes", "batch-invariant"), rows,
         note="Each implementation against the float64 reference: `max_abs`, `max_rel` "
              "(over elements with a non-zero reference) and `max ULP` (`max_abs_ulps`: max_abs "
-             "in ULPs of the storage dtype at the largest |reference|; above 1 is marked in the HTML "
-             "page). `repeatable`: the same "
+             "in ULPs of the storage dtype at the largest |reference|; above 1 is marked in the "
+             "HTML page). `repeatable`: the same "
              "bits in every repeat within one process; `across processes`: the same bits in "
              "separate processes; `batch-invariant`: rows computed alone, in sub-batches and "
              "in the full batch agree. `—`: the report has no such figure.",
@@ -180,7 +180,7 @@ def environment_table(cells: Sequence[Cell]) -> Table:
                         c.index, ("", status_kind(c.status))))
     return Table("environment", "Environment",
                  ("cell", "status", "GPU", "capability", "driver", "CUDA", "Python", "torch",
-                  *LIBRARIES, "image", "digest"), rows,
+                  *LIBRARIES, "image", "digest or id"), rows,
                  note="Versions as the cell saw them (`—`: not installed or not recorded); "
                       "image tag and digest for cells run in a container.",
                  empty="No reports.")

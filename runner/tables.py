@@ -5,7 +5,8 @@ an ordered list of :class:`~runner.aggregate.Table` (docs/tables.md lists them):
 
 1. Bitwise comparison per cell (pair x case x tensor).
 2. Identical bits across cells: inputs, then each implementation's outputs, grouped by sha256.
-3. A/B of two cells (``--ab``; by default the first two of our cells with results).
+3. A/B of two cells (``--ab``; by default the first two of our cells with results;
+   :mod:`runner.table_ab`).
 4. Accuracy vs fp64 and determinism.
 5. Cells, implementations that did not run, and the environment inventory.
 6. Timings with effective bandwidth; then ``reports/bench/*.json``; then unreadable files.
@@ -40,14 +41,8 @@ from runner.aggregate import (
     load_cells,
 )
 from runner.report import LoadedReport, read_reports, write_text_atomic
-from runner.table_bits import (
-    Across,
-    ab_tables,
-    across_cells,
-    across_tables,
-    bitwise_table,
-    default_ab,
-)
+from runner.table_ab import ab_tables, default_ab
+from runner.table_bits import Across, across_cells, across_tables, bitwise_table
 from runner.table_stats import (
     accuracy_table,
     bench_tables,

@@ -81,7 +81,7 @@ def main(out_path: str, seed: int) -> None:
 
 def launches(c: int) -> list[int]:
     """Indices of the launches case ``c`` ran (word launches only where rows are words)."""
-    n, d, g, dtype, _ = CASES[c]
+    _, d, _, dtype, _ = CASES[c]
     itemsize = np.dtype(CODECS[dtype][2]).itemsize
     extra = len(WORD_LAUNCHES) if (d * itemsize) % 8 == 0 else 0
     return list(range(len(LAUNCHES) + extra))

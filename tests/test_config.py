@@ -38,7 +38,7 @@ def test_shipped_matrix_loads() -> None:
     assert list(m.modes) == ["plain"] and dict(m.modes["plain"].env) == {}
     assert m.modes["plain"].torch.deterministic is None
     kinds = {name: s.kind for name, s in m.stacks.items()}
-    assert kinds["host"] == "host" and list(kinds)[0] == "host"
+    assert kinds["host"] == "host" and next(iter(kinds)) == "host"
     assert len([k for k in kinds.values() if k == "docker"]) >= 4  # docs/containers.md
     assert m.targets == ("cuda", "cpu")
 

@@ -146,7 +146,7 @@ def test_cuda_tensors_on_the_cpu_path_are_rejected():
     from kernels.gate_residual_cpu import gate_residual_cpu
 
     x = {k: v.to("meta") for k, v in good("cpu").items()}
-    with pytest.raises(OpInputError, match="^gate_residual: expected cpu tensors, got meta$"):
+    with pytest.raises(OpInputError, match=r"^gate_residual: expected cpu tensors, got meta$"):
         gate_residual_cpu(x["residual"], x["gate"], x["y"], x["index"])
 
 
@@ -162,7 +162,8 @@ BAD_BACKWARD = [
     ("y 1-D", lambda x: x.update(y=x["y"][0]), "y must be (N, D), got (8,)"),
     ("y float64", lambda x: x.update(y=x["y"].double()), "y must be bfloat16, float16 or float32"),
     ("index out of range", lambda x: x["index"].__setitem__(0, 7), "index holds 7, outside"),
-    ("gate other dtype", lambda x: x.update(gate=x["gate"].half()), "gate is torch.float16"),
+    ("gate other dtype", lambda x: x.update(gate=x["gate"].half()),
+     "backward: gate is torch.float16 but y is torch.bfloat16"),
 ]
 
 

@@ -358,3 +358,14 @@ def test_read_reports_mixed_directory(tmp_path: Path) -> None:
         ("corrupt.json", None, False),
         ("gate_residual_b200.json", "foreign", True),
     ]
+
+
+def test_str_subclasses_such_as_torch_version_are_written(
+    tmp_path: Path, good: dict[str, Any]
+) -> None:
+    """torch.__version__ is a str subclass; jsonschema-rs (when installed) refuses it."""
+    import torch
+
+    good["environment"]["torch"] = torch.__version__
+    path = write_report(good, tmp_path)
+    assert read_report(path).data["environment"]["torch"] == str(torch.__version__)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import yaml
@@ -42,9 +43,9 @@ class FakeBackend:
     runner must replace with its own."""
 
     name = "host"
-    calls: list[str] = []
-    fail: set[str] = set()
-    extra: dict = {}
+    calls: ClassVar[list[str]] = []
+    fail: ClassVar[set[str]] = set()
+    extra: ClassVar[dict] = {}
 
     def available(self):
         return None
@@ -137,8 +138,10 @@ def test_a_current_report_that_is_not_ok_is_rerun(tmp_path, project, status):
     assert FakeBackend.calls == ["host-det-cpu"]
 
 
-@pytest.mark.parametrize("damage", [lambda t: t[: len(t) // 2], lambda t: "", lambda t: "[]",
-                                    lambda t: t.replace('"schema_version": 1', '"schema_version": 9')])
+@pytest.mark.parametrize("damage", [
+    lambda t: t[: len(t) // 2], lambda t: "", lambda t: "[]",
+    lambda t: t.replace('"schema_version": 1', '"schema_version": 9'),
+], ids=["truncated", "empty", "not an object", "newer schema"])
 def test_an_unreadable_report_is_rerun_not_fatal(tmp_path, project, damage):
     run(tmp_path, fresh())
     path = tmp_path / "reports" / "host-plain-cpu.json"
@@ -154,7 +157,7 @@ def test_the_runner_stamps_its_own_fingerprint(tmp_path, project):
     run(tmp_path, fresh())
     m = parse_matrix(fresh())
     identity = {"commit": project.commit, "dirty": True, "diff_sha256": "d1" * 32}
-    for cell_id, mode in zip(CELLS, ("plain", "det")):
+    for cell_id, mode in zip(CELLS, ("plain", "det"), strict=True):
         stored = read_report(tmp_path / "reports" / f"{cell_id}.json").data["fingerprint"]
         cell = Cell("host", mode, "cpu")
         assert stored == fingerprint(m, cell, m.cases, identity, FakeBackend.extra)
@@ -260,3 +263,20 @@ def test_target_and_extra_and_project_are_in_the_fingerprint():
     assert fingerprint(m, Cell("host", "plain", "cpu"), cases, project, {"image_id": "x"}) != base
     assert fingerprint(m, Cell("host", "plain", "cpu"), cases, {**project, "dirty": True}) != base
     assert fingerprint(m, Cell("host", "plain", "cpu"), cases, project, {}) == base
+
+
+def test_what_the_run_made_counts_in_the_fingerprint(tmp_path, project, monkeypatch):
+    """A docker image built by the first run: its id is unknown before that run and known
+    after it; the report must carry the latter, so that the next run reuses the cell."""
+    FakeBackend.extra = {"image_id": None}
+    build_and_run = FakeBackend.run
+
+    def building(self, *args, **kw):
+        FakeBackend.extra = {"image_id": "sha256:" + "3" * 64}
+        return build_and_run(self, *args, **kw)
+
+    monkeypatch.setattr(FakeBackend, "run", building)
+    run(tmp_path, fresh())
+    assert FakeBackend.calls == CELLS
+    run(tmp_path, fresh())
+    assert FakeBackend.calls == []

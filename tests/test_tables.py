@@ -246,9 +246,9 @@ def test_filters_select_cells_and_implementations() -> None:
     ("filters", "message"),
     [
         (Filters(stack=("hots",)), '--stack: no report has stack "hots"; choose from '
-                                   "docker-sglang, docker-torch213, docker-vllm, host, —"),
+                                   "docker-sglang, docker-torch213, docker-vllm, host"),
         (Filters(dtype=("float8",)), '--dtype: no report has dtype "float8"; choose from '
-                                     "bfloat16, —"),
+                                     "bfloat16"),
         (Filters(impl=("triton",)), '--impl: no report has impl "triton"; choose from'),
     ],
 )

@@ -61,3 +61,18 @@ def test_same_problem_for_broken_reports(monkeypatch: pytest.MonkeyPatch, tmp_pa
     path.write_text(json.dumps(doc))
     fast, slow = _both(monkeypatch, path)
     assert fast == slow and fast.problem is not None
+
+
+def test_values_the_fast_check_cannot_take_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``str`` subclass (``torch.__version__`` is one) is valid JSON text to jsonschema;
+    jsonschema-rs refuses the type, and the slow pass decides instead of an exception."""
+
+    class Version(str):
+        pass
+
+    doc = json.loads((DATA / "reports" / "host-plain-cuda.json").read_text())
+    doc["environment"]["torch"] = Version("2.11.0+cu130")
+    report_mod.validate(doc)
+    doc["status"] = Version("crashed")
+    with pytest.raises(report_mod.ReportError, match="status: 'crashed' is not one of"):
+        report_mod.validate(doc)

@@ -4,17 +4,23 @@ A fresh process per cell means a crash, a CUDA error that poisons the context, a
 out-of-memory kill costs that cell only: the parent waits with a timeout, kills the whole
 process group when it runs out, and when the child wrote no report of this run (checked by
 ``run_id``) writes one itself with status ``timeout``, ``oom`` or ``error``, the exit code
-and the tail of the child's output. The mode's environment variables are set in the child's
-environment before Python starts, so they are in place before CUDA initialises.
+and the tail of the child's output (:func:`classify_failure`, :func:`failure_reason`: a bare
+SIGKILL is ambiguous and the reason says what /proc/vmstat showed). Ctrl-C in the parent kills
+the cell's process group before the KeyboardInterrupt goes on. The mode's environment
+variables are set in the child's environment before Python starts, so they are in place
+before CUDA initialises.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from runner import report as report_io
@@ -87,7 +93,26 @@ def failure_reason(exit_code: int | None, timed_out: bool, timeout_s: float, *,
         return (f"{reason}; the kernel's OOM killer fired meanwhile (/proc/vmstat oom_kill "
                 f"{before} -> {after}), so most likely out of memory")
     return (f"{reason}; not the runner's timeout and no OOM kill was recorded (/proc/vmstat "
-            f"oom_kill stayed {before}): another process sent it")
+            f"oom_kill stayed {before}): another process or a hard limit sent it")
+
+
+@contextlib.contextmanager
+def _ctrl_c_held() -> Iterator[None]:
+    """Hold SIGINT for the duration (re-raised as KeyboardInterrupt at the end), so that a
+    Ctrl-C that lands while the cell process starts cannot leave it running unseen.
+    Only in the main thread with a Python-level handler; elsewhere a no-op."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield
+        return
+    caught: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -134,19 +159,21 @@ class HostBackend:
             p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
         started = time.perf_counter()
         kills_before = oom_kill_count()
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, env=env, cwd=PROJECT_ROOT, start_new_session=True,
-                                errors="replace")
-        timed_out = False
+        proc, timed_out = None, False
         try:
+            with _ctrl_c_held():  # a Ctrl-C during the start lands once proc is known
+                proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True, env=env, cwd=PROJECT_ROOT,
+                                        start_new_session=True, errors="replace")
             log, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_group(proc)
             log, _ = proc.communicate()
         except BaseException:  # Ctrl-C or SIGTERM in the parent: leave no orphan behind
-            _kill_group(proc)
-            proc.wait()
+            if proc is not None:
+                _kill_group(proc)
+                proc.wait()
             raise
         log = log or ""
         oom_kills = (kills_before, oom_kill_count())

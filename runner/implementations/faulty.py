@@ -4,19 +4,15 @@ Registered only when ``GATE_RESIDUAL_FAULTS=1`` (see :mod:`runner.implementation
 user never meets it. What it does is chosen per cell by ``GATE_RESIDUAL_FAULT`` in the
 cell's environment (a mode's ``env`` sets it), read at each call:
 
-=================== ===================================================================
-``GATE_RESIDUAL_FAULT`` what the call does (expected cell status)
-=================== ===================================================================
-unset or ``none``   computes what ``eager`` computes (``ok``)
-``raise``           raises :class:`InjectedFault` (``error``)
-``hang``            prints a marker line and sleeps forever (``timeout``)
-``oom``             allocates 64 MiB blocks without bound until the allocator fails
-                    (``oom``); bounded for safety, see :func:`allocate_without_bound`
-``kill``            prints a marker line and sends SIGKILL to its own process (``error``,
-                    the reason says SIGKILL is ambiguous)
-``illegal_address`` on ``cuda``: a numba.cuda kernel stores 4 TiB past an array, the
-                    CUDA error 700 poisons the context (``error``); elsewhere raises
-=================== ===================================================================
+- unset or ``none``: computes what ``eager`` computes (cell ``ok``);
+- ``raise``: raises :class:`InjectedFault` (``error``);
+- ``hang``: prints a marker line and sleeps forever (``timeout``);
+- ``oom``: allocates 64 MiB blocks without bound until the allocator fails (``oom``),
+  bounded for safety: see :func:`allocate_without_bound`;
+- ``kill``: prints a marker line and sends SIGKILL to its own process (``error``; the
+  reason says that SIGKILL is ambiguous and what /proc/vmstat showed);
+- ``illegal_address``: on ``cuda``, a numba.cuda kernel stores 4 TiB past an array and the
+  CUDA error 700 poisons the context (``error``); on ``cpu`` it raises.
 
 Example (a matrix whose modes arm it, run with ``GATE_RESIDUAL_FAULTS=1``)::
 
@@ -114,13 +110,14 @@ def allocate_without_bound(device: str) -> None:
 
 def illegal_address() -> None:
     """Store through an address 4 TiB past a one-element CUDA array, then synchronise."""
+    import numpy as np
     from numba import cuda
 
     @cuda.jit
     def poke(a, i):
         a[i] = 1.0
 
-    target = cuda.device_array(1, dtype="float32")
+    target = cuda.device_array(1, dtype=np.float32)
     poke[1, 1](target, 1 << 40)
     cuda.synchronize()
     raise InjectedFault("fault illegal_address: the kernel ran and no CUDA error was raised")

@@ -1,0 +1,151 @@
+"""A/B: two cells side by side, headed by what differs in their set-up, then what changed.
+
+:func:`ab_tables` gives three tables: the configuration keys that differ (:func:`configuration`:
+versions, GPU, driver, mode, image, problem), then per implementation, case and tensor both
+cells have whether the bits changed (sha256; void where the inputs differ), max_abs and max ULP
+against fp64 and in-process repeatability on each side, then the median times and their ratio.
+``python -m runner report --ab A B`` picks the cells; :func:`default_ab` picks the first two of
+our cells with results otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from runner.aggregate import ABSENT, Cell, Filters, Row, Table, case_order, ms, num, text
+from runner.report import TENSORS
+
+__all__ = ["ab_tables", "configuration", "default_ab", "image_of"]
+
+
+def default_ab(cells: Sequence[Cell]) -> tuple[Cell, Cell] | None:
+    """The first two of our cells that have results, else the first two of ours; None if
+    there are fewer than two of ours."""
+    ours = [c for c in cells if c.ours]
+    with_results = [c for c in ours if c.results]
+    chosen = with_results if len(with_results) >= 2 else ours
+    return (chosen[0], chosen[1]) if len(chosen) >= 2 else None
+
+
+def image_of(data: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(tag, digest) from the report's ``image`` (a string or an object), else None."""
+    image = data.get("image") or (data.get("environment") or {}).get("image")
+    if isinstance(image, str):
+        return image, None
+    if isinstance(image, Mapping):
+        tag = image.get("tag") or image.get("name")
+        digest = image.get("digest") or image.get("repo_digest") or image.get("id")
+        return (str(tag) if tag else None), (str(digest) if digest else None)
+    return None, None
+
+
+def configuration(cell: Cell) -> dict[str, str]:
+    """What identifies a cell's set-up, flat: versions, GPU, driver, mode, image, problem."""
+    d, env = cell.data, cell.environment
+    cap = env.get("capability")
+    project = env.get("project") or {}
+    out = {"origin": cell.origin, "op": d.get("op"), "stack": cell.stack, "mode": cell.mode,
+           "target": cell.target, "backend": (d.get("cell") or {}).get("backend"),
+           "gpu": cell.gpu, "capability": ".".join(map(str, cap)) if cap else None,
+           "driver": env.get("driver"), "cuda": env.get("cuda"), "python": env.get("python"),
+           "torch": env.get("torch"), "tf32": env.get("tf32"), "platform": env.get("platform")}
+    out.update({f"library {k}": v for k, v in sorted((env.get("libraries") or {}).items())})
+    modes = env.get("mode_environment")
+    out["mode environment"] = json.dumps(modes, sort_keys=True) if modes is not None else None
+    out["image"], out["image digest or id"] = image_of(d)
+    image = d.get("image") or env.get("image")
+    if isinstance(image, Mapping):
+        out["base image"] = image.get("base_image")
+        out.update({f"pin {k}": v for k, v in sorted((image.get("pins") or {}).items())})
+    out.update({f"problem {k}": v for k, v in (d.get("problem") or {}).items()})
+    out["cases"] = ", ".join(cell.cases) or None
+    out["project commit"] = project.get("commit")
+    return {k: ABSENT if v is None else text(v) for k, v in out.items()}
+
+
+def _acc(cell: Cell, impl: str, case: str, tensor: str) -> Mapping[str, Any] | None:
+    acc = cell.per_case(impl, "accuracy", case) or {}
+    return acc.get("out") if tensor == "out" else (acc.get("grads") or {}).get(tensor)
+
+
+def _inputs_differ(a: Cell, b: Cell, case: str) -> bool:
+    ia = ((a.data.get("inputs") or {}).get(case) or {}).get("sha256")
+    ib = ((b.data.get("inputs") or {}).get(case) or {}).get("sha256")
+    return a.problem_key != b.problem_key or (ia is not None and ib is not None and ia != ib)
+
+
+def _yes(value: Any) -> str:
+    return "" if value is None else ("eq" if value else "diff")
+
+
+def _ratio(a: Any, b: Any) -> str:
+    ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b))
+    return f"{b / a:.2f}x" if ok and a > 0 else ABSENT
+
+
+def ab_tables(a: Cell, b: Cell, filters: Filters | None = None, why: str = "") -> list[Table]:
+    """A/B of two cells: configuration differences, bits and accuracy, time."""
+    filters = filters or Filters()
+    ca, cb = configuration(a), configuration(b)
+    diffs = [Row((k, ca.get(k, ABSENT), cb.get(k, ABSENT)))
+             for k in dict.fromkeys([*ca, *cb]) if ca.get(k, ABSENT) != cb.get(k, ABSENT)]
+    head = Table("ab", f"A/B: {a.label} vs {b.label}", ("configuration", "A", "B"), diffs,
+                 note=f"A = `{a.label}`, B = `{b.label}`{why}. Configuration keys that "
+                      "differ (versions, GPU, driver, mode, image, problem), then what changed.",
+                 empty="No configuration differences.")
+    both = [i for i in a.results if i in b.results and filters.keeps_impl(i)]
+    only = [f"{', '.join(x)} only in {side}" for side, x in (
+        ("A", [c for c in case_order(a.cases) if c not in b.cases]),
+        ("B", [c for c in case_order(b.cases) if c not in a.cases]),
+        ("A", [i for i in a.results if i not in b.results and filters.keeps_impl(i)]),
+        ("B", [i for i in b.results if i not in a.results and filters.keeps_impl(i)])) if x]
+    bits, times = [], []
+    for impl in both:
+        def cases_of(*keys: str, impl: str = impl) -> list[str]:
+            ka, kb = ({c for k in keys for c in (x.results[impl].get(k) or {})} for x in (a, b))
+            return case_order(ka & kb)
+
+        for case in cases_of("sha256", "accuracy"):
+            for tensor in TENSORS:
+                sa = (a.per_case(impl, "sha256", case) or {}).get(tensor)
+                sb = (b.per_case(impl, "sha256", case) or {}).get(tensor)
+                fa, fb = _acc(a, impl, case, tensor) or {}, _acc(b, impl, case, tensor) or {}
+                if not (sa or sb or fa or fb):
+                    continue
+                if not (sa and sb):
+                    verdict, kind = ABSENT, "absent"
+                elif _inputs_differ(a, b, case):
+                    verdict, kind = "void: inputs differ", "void"
+                else:
+                    verdict, kind = ("same", "eq") if sa == sb else ("CHANGED", "diff")
+                ra = (a.per_case(impl, "repeatable", case) or {}).get(tensor)
+                rb = (b.per_case(impl, "repeatable", case) or {}).get(tensor)
+                bits.append(Row((impl, case, tensor, verdict, num(fa.get("max_abs")),
+                                 num(fb.get("max_abs")), num(fa.get("max_abs_ulps")),
+                                 num(fb.get("max_abs_ulps")), num(ra), num(rb)),
+                                None, ("", "", "", kind, "", "", "", "", _yes(ra), _yes(rb))))
+        for case in cases_of("timings"):
+            ta = a.per_case(impl, "timings", case) or {}
+            tb = b.per_case(impl, "timings", case) or {}
+            fa, fb = ta.get("forward_ms"), tb.get("forward_ms")
+            ga, gb = ta.get("forward_backward_ms"), tb.get("forward_backward_ms")
+            times.append(Row((impl, case, ms(fa), ms(fb), _ratio(fa, fb), ms(ga), ms(gb),
+                              _ratio(ga, gb))))
+    changed = sum(r.values[3] == "CHANGED" for r in bits)
+    same = sum(r.values[3] == "same" for r in bits)
+    return [
+        head,
+        Table("ab-bits", "Bits and accuracy", ("impl", "case", "tensor", "bits A→B",
+                                               "max_abs A", "max_abs B", "max ULP A",
+                                               "max ULP B", "repeatable A", "repeatable B"),
+              bits, note=f"Bits: {same} tensors the same, {changed} changed (sha256 of the "
+                         "bits; void where the inputs differ). Accuracy against fp64. "
+                         "Implementations and cases both cells have"
+                         + (f" ({'; '.join(only)})." if only else "."),
+              empty="No implementation has bits or accuracy figures in either cell.", level=3),
+        Table("ab-time", "Time (median ms)", ("impl", "case", "forward A", "forward B", "B/A",
+                                              "fwd+bwd A", "fwd+bwd B", "B/A"), times,
+              empty="No timings in either cell.", level=3),
+    ]

@@ -1,0 +1,308 @@
+"""Tests for runner.backends.docker without an engine: container arguments, the container's
+life (fake engine), build failures, and which backend runs which cell (runner.backends)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import yaml
+
+from runner import backends
+from runner.backends import docker as docker_backend
+from runner.backends.docker import (
+    CONTAINER_MATRIX,
+    CONTAINER_REPORTS,
+    DockerBackend,
+    cell_command,
+    container_config,
+    gpu_request,
+)
+from runner.cells import Cell
+from runner.config import parse_matrix
+from runner.errors import BackendError, ConfigError
+from runner.images import IMAGE_UID, render
+from runner.report import read_report
+
+ROOT = Path(__file__).parent.parent
+MATRIX = ROOT / "matrix.yaml"
+
+
+def config(target: str = "cuda", gpus: str = "all", tmp: Path = Path("/tmp/x"), **kw: Any):
+    cell = Cell("torch2.13-vllm0.30", "det", target)
+    args = {"cell": cell, "run_id": "0123456789abcdef", "mode_env": {"CUBLAS_WORKSPACE_CONFIG":
+                                                                      ":4096:8"},
+            "matrix_path": tmp / "matrix.yaml", "stage_dir": tmp / ".docker-0123",
+            "project": {"commit": "a" * 40, "dirty": True}, "gpus": gpus, **kw}
+    return container_config("gate-residual-matrix:s-0123", cell_command(cell, ["257"], "r1"),
+                            **args)
+
+
+def test_command_is_the_cell_runner_with_container_paths() -> None:
+    argv = cell_command(Cell("s", "plain", "cpu"), ["257", "257-specials"], "r1")
+    assert argv == ["python", "-m", "runner", "cell", "--matrix", CONTAINER_MATRIX,
+                    "--stack", "s", "--mode", "plain", "--target", "cpu",
+                    "--reports", CONTAINER_REPORTS, "--run-id", "r1",
+                    "--case", "257", "--case", "257-specials"]
+
+
+def test_container_is_locked_down() -> None:
+    c = config()
+    assert c.create["user"] == f"{IMAGE_UID}:{IMAGE_UID}" != "0:0"
+    assert c.create["network_disabled"] is True and c.host["network_mode"] == "none"
+    assert c.host["privileged"] is False and c.host["cap_drop"] == ["ALL"]
+    assert c.host["security_opt"] == ["no-new-privileges"]
+    assert c.host["read_only"] is True  # the root file system, baked-in project included
+    assert list(c.host["tmpfs"]) == ["/tmp"]
+
+
+def test_only_the_staging_directory_is_writable() -> None:
+    binds = config(tmp=Path("/srv/run")).host["binds"]
+    assert binds == {"/srv/run/.docker-0123": {"bind": CONTAINER_REPORTS, "mode": "rw"},
+                     "/srv/run/matrix.yaml": {"bind": CONTAINER_MATRIX, "mode": "ro"}}
+    assert [b for b in binds.values() if b["mode"] != "ro"] == [
+        {"bind": CONTAINER_REPORTS, "mode": "rw"}]
+
+
+def test_environment_carries_the_mode_and_the_checkout() -> None:
+    env = config().create["environment"]
+    assert env["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8" and env["PYTHONUNBUFFERED"] == "1"
+    assert env["GATE_RESIDUAL_COMMIT"] == "a" * 40 and env["GATE_RESIDUAL_DIRTY"] == "1"
+    clean = config(project={"commit": None, "dirty": None}).create["environment"]
+    assert "GATE_RESIDUAL_COMMIT" not in clean
+
+
+@pytest.mark.parametrize(("target", "gpus", "expected"), [
+    ("cuda", "all", [{"count": -1, "capabilities": [["gpu"]]}]),
+    ("cuda", "0,2", [{"device_ids": ["0", "2"], "capabilities": [["gpu"]]}]),
+    ("cuda", "GPU-5c1e2a3b-0000-1111-2222-333344445555",
+     [{"device_ids": ["GPU-5c1e2a3b-0000-1111-2222-333344445555"], "capabilities": [["gpu"]]}]),
+    ("cpu", "all", []),
+    ("cpu", "0", []),
+])
+def test_gpu_request_only_for_cuda(target: str, gpus: str, expected: list) -> None:
+    assert config(target=target, gpus=gpus).host["device_requests"] == expected
+
+
+@pytest.mark.parametrize("gpus", ["", "0;1", "all,0", "$(id)", "0,,1"])
+def test_bad_gpu_ids_are_refused(gpus: str) -> None:
+    with pytest.raises(BackendError, match="--gpus: expected"):
+        gpu_request(gpus)
+    with pytest.raises(BackendError):
+        DockerBackend(gpus=gpus)
+
+
+# --- the container's life, on a fake engine -------------------------------------------------
+
+class FakeAPI:
+    """Records the calls DockerBackend makes; ``wait`` times out when ``hang`` is set."""
+
+    def __init__(self, *, hang: bool = False, start_fails: bool = False,
+                 build: list[dict] | None = None, images: set[str] | None = None) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.hang, self.start_fails = hang, start_fails
+        self.build_chunks = build or []
+        self.present = images if images is not None else set()
+
+    def create_host_config(self, **kw):
+        self.calls.append(("host_config", kw))
+        return kw
+
+    def create_container(self, **kw):
+        self.calls.append(("create", kw))
+        return {"Id": "c1"}
+
+    def start(self, container):
+        self.calls.append(("start", container))
+        if self.start_fails:
+            raise docker_backend.docker_errors.APIError("cannot start")
+
+    def wait(self, container, timeout=None):
+        self.calls.append(("wait", timeout))
+        if self.hang and timeout != 60:
+            raise requests.exceptions.ReadTimeout("read timed out")
+        return {"StatusCode": 137 if self.hang else 0}
+
+    def kill(self, container):
+        self.calls.append(("kill", container))
+
+    def inspect_container(self, container):
+        return {"State": {"ExitCode": 137 if self.hang else 0, "OOMKilled": False}}
+
+    def logs(self, container, stdout=True, stderr=True):
+        return b"line 1\nline 2\n"
+
+    def remove_container(self, container, force=False):
+        self.calls.append(("remove", (container, force)))
+
+    def inspect_image(self, ref):
+        if ref not in self.present:
+            raise docker_backend.docker_errors.ImageNotFound(f"No such image: {ref}")
+        return {"Id": "sha256:" + "1" * 64, "RepoDigests": [], "Size": 10}
+
+    def build(self, **kw):
+        self.calls.append(("build", {k: v for k, v in kw.items() if k != "fileobj"}))
+        yield from self.build_chunks
+        if not any("error" in c for c in self.build_chunks):
+            self.present.add(kw["tag"])
+
+    def images(self, name=None):
+        label = "org.gate-residual-matrix.stack"
+        return [{"RepoTags": ["gate-residual-matrix:cpu-torch2.13-" + "a" * 16,
+                              "gate-residual-matrix:cpu-torch2.13-" + "b" * 16],
+                 "Labels": {label: "cpu-torch2.13"}},
+                {"RepoTags": ["gate-residual-matrix:cpu-torch2.13-x-" + "c" * 16],
+                 "Labels": {label: "cpu-torch2.13-x"}},
+                {"RepoTags": ["gate-residual-matrix:cpu-torch2.13-mine"],
+                 "Labels": {label: "cpu-torch2.13"}}]
+
+    def remove_image(self, tag, force=False):
+        self.calls.append(("remove_image", tag))
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.calls]
+
+
+def backend_on(api: FakeAPI, tmp_path: Path) -> DockerBackend:
+    backend = DockerBackend(logs_dir=tmp_path / "logs", progress=False)
+    backend._client = api
+    return backend
+
+
+def test_timeout_kills_and_always_removes(tmp_path: Path) -> None:
+    api = FakeAPI(hang=True)
+    exit_code, log, timed_out, oom = backend_on(api, tmp_path)._run_container(config(), 2.5)
+    assert (exit_code, timed_out, oom) == (137, True, False) and "line 2" in log
+    assert api.names() == ["host_config", "create", "start", "wait", "kill", "wait", "remove"]
+    assert ("wait", 2.5) in api.calls and ("remove", ("c1", True)) in api.calls
+    host = dict(api.calls)["host_config"]
+    assert dict(host["device_requests"][0])["Count"] == -1  # a docker.types.DeviceRequest
+
+
+def test_container_is_removed_when_start_fails(tmp_path: Path) -> None:
+    api = FakeAPI(start_fails=True)
+    with pytest.raises(docker_backend.docker_errors.APIError):
+        backend_on(api, tmp_path)._run_container(config(), 10)
+    assert api.names()[-1] == "remove"
+
+
+def spec_of(name: str = "cpu-torch2.13"):
+    data = yaml.safe_load(MATRIX.read_text())
+    data["pip"] = {}
+    data["stacks"][name]["pip"] = {}
+    return render(parse_matrix(data), name, matrix_dir=ROOT)
+
+
+def test_missing_base_image_is_never_pulled(tmp_path: Path) -> None:
+    api = FakeAPI(images=set())
+    result = backend_on(api, tmp_path).ensure_image(spec_of())
+    assert not result.ok and "build" not in api.names()
+    assert "gate-residual/base:bookworm-py3.11 is not on this Docker engine and is never " \
+           "pulled" in result.reason and "nox -s base_image" in result.reason
+
+
+def test_failed_build_keeps_the_log_tail_and_is_not_retried(tmp_path: Path) -> None:
+    spec = spec_of()
+    chunks = [{"stream": "Step 1/20 : FROM gate-residual/base:bookworm-py3.11 AS runtime\n"},
+              {"stream": "ERROR: No matching distribution found for torch==2.13.0+cpu\n"},
+              {"error": "The command '/bin/sh -c python3.11 -m venv' returned a non-zero code: 1",
+               "errorDetail": {"code": 1}}]
+    api = FakeAPI(build=chunks, images={spec.base_image})
+    backend = backend_on(api, tmp_path)
+    result = backend.ensure_image(spec)
+    assert not result.ok and "returned a non-zero code: 1" in result.reason
+    assert "No matching distribution found" in result.log_tail
+    assert result.steps == ["Step 1/20 : FROM gate-residual/base:bookworm-py3.11 AS runtime"]
+    assert "No matching distribution" in (tmp_path / "logs" / "cpu-torch2.13.build.log").read_text()
+    build_kw = dict(api.calls)["build"]
+    assert build_kw["pull"] is False and build_kw["tag"] == spec.tag
+    assert build_kw["custom_context"] is True and build_kw["rm"] is True
+    assert backend.ensure_image(spec) is result and api.names().count("build") == 1
+
+
+def test_present_image_is_not_built(tmp_path: Path) -> None:
+    spec = spec_of()
+    api = FakeAPI(images={spec.tag, spec.base_image})
+    result = backend_on(api, tmp_path).ensure_image(spec)
+    assert result.ok and result.cached and "build" not in api.names()
+    assert result.image_id == "sha256:" + "1" * 64 and result.base_id == result.image_id
+
+
+# --- which backend runs which cell ------------------------------------------------------
+
+def test_route() -> None:
+    assert backends.route("host", "docker") == ("host", None)
+    assert backends.route("host", "host") == ("host", None)
+    assert backends.route("docker", "docker") == ("docker", None)
+    name, why = backends.route("docker", "host")
+    assert name is None and "stack kind docker runs only in a container" in why
+
+
+class NoEngine(DockerBackend):
+    def available(self) -> str | None:
+        return "no Docker engine answers (test)"
+
+
+def test_resolve() -> None:
+    assert backends.resolve("host", NoEngine()) == ("host", None)
+    assert backends.resolve("auto", NoEngine()) == (
+        "host", "--backend auto: host, since no Docker engine answers (test)")
+    with pytest.raises(BackendError, match=r"^--backend docker: no Docker engine answers"):
+        backends.resolve("docker", NoEngine())
+    with pytest.raises(ConfigError, match="unknown backend 'podman'; choose from auto, host"):
+        backends.resolve("podman")
+
+
+def test_docker_stacks_are_skipped_with_a_report_on_the_host_backend(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from runner.run import run_matrix
+
+    outcomes = run_matrix(MATRIX, reports_dir=tmp_path, stacks=["cpu-torch2.13",
+                                                                "torch2.14-vllm0.33"],
+                          targets=["cpu"], backend="host", render=False)
+    assert [(o.cell, o.status) for o in outcomes] == [
+        ("torch2.14-vllm0.33-plain-cpu", "skipped"), ("cpu-torch2.13-plain-cpu", "skipped")]
+    report = read_report(tmp_path / "cpu-torch2.13-plain-cpu.json").data
+    assert report["status"] == "skipped" and "runs only in a container" in report["reason"]
+    assert report["cell"]["backend"] == "host"
+    out = capsys.readouterr().out
+    assert "[runner] cell cpu-torch2.13-plain-cpu: skipped: stack kind docker" in out
+
+
+def test_auto_without_an_engine_says_so_and_skips(tmp_path: Path, monkeypatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from runner import run
+
+    monkeypatch.setattr(run, "DockerBackend", NoEngine)
+    outcomes = run.run_matrix(MATRIX, reports_dir=tmp_path, stacks=["cpu-torch2.13"],
+                              targets=["cpu"], backend="auto", render=False)
+    assert [o.status for o in outcomes] == ["skipped"]
+    assert "[runner] --backend auto: host, since no Docker engine answers (test)" in \
+        capsys.readouterr().out
+
+
+def test_prune_removes_only_this_stacks_older_tags(tmp_path: Path) -> None:
+    spec = spec_of()
+    api = FakeAPI()
+    removed = backend_on(api, tmp_path).prune(spec)
+    assert removed == ["gate-residual-matrix:cpu-torch2.13-" + "a" * 16,
+                       "gate-residual-matrix:cpu-torch2.13-" + "b" * 16]
+    assert [c for c in api.calls if c[0] == "remove_image"] == [("remove_image", t)
+                                                                 for t in removed]
+
+
+def test_build_streams_with_a_progress_bar(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    spec = spec_of()
+    chunks = [{"stream": f"Step {i}/3 : RUN step {i}\n"} for i in (1, 2, 3)]
+    chunks.append({"stream": "Successfully tagged " + spec.tag + "\n"})
+    api = FakeAPI(build=chunks, images={spec.base_image})
+    backend = DockerBackend(logs_dir=tmp_path / "logs", progress=True)
+    backend._client = api
+    result = backend.ensure_image(spec)
+    assert result.ok and not result.cached and len(result.steps) == 3
+    err = capsys.readouterr().err
+    assert "build cpu-torch2.13" in err and "3/3" in err and "RUN step 3" in err
+    assert "Successfully tagged" in (tmp_path / "logs" / "cpu-torch2.13.build.log").read_text()

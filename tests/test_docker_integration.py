@@ -1,0 +1,115 @@
+"""Integration: a real Docker engine builds the local base image and the CPU stack, and runs
+cells in containers through ``run_matrix`` (marked ``docker``; CI runs it, see .ci/run).
+
+Without an engine these tests fail, they do not skip: start one with
+``bash .ci/install-docker.sh`` or deselect them with ``-m "not docker"``. Making the base
+image needs root (debootstrap); it is made once and kept (``nox -s base_image``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runner import base_image
+from runner.backends.docker import DockerBackend
+from runner.report import read_report
+from runner.run import run_matrix
+
+pytestmark = pytest.mark.docker
+
+ROOT = Path(__file__).parent.parent
+SHIPPED = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+STACK = "cpu-torch2.13"
+
+
+@pytest.fixture(scope="module")
+def engine() -> DockerBackend:
+    backend = DockerBackend(progress=False)
+    why = backend.available()
+    if why:
+        pytest.fail(f"{why}: run `bash .ci/install-docker.sh` (root) or deselect with "
+                    "-m 'not docker'", pytrace=False)
+    base_image.make(SHIPPED["stacks"][STACK]["base_image"], backend=backend)
+    return backend
+
+
+@pytest.fixture(scope="module")
+def small_matrix(tmp_path_factory) -> Path:
+    """The shipped CPU stack as is (same image tag as `nox -s build`), one small case, and two
+    stacks whose build fails: one without its base image, one with a pin pip cannot meet."""
+    data = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    cpu = data["stacks"][STACK]
+    data["stacks"] = {
+        STACK: cpu,
+        "nobase": {**cpu, "base_image": "gate-residual/absent:never-made"},
+        "badpin": {**cpu, "torch": "0.0.1"},
+    }
+    data.update(cases=[{"n": 257}], targets=["cpu"], repeats=2,
+                timing={"warmup": 1, "iters": 2})
+    path = tmp_path_factory.mktemp("matrix") / "matrix.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def run(engine: DockerBackend, small_matrix: Path, tmp_path_factory):
+    reports = tmp_path_factory.mktemp("reports")
+    outcomes = run_matrix(small_matrix, reports_dir=reports, backend="docker", render=False,
+                          timeout_s=900)
+    return {o.cell: o for o in outcomes}, reports
+
+
+def test_cpu_cell_runs_in_its_image(run) -> None:
+    outcomes, reports = run
+    assert outcomes[f"{STACK}-plain-cpu"].status == "ok", outcomes[f"{STACK}-plain-cpu"]
+    report = read_report(reports / f"{STACK}-plain-cpu.json").data
+    assert report["status"] == "ok" and report["cell"]["backend"] == "docker"
+    image = report["image"]
+    assert image["tag"].startswith(f"gate-residual-matrix:{STACK}-")
+    assert image["id"].startswith("sha256:") and image["base_id"].startswith("sha256:")
+    assert image["pins"] == {"python": "3.11", "torch": "==2.13.0+cpu", "numba-cuda": "==0.30.4"}
+    env = report["environment"]
+    assert env["torch"] == "2.13.0+cpu" and env["python"].startswith("3.11.")
+    assert env["libraries"]["numba-cuda"] == "0.30.4" and env["libraries"]["numpy"] < "2.5"
+    out = report["results"]["numba"]["vs eager"]["257"]["out"][0]
+    assert out["equal"] is True and out["differ"] == 0 and out["numel"] == 257 * 5376
+    sha = {impl: report["results"][impl]["sha256"]["257"]["out"] for impl in ("numba", "eager")}
+    assert sha["numba"] == sha["eager"]
+
+
+def test_failed_builds_are_reported_and_the_matrix_goes_on(run) -> None:
+    outcomes, reports = run
+    assert {c: o.status for c, o in outcomes.items()} == {
+        f"{STACK}-plain-cpu": "ok", "nobase-plain-cpu": "build_error",
+        "badpin-plain-cpu": "build_error"}
+    nobase = read_report(reports / "nobase-plain-cpu.json").data
+    assert "gate-residual/absent:never-made is not on this Docker engine and is never pulled" \
+        in nobase["reason"]
+    badpin = read_report(reports / "badpin-plain-cpu.json").data
+    assert badpin["status"] == "build_error" and badpin["image"]["id"] is None
+    assert "torch==0.0.1" in badpin["log_tail"], badpin["log_tail"]
+    assert badpin["image"]["pins"]["torch"] == "==0.0.1"
+
+
+def test_a_current_report_is_not_run_again(run, engine, small_matrix: Path) -> None:
+    _, reports = run
+    again = run_matrix(small_matrix, reports_dir=reports, backend="docker", render=False,
+                       stacks=[STACK])
+    assert [(o.status, o.reused) for o in again] == [("ok", True)]
+
+
+def test_timeout_kills_and_removes_the_container(run, small_matrix: Path, tmp_path: Path) -> None:
+    import docker
+
+    outcomes = run_matrix(small_matrix, reports_dir=tmp_path, backend="docker", render=False,
+                          stacks=[STACK], timeout_s=1.0)
+    assert [o.status for o in outcomes] == ["timeout"]
+    report = read_report(tmp_path / f"{STACK}-plain-cpu.json").data
+    assert "the container was killed" in report["reason"]
+    left = docker.from_env().containers.list(
+        all=True, filters={"label": f"org.gate-residual-matrix.run-id={report['run_id']}"})
+    assert left == []
+    assert not list(tmp_path.glob(".docker-*"))  # the staging directory is gone too
