@@ -2,7 +2,7 @@
 
 Pipeline (one module a stage): :mod:`runner.config` loads matrix.yaml →
 :mod:`runner.cells` expands and selects cells → :mod:`runner.backends` runs each
-cell (host subprocess, later docker) → :mod:`runner.cell` runs one cell and
+cell (host subprocess or docker container) → :mod:`runner.cell` runs one cell and
 builds its report → :mod:`runner.report` validates and writes it atomically →
 :mod:`runner.tables` renders the tables.
 """

@@ -48,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--gpus", default="all", help='GPUs for docker cuda cells: "all" or ids "0,1"')
     m.add_argument("--force", action="store_true", help="re-run cells whose report is current")
     m.add_argument("--timeout", type=float, default=3600.0, help="seconds per cell")
+    m.add_argument("--abba", metavar="MODE_B", help="run each cell's process in A-B-B-A order "
+                   "against this mode and record repeatable_across_processes")
 
     c = sub.add_parser("cell", help="run one cell in this process (used by the backends)")
     selection(c)
@@ -86,7 +88,7 @@ def _cmd_matrix(args) -> int:
     outcomes = run.run_matrix(args.matrix, reports_dir=args.reports, stacks=args.stack,
                               modes=args.mode, targets=args.target, cases=args.case,
                               backend=args.backend, force=args.force, timeout_s=args.timeout,
-                              gpus=args.gpus)
+                              gpus=args.gpus, abba=args.abba)
     print(run.summary(outcomes))
     print(f"[runner] tables: {args.reports / 'README.md'}")
     bad = run.failed(outcomes)
@@ -116,6 +118,9 @@ def _cmd_base_image(args) -> int:
 
 
 def _cmd_cell(args) -> int:
+    from runner import modes
+
+    start = modes.snapshot()  # before torch is imported: what the backend put in the env
     import torch
 
     from runner import implementations
@@ -129,10 +134,15 @@ def _cmd_cell(args) -> int:
     if len(cells) != 1:
         raise ConfigError(f"cell: the selection matches {len(cells)} cells; name one stack, "
                           "mode and target")
+    mode = matrix.modes[cells[0].mode]
+    applied = modes.apply_torch_settings(mode.torch)  # before any CUDA call
     if cells[0].target == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--target: cuda was requested but torch sees no CUDA device here")
     report = run_cell(matrix, cells[0], select_cases(matrix, args.case), run_id=args.run_id,
-                      timings=not args.no_timings)
+                      timings=not args.no_timings,
+                      mode_environment=modes.mode_environment(cells[0].mode, mode, start,
+                                                              applied))
+    report["environment"]["mode_applied_before_torch_import"] = not start.torch_imported
     path = report_io.write_report(report, args.reports)
     print(f"[runner] {cells[0].id}: {report['status']} -> {path}")
     return 0

@@ -106,17 +106,41 @@ def _clone(inputs: dict) -> dict:
     return {k: v.clone() for k, v in inputs.items()}
 
 
-def _run_repeats(impl: Implementation, inputs: dict, repeats: int):
-    """First run's outputs and, per tensor, whether every repeat had the same bits."""
-    first = impl.run(_clone(inputs), backward=impl.has_backward)
-    first = {k: v.detach() for k, v in first.items() if k in TENSORS}
+def changed_inputs(before: dict, after: dict) -> list[str]:
+    """Names of the inputs whose bits differ between ``before`` and ``after`` (a call's
+    clones after it returned); NaN payloads and the sign of zero count."""
+    return [k for k, v in before.items()
+            if k in after and not torch.equal(compare.bits(v), compare.bits(after[k]))]
+
+
+def call(impl: Implementation, inputs: dict, *, backward: bool, inference: bool = False):
+    """One call on fresh clones: (outputs among TENSORS, detached; names of mutated inputs).
+
+    ``inference``: forward only, under ``torch.inference_mode()``.
+    """
+    clones = _clone(inputs)
+    if inference:
+        with torch.inference_mode():
+            got = impl.run(clones, backward=False)
+    else:
+        got = impl.run(clones, backward=backward)
+    return ({k: v.detach() for k, v in got.items() if k in TENSORS},
+            changed_inputs(inputs, clones))
+
+
+def _run_repeats(impl: Implementation, inputs: dict, repeats: int, inference: bool = False):
+    """First run's outputs, per tensor whether every repeat had the same bits, and the
+    inputs any call changed (in order of first change)."""
+    backward = impl.has_backward and not inference
+    first, mutated = call(impl, inputs, backward=backward, inference=inference)
     same = {k: True for k in first}
     for _ in range(repeats - 1):
-        again = impl.run(_clone(inputs), backward=impl.has_backward)
+        again, changed = call(impl, inputs, backward=backward, inference=inference)
+        mutated += [k for k in changed if k not in mutated]
         for k in first:
             same[k] = same[k] and torch.equal(compare.bits(first[k]), compare.bits(again[k]))
         del again
-    return first, same
+    return first, same, mutated
 
 
 def _layout(tensors: dict, fn, *, out_list: bool = True) -> dict:
@@ -144,36 +168,49 @@ def _claims_broken(impl: Implementation, cmp_entry: dict, target: str) -> list[s
     return broken
 
 
-def _timings(impl: Implementation, inputs: dict, device: str, matrix) -> dict:
+def _timings(impl: Implementation, inputs: dict, device: str, matrix,
+             inference: bool = False) -> dict:
     budget = 10.0 if device == "cuda" else 3.0
     kw = {"device": device, "warmup": matrix.timing.warmup, "iters": matrix.timing.iters,
           "max_seconds": budget}
+    inputs = _clone(inputs)  # an implementation that writes into its inputs spoils only these
     fwd = timing.median_ms(lambda _i: impl.run(inputs, backward=False), **kw)
     out = {"forward_ms": fwd["median_ms"], "forward_iters": fwd["iters"]}
-    if impl.has_backward:
+    if impl.has_backward and not inference:
         both = timing.median_ms(lambda _i: impl.run(inputs, backward=True), **kw)
         out.update(forward_backward_ms=both["median_ms"], forward_backward_iters=both["iters"])
     return out
 
 
 def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
-             timings: bool = True) -> dict:
+             timings: bool = True, mode_environment: dict | None = None) -> dict:
     """Run ``cases`` of ``matrix`` for ``cell`` here and return the report dict (not written).
 
     ``cell.target`` "cuda" needs ``torch.cuda.is_available()``; the caller checks. The
-    accuracy reference always computes on the CPU in float64.
+    accuracy reference always computes on the CPU in float64. ``mode_environment``: what
+    the cell command set for the mode (:func:`runner.modes.mode_environment`); by default
+    the mode's declared variables. A mode with ``torch.inference_mode`` runs forward only,
+    under ``torch.inference_mode()``. Every call gets fresh clones, which are compared with
+    the inputs afterwards: ``results[impl]["mutated_inputs"][case]`` lists those it changed.
+    With ``batch_invariance`` in the matrix, implementations with a backward are checked
+    (:mod:`runner.batch_invariance`).
     """
+    from runner import batch_invariance
+
     t0 = time.perf_counter()
     device = "cuda" if cell.target == "cuda" else "cpu"
-    mode_env = {cell.mode: dict(matrix.modes[cell.mode].env)}
+    mode = matrix.modes[cell.mode]
+    inference = bool(mode.torch.inference_mode)
+    mode_env = mode_environment or {cell.mode: dict(mode.env)}
     env = environment.capture(cell.target, mode_env)
     report = skeleton(matrix, cell, cases, backend=backend, run_id=run_id, status="ok", env=env)
     impls = [get(name) for name in matrix.implementations]
     results = report["results"]
     for impl in impls:
         results[impl.name] = {"source": impl.source, "has_backward": impl.has_backward,
-                              "role": impl.role, "status": "ok", "reason": None, "sha256": {},
-                              "repeatable": {}, "accuracy": {}, "timings": {}}
+                              "role": impl.role, "code_path": impl.ran(), "status": "ok",
+                              "reason": None, "sha256": {}, "repeatable": {}, "accuracy": {},
+                              "timings": {}, "mutated_inputs": {}}
         why = impl.unavailable_reason(cell.target)
         if why:
             results[impl.name].update(status="unavailable", reason=why)
@@ -194,9 +231,14 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
             repeats = 1 if impl.role == "accuracy_reference" else matrix.repeats
             try:
                 inputs = on_device if impl.device is None else x.tensors
-                first, same = _run_repeats(impl, inputs, repeats)
+                first, same, mutated = _run_repeats(impl, inputs, repeats, inference)
+                entry["mutated_inputs"][key] = mutated
                 if impl.role != "accuracy_reference" and timings:
-                    entry["timings"][key] = _timings(impl, inputs, device, matrix)
+                    entry["timings"][key] = _timings(impl, inputs, device, matrix, inference)
+                if (matrix.batch_invariance is not None and impl.has_backward
+                        and not inference and impl.role != "accuracy_reference"):
+                    entry.setdefault("batch_invariant", {})[key] = batch_invariance.check(
+                        impl, inputs, max_size=matrix.batch_invariance.max_size)
             except Exception as err:  # an implementation's failure is data, not a crash
                 oom = out_of_memory(err)
                 entry.update(status="oom" if oom else "error",
@@ -226,6 +268,11 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
         del outputs, on_device
         if device == "cuda":
             torch.cuda.empty_cache()
+    for entry in results.values():
+        changed = {k: v for k, v in entry["mutated_inputs"].items() if v}
+        if changed and entry["status"] == "ok":
+            entry["reason"] = "mutates its inputs: " + "; ".join(
+                f"case {k}: {', '.join(v)}" for k, v in changed.items())
     worst = max((r["status"] for r in results.values()), key=lambda s: _SEVERITY.get(s, 0))
     if _SEVERITY.get(worst, 0) >= 2:
         report["status"] = worst

@@ -45,12 +45,14 @@ from pydantic_core import PydanticCustomError
 from runner import pins
 from runner.errors import ConfigError
 
-__all__ = ["KNOWN_IMPLEMENTATIONS", "SCHEMA_VERSION", "Case", "DockerStack", "FrozenMap",
-           "HostStack", "Matrix", "Mode", "PipOptions", "Problem", "Stack", "Timing",
+__all__ = ["KNOWN_IMPLEMENTATIONS", "SCHEMA_VERSION", "BatchInvariance", "Case", "DockerStack",
+           "FrozenMap", "HostStack", "Matrix", "Mode", "PipOptions", "Problem", "Stack", "Timing",
            "TorchSettings", "load_matrix", "parse_matrix"]
 
 SCHEMA_VERSION = 1
-KNOWN_IMPLEMENTATIONS: tuple[str, ...] = ("eager", "numba", "fp64")
+KNOWN_IMPLEMENTATIONS: tuple[str, ...] = (
+    "eager", "numba", "fp64", "compiled", "compiled_emulate", "sglang_indexed_gate_triton",
+    "sglang_residual_gate_add_jit", "vllm_omni_gated_residual", "rl_kernel_h3")
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"  # mode and stack names: they become file names
 ENV_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]*$"
 _PATTERN_WORDS = {
@@ -141,6 +143,13 @@ class Timing(_Frozen):
 
     warmup: Annotated[StrictInt, Field(ge=0)] = 5
     iters: Annotated[StrictInt, Field(ge=1)] = 50
+
+
+class BatchInvariance(_Frozen):
+    """Batch-invariance checks (:mod:`runner.batch_invariance`), run when the key is given:
+    ``max_size`` caps the size sweep and the padded batch (CPU run time)."""
+
+    max_size: Annotated[StrictInt, Field(ge=1)] = 1025
 
 
 class TorchSettings(_Frozen):
@@ -269,10 +278,19 @@ class Matrix(_Frozen):
     accuracy_reference: StrictStr | None = None
     repeats: Annotated[StrictInt, Field(ge=1)] = 3
     timing: Timing = Timing()
+    batch_invariance: BatchInvariance | None = None
     modes: _map_of(Name, Mode, min_length=1)
     stacks: _map_of(Name, Stack, min_length=1)
     targets: _list_of(Literal["cuda", "cpu"])
     pip: PipOptions = PipOptions()  # defaults for every docker stack's image build
+
+    @model_serializer(mode="wrap")
+    def _drop_optional(self, dump: Any) -> dict[str, Any]:
+        # an absent optional section leaves to_dict() (so content_hash) as before it existed
+        data = dump(self)
+        if data.get("batch_invariance") is None:
+            data.pop("batch_invariance", None)
+        return data
 
     @field_validator("schema_version")
     @classmethod

@@ -20,7 +20,7 @@ from runner import implementations, tables
 from runner import report as report_io
 from runner.backends import BACKENDS, DockerBackend, resolve, route
 from runner.cell import fingerprint, skeleton
-from runner.cells import expand, select, select_cases
+from runner.cells import Cell, expand, select, select_cases
 from runner.config import load_matrix
 from runner.environment import project_state, uncommitted_digest
 from runner.errors import ConfigError
@@ -64,13 +64,16 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
                modes: Sequence[str] | None = None, targets: Sequence[str] | None = None,
                cases: Sequence[str] | None = None, backend: str = "host", force: bool = False,
                timeout_s: float = DEFAULT_TIMEOUT_S, render: bool = True,
-               gpus: str = "all") -> list[CellOutcome]:
+               gpus: str = "all", abba: str | None = None) -> list[CellOutcome]:
     """Run the selected cells and write one report per cell, then the tables.
 
     ``backend`` is host, docker or auto (docker when an engine answers); a cell of a
     ``kind: docker`` stack in a host run is ``skipped`` with the reason, a ``kind: host``
     stack always runs on the host (:func:`runner.backends.route`). ``gpus`` ("all" or ids
-    like "0,1") is the docker backend's GPU request for ``cuda`` cells.
+    like "0,1") is the docker backend's GPU request for ``cuda`` cells. ``abba`` (a mode
+    name): each selected cell runs in A-B-B-A order against its partner in that mode
+    (:mod:`runner.abba`), always (no reuse), and both cells' reports record
+    ``repeatable_across_processes``; cells of mode ``abba`` itself run only as partners.
 
     Raises :class:`ConfigError` (nothing run or written) for a bad matrix.yaml, a selection
     that matches nothing, an explicitly requested target this host lacks, an unknown
@@ -85,6 +88,13 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
     if note:
         print(f"[runner] {note}", flush=True)
     cells = select(expand(matrix), stacks=stacks, modes=modes, targets=targets)
+    if abba is not None:
+        if abba not in matrix.modes:
+            raise ConfigError(f"--abba: expected one of the modes ({', '.join(matrix.modes)}), "
+                              f"got {abba!r}")
+        cells = tuple(c for c in cells if c.mode != abba)
+        if not cells:
+            raise ConfigError(f"--abba {abba}: the selection has no cell of another mode")
     chosen_cases = select_cases(matrix, cases)
     has_gpu = cuda_available()
     if targets and "cuda" in targets and not has_gpu:
@@ -119,6 +129,11 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
             report_io.write_report(skipped, reports_dir)
             outcomes.append(CellOutcome(cell.id, "skipped", skipped["reason"], path))
             continue
+        if abba is not None:
+            outcomes += _run_abba(runner_backend, matrix, cell, abba, chosen_cases, project,
+                                  matrix_path=matrix_path, reports_dir=reports_dir,
+                                  timeout_s=timeout_s)
+            continue
         if not force and _reusable(path, expected):
             outcomes.append(CellOutcome(cell.id, "ok", "same fingerprint: not run again", path,
                                         reused=True))
@@ -137,6 +152,24 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
         outcomes.append(CellOutcome(cell.id, result["status"], result.get("reason"), path))
     if render:
         tables.write_tables(reports_dir)
+    return outcomes
+
+
+def _run_abba(backend, matrix, cell, mode_b: str, cases, project, *, matrix_path: Path,
+              reports_dir: Path, timeout_s: float) -> list[CellOutcome]:
+    """Cell and partner in A-B-B-A order; both merged reports written; their outcomes."""
+    from runner import abba
+
+    print(f"[runner] cell {cell.id}: A-B-B-A against mode {mode_b}", flush=True)
+    merged = abba.run_abba(backend, matrix, cell, mode_b, cases, matrix_path=matrix_path,
+                           reports_dir=reports_dir, timeout_s=timeout_s)
+    outcomes = []
+    for report in merged:
+        one = Cell(report["cell"]["stack"], report["cell"]["mode"], report["cell"]["target"])
+        report["fingerprint"] = fingerprint(matrix, one, cases, project,
+                                            _fingerprint_extra(backend, matrix, one))
+        path = report_io.write_report(report, reports_dir)
+        outcomes.append(CellOutcome(one.id, report["status"], report.get("reason"), path))
     return outcomes
 
 

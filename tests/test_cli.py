@@ -16,6 +16,10 @@ import torch
 
 from runner import run as run_mod
 from runner.__main__ import main
+from runner.config import KNOWN_IMPLEMENTATIONS
+
+# the registered implementations after the first three, as messages list them
+KNOWN_REST = "".join(f"{n}, " for n in KNOWN_IMPLEMENTATIONS[3:])
 
 ROOT = Path(__file__).resolve().parent.parent
 MATRIX = ROOT / "matrix.yaml"
@@ -87,7 +91,7 @@ def test_bad_option_exits_2_and_writes_nothing(reports, capsys, argv, fragment):
     ("  D: 5376", "  D: 0", "problem.D: expected an integer >= 1, got 0"),
     ("  - {n: 4097}", "  - {n: 4097, specail: true}", 'got unknown key "specail"'),
     ("implementations: [eager, numba, fp64]", "implementations: [eager, numba, fp64, fault]",
-     'implementations[3]: expected one of eager, numba, fp64, got "fault"'),
+     'implementations[3]: expected one of eager, numba, fp64, ' + KNOWN_REST + 'got "fault"'),
     ("  torch: 2.13.0\n", '  torch: "2.13.0; rm -rf /"\n', "torch: expected a version like"),
     ("op: gate_residual", "op: !!python/object/apply:os.system [id]", "invalid YAML"),
     ("  plain: {}", "  ../plain: {}", 'modes["../plain"]: expected a name'),

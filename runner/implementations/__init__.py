@@ -6,13 +6,15 @@ has a backward, and a callable. Adding one is one small module here that defines
 
 Calling convention: ``impl.run(inputs, backward=...)`` where ``inputs`` maps ``residual``,
 ``gate``, ``y``, ``index``, ``grad_out`` to tensors already on the cell's target device
-(the runner clones them for every call). It returns ``{"out": (N, D)}`` and, with
+(the runner clones them for every call and checks that no input changed: see
+:mod:`runner.cell`). It returns ``{"out": (N, D)}`` and, with
 ``backward=True`` and ``has_backward``, also ``"res"``, ``"y"``, ``"gate"``: the gradients
 of residual, y and gate for the upstream gradient ``grad_out``.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +32,10 @@ class Implementation:
     "accuracy_reference" (compared for error, never bitwise). ``bitwise_claims``: tensors
     it promises to be bitwise equal to the baseline on; a broken claim makes the cell
     status ``mismatch``. ``device``: where it computes, when that is fixed (fp64: "cpu").
+    ``requires``: modules imported to decide availability (a library's); ``code_path``:
+    what a call runs, as the report records it (default: ``run``'s module and name);
+    ``not_wired``: the reason it is unavailable even when ``requires`` import (a library
+    whose entry point this runner does not call yet).
     """
 
     name: str
@@ -41,23 +47,47 @@ class Implementation:
     bitwise_claims: tuple[str, ...] = ()
     device: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    requires: tuple[str, ...] = ()
+    code_path: str | None = None
+    not_wired: str | None = None
 
     def unavailable_reason(self, target: str) -> str | None:
-        """Why it cannot run on ``target`` here, or None when it can."""
+        """Why it cannot run on ``target`` here, or None when it can.
+
+        Checks the target, then imports every module named in ``requires`` (in order); the
+        first that fails is named with its error, e.g. ``import sglang.kernels.ops: ...
+        ModuleNotFoundError: No module named 'sglang'``.
+        """
         if target not in self.targets:
             return f"{self.name} does not run on target {target!r}"
-        return None
+        for module in self.requires:
+            try:
+                importlib.import_module(module)
+            except Exception as err:  # ImportError, or a package that fails as it loads
+                first = (str(err).strip().splitlines() or [""])[0]
+                return f"import {module} failed: {type(err).__name__}: {first}"
+        return self.not_wired
+
+    def available(self, target: str) -> bool:
+        """Whether it can run on ``target`` here (:meth:`unavailable_reason` is None)."""
+        return self.unavailable_reason(target) is None
+
+    def ran(self) -> str:
+        """The code path a call runs: ``code_path`` when set, else ``module.function`` of
+        ``run``."""
+        return self.code_path or f"{self.run.__module__}.{self.run.__qualname__}"
 
 
 def _registry() -> dict[str, Implementation]:
     """Every implementation; ``fault`` (faulty.py, test-only) when GATE_RESIDUAL_FAULTS=1."""
-    from runner.implementations import eager, fp64, numba_kernel
+    from runner.implementations import compiled, eager, fp64, libraries, numba_kernel
 
-    impls = [eager.EAGER, numba_kernel.NUMBA, fp64.FP64]
+    impls = [eager.EAGER, numba_kernel.NUMBA, fp64.FP64, compiled.COMPILED,
+             compiled.COMPILED_EMULATE, *libraries.LIBRARIES]
     if os.environ.get("GATE_RESIDUAL_FAULTS") == "1":
         from runner.implementations import faulty
 
-        impls.append(faulty.FAULT)
+        impls += [faulty.FAULT, *faulty.TEST_ONLY]
     return {impl.name: impl for impl in impls}
 
 

@@ -158,3 +158,46 @@ FAULT = Implementation(
     has_backward=True,
     run=run,
 )
+
+
+def run_inplace(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
+    """Forward only, written into ``residual`` (as an in-place serving kernel does)."""
+    residual = inputs["residual"]
+    residual.add_(inputs["gate"].index_select(0, inputs["index"]) * inputs["y"])
+    return {"out": residual}
+
+
+def run_batch_variant(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
+    """Eager, except that ``grad_gate`` sums the rows in the storage dtype (each addition
+    rounded) forwards when N is odd and backwards when N is even: a reduction order that
+    depends on the batch size."""
+    got = eager_run(inputs, backward=backward)
+    if not backward:
+        return got
+    n = inputs["residual"].shape[0]
+    order = torch.arange(n) if n % 2 else torch.arange(n - 1, -1, -1)
+    order = order.to(inputs["index"].device)
+    contrib = inputs["grad_out"] * inputs["y"]
+    gate = torch.zeros_like(inputs["gate"])
+    for row in order.tolist():  # one rounded addition at a time, in this order
+        gate[inputs["index"][row]] += contrib[row]
+    return {**got, "gate": gate}
+
+
+INPLACE = Implementation(
+    name="inplace",
+    source="test-only: writes its result into residual (runner/implementations/faulty.py)",
+    has_backward=False,
+    run=run_inplace,
+)
+
+BATCH_VARIANT = Implementation(
+    name="batch_variant",
+    source="test-only: grad_gate summed in an order that depends on N "
+           "(runner/implementations/faulty.py)",
+    has_backward=True,
+    run=run_batch_variant,
+)
+
+#: Test-only implementations registered beside ``fault`` when GATE_RESIDUAL_FAULTS=1.
+TEST_ONLY = (INPLACE, BATCH_VARIANT)

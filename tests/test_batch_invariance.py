@@ -1,0 +1,95 @@
+"""Batch-invariance checks (runner/batch_invariance.py), mutation detection and forward-only
+implementations in a cell (runner/cell.py), with test-only implementations built to fail."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runner import batch_invariance, implementations
+from runner.cell import run_cell
+from runner.cells import Cell, select_cases
+from runner.config import parse_matrix
+from runner.implementations import eager, faulty, numba_kernel
+from runner.inputs import make_inputs
+
+FAULTS = Path(__file__).resolve().parent / "data" / "faults.yaml"
+
+
+@pytest.fixture
+def test_only(monkeypatch):
+    """The test-only implementations registered, as GATE_RESIDUAL_FAULTS=1 does."""
+    for impl in faulty.TEST_ONLY:
+        monkeypatch.setitem(implementations.REGISTRY, impl.name, impl)
+    monkeypatch.setattr(implementations, "KNOWN",
+                        (*implementations.KNOWN, *(i.name for i in faulty.TEST_ONLY)))
+
+
+def matrix(impls, **extra):
+    data = yaml.safe_load(FAULTS.read_text())
+    data.update(implementations=impls, modes={"plain": {}, "inference": {
+        "torch": {"inference_mode": True}}}, **extra)
+    return parse_matrix(data, known_implementations=implementations.KNOWN)
+
+
+def inputs(n, specials=False):
+    return make_inputs(n=n, d=64, g=3, dtype="bfloat16", index_dtype="int64", seed=11,
+                       specials=specials).tensors
+
+
+def test_sweep_sizes():
+    assert batch_invariance.sweep_sizes(1) == [1]
+    assert batch_invariance.sweep_sizes(17) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 17]
+    assert batch_invariance.sweep_sizes(1025)[-4:] == [511, 513, 1023, 1025]
+
+
+@pytest.mark.parametrize("impl", [eager.EAGER, numba_kernel.NUMBA], ids=lambda i: i.name)
+def test_eager_and_numba_are_batch_invariant_on_the_cpu(impl):
+    got = batch_invariance.check(impl, inputs(40), max_size=40)
+    assert got == {"row_alone": True, "sub_batches": True, "size_sweep": True,
+                   "first_failing_size": None, "max_size": 40}
+
+
+def test_an_n_dependent_grad_gate_order_fails_the_size_sweep():
+    got = batch_invariance.check(faulty.BATCH_VARIANT, inputs(40), max_size=40)
+    assert got["size_sweep"] is False and got["first_failing_size"] in range(2, 10)
+    assert got["row_alone"] and got["sub_batches"]  # out and row grads are eager's
+
+
+def test_a_row_depending_on_its_batch_fails_row_alone_and_sub_batches():
+    def run(x, *, backward):
+        got = eager.run(x, backward=backward)
+        got["out"] = got["out"] * (1.0 if x["residual"].shape[0] == 40 else 2.0)
+        return got
+
+    impl = implementations.Implementation("n_scaled", "test", True, run)
+    got = batch_invariance.check(impl, inputs(40), max_size=40)
+    assert got["row_alone"] is False and got["sub_batches"] is False
+    assert got["size_sweep"] is False and got["first_failing_size"] == 1
+
+
+def test_cell_records_batch_invariance_mutation_and_absent_grads(test_only):
+    m = matrix(["eager", "fp64", "inplace", "batch_variant"],
+               cases=[{"n": 5}, {"n": 17}], batch_invariance={"max_size": 17})
+    r = run_cell(m, Cell("host", "plain", "cpu"), select_cases(m), timings=False)
+    res = r["results"]
+    assert res["batch_variant"]["batch_invariant"]["17"]["size_sweep"] is False
+    assert res["eager"]["batch_invariant"]["17"]["size_sweep"] is True
+    assert "batch_invariant" not in res["inplace"] and "batch_invariant" not in res["fp64"]
+    assert res["inplace"]["mutated_inputs"] == {"5": ["residual"], "17": ["residual"]}
+    assert res["inplace"]["reason"] == "mutates its inputs: case 5: residual; case 17: residual"
+    assert res["eager"]["mutated_inputs"] == {"5": [], "17": []}
+    # forward only: grads absent, not zero, and the comparisons hold only `out`
+    assert set(res["inplace"]["sha256"]["5"]) == {"out"}
+    assert "grads" not in res["inplace"]["vs eager"]["5"]
+    assert res["inplace"]["vs eager"]["5"]["out"][0]["equal"] is True  # on its clone
+
+
+def test_inference_mode_runs_forward_only(test_only):
+    m = matrix(["eager", "fp64", "batch_variant"], batch_invariance={"max_size": 5})
+    r = run_cell(m, Cell("host", "inference", "cpu"), select_cases(m), timings=False)
+    for entry in r["results"].values():
+        assert set(entry["sha256"]["5"]) == {"out"} and "batch_invariant" not in entry
+    assert r["environment"]["mode_environment"] == {"inference": {}}

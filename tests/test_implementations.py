@@ -1,0 +1,95 @@
+"""The registry: every implementation's availability, its code path, the compiled pair and
+the library implementations' ``unavailable`` path (their packages are absent here)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from runner import implementations
+from runner.cell import run_cell
+from runner.cells import Cell, select_cases
+from runner.config import KNOWN_IMPLEMENTATIONS, parse_matrix
+from runner.implementations import Implementation, compiled, eager, libraries
+
+FAULTS = Path(__file__).resolve().parent / "data" / "faults.yaml"
+
+LIBRARY_NAMES = [impl.name for impl in libraries.LIBRARIES]
+
+
+def small_matrix(impls, **extra):
+    data = yaml.safe_load(FAULTS.read_text())
+    data.update(implementations=impls, modes={"plain": {}}, **extra)
+    return parse_matrix(data, known_implementations=implementations.KNOWN)
+
+
+def test_every_registered_implementation_is_known_to_the_config():
+    assert set(implementations.KNOWN) >= set(KNOWN_IMPLEMENTATIONS)
+    assert set(KNOWN_IMPLEMENTATIONS) >= {"compiled", "compiled_emulate", *LIBRARY_NAMES}
+
+
+def test_unavailable_reason_names_the_import_that_failed():
+    impl = Implementation("x", "x", False, eager.run, requires=("json", "no_such_pkg_4.sub"))
+    why = impl.unavailable_reason("cuda")
+    assert why.startswith("import no_such_pkg_4.sub failed: ModuleNotFoundError")
+    assert "no_such_pkg_4" in why and not impl.available("cuda")
+    assert impl.unavailable_reason("tpu") == "x does not run on target 'tpu'"
+    assert Implementation("y", "y", False, eager.run, requires=("json",)).available("cpu")
+
+
+def test_not_wired_library_stays_unavailable_when_its_package_imports(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm_omni", type(sys)("vllm_omni"))
+    why = libraries.VLLM_OMNI_GATED_RESIDUAL.unavailable_reason("cuda")
+    assert why and "entry point is not yet confirmed" in why
+
+
+@pytest.mark.parametrize("name", LIBRARY_NAMES)
+def test_library_absent_is_unavailable_with_the_import(name):
+    impl = implementations.get(name)
+    assert impl.has_backward is False and impl.requires
+    why = impl.unavailable_reason("cuda")
+    assert why is not None and why.startswith("import ") and "failed" in why
+
+
+def test_library_cells_go_on_and_record_the_reason_and_code_path():
+    m = small_matrix(["eager", "fp64", *LIBRARY_NAMES])
+    r = run_cell(m, Cell("host", "plain", "cpu"), select_cases(m), timings=False)
+    assert r["status"] == "ok"
+    for name in LIBRARY_NAMES:
+        entry = r["results"][name]
+        assert entry["status"] == "unavailable" and entry["reason"]
+        assert entry["code_path"] == implementations.get(name).ran()
+    assert r["results"]["eager"]["code_path"] == "runner.implementations.eager.run"
+    assert libraries.SGLANG_RESIDUAL_GATE_ADD_JIT.ran().endswith(
+        "residual_gate_add_jit.residual_gate_add_cuda")
+
+
+def test_compiled_emulate_runs_on_the_cpu_and_does_not_leak_its_setting():
+    from runner.inputs import make_inputs
+
+    before = torch._inductor.config.emulate_precision_casts
+    x = make_inputs(n=5, d=64, g=3, dtype="bfloat16", index_dtype="int64", seed=7,
+                    specials=False).tensors
+    got = compiled.run_emulate(dict(x), backward=True)
+    want = eager.run(dict(x), backward=True)
+    assert set(got) == {"out", "res", "y", "gate"}
+    assert torch.equal(got["out"].view(torch.int16), want["out"].view(torch.int16))
+    assert torch._inductor.config.emulate_precision_casts == before
+
+
+def test_compile_failure_is_an_error_and_the_cell_goes_on(monkeypatch):
+    def broken(emulate):
+        def fn(*args):
+            raise RuntimeError("inductor: C++ compiler not found")
+        return fn
+
+    monkeypatch.setattr(compiled, "_compiled", broken)
+    m = small_matrix(["eager", "fp64", "compiled"])
+    r = run_cell(m, Cell("host", "plain", "cpu"), select_cases(m), timings=False)
+    assert r["results"]["compiled"]["status"] == "error"
+    assert "C++ compiler not found" in r["results"]["compiled"]["reason"]
+    assert r["results"]["eager"]["status"] == "ok" and r["status"] == "error"
