@@ -52,8 +52,9 @@ def gpu_driver() -> str | None:
 def project_state(root: Path = PROJECT_ROOT) -> dict:
     """{"commit": git HEAD or None, "dirty": True/False/None} of this project's checkout.
 
-    ``dirty`` considers tracked files only. Inside a container without git metadata, the
-    values baked in at build time come from ``GATE_RESIDUAL_COMMIT`` / ``..._DIRTY``.
+    ``dirty`` considers tracked files only, outside ``reports/`` (the runner's own output).
+    Inside a container without git metadata, the values baked in at build time come from
+    ``GATE_RESIDUAL_COMMIT`` / ``..._DIRTY``.
     """
     import os
 
@@ -67,7 +68,8 @@ def project_state(root: Path = PROJECT_ROOT) -> dict:
         head = subprocess.run([git, "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
                               text=True, timeout=30)
         status = subprocess.run([git, "-C", str(root), "status", "--porcelain",
-                                 "--untracked-files=no"], capture_output=True, text=True,
+                                 "--untracked-files=no", "--", ".", ":(exclude)reports"],
+                                capture_output=True, text=True,
                                 timeout=30)
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
@@ -115,7 +117,9 @@ def uncommitted_digest(root: Path = PROJECT_ROOT) -> str | None:
     if not git or not (root / ".git").exists():
         return None
     try:
-        diff = subprocess.run([git, "-C", str(root), "diff", "HEAD", "--binary"],
+        # reports/ is the runner's own output: a run must not change its own fingerprint
+        diff = subprocess.run([git, "-C", str(root), "diff", "HEAD", "--binary", "--", ".",
+                               ":(exclude)reports"],
                               capture_output=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         return None

@@ -52,6 +52,20 @@ def _fingerprint_extra(backend, matrix, cell) -> dict:
     return dict(extra(matrix, cell)) if extra else {}
 
 
+def _write_skipped(skipped: dict, path: Path, reports_dir: Path) -> str:
+    """Write a ``skipped`` report unless ``path`` already holds a readable report with
+    results (say, the H200 cell committed from another machine): a host that cannot run a
+    cell must not erase what a host that could run it measured. Returns the reason shown."""
+    if path.exists():
+        existing = report_io.read_report(path)
+        if existing.data and existing.data.get("status") not in (None, "skipped"):
+            return (f"{skipped['reason']}; kept the existing {existing.data['status']} report "
+                    f"({(existing.data.get('environment') or {}).get('gpu') or 'no GPU'}, "
+                    f"{existing.data.get('finished_at', '?')})")
+    report_io.write_report(skipped, reports_dir)
+    return skipped["reason"]
+
+
 def _reusable(path: Path, expected_fingerprint: str) -> bool:
     if not path.exists():
         return False
@@ -82,6 +96,7 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
     """
     if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
         raise ConfigError(f"--timeout: expected a number of seconds > 0, got {timeout_s!r}")
+    matrix_path, reports_dir = Path(matrix_path).resolve(), Path(reports_dir).resolve()
     matrix = load_matrix(matrix_path, known_implementations=implementations.KNOWN)
     made = {"docker": DockerBackend(gpus=gpus, matrix_dir=Path(matrix_path).parent)}
     chosen, note = resolve(backend, made["docker"])  # ConfigError, BackendError
@@ -112,7 +127,7 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
         if why_not:
             skipped = skeleton(matrix, cell, chosen_cases, backend=chosen, run_id=run_id,
                                status="skipped", reason=why_not)
-            report_io.write_report(skipped, reports_dir)
+            why_not = _write_skipped(skipped, path, reports_dir)
             print(f"[runner] cell {cell.id}: skipped: {why_not}", flush=True)
             outcomes.append(CellOutcome(cell.id, "skipped", why_not, path))
             continue
@@ -126,8 +141,8 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
                                status="skipped",
                                reason="target cuda: torch sees no CUDA device on this host")
             skipped["fingerprint"] = expected
-            report_io.write_report(skipped, reports_dir)
-            outcomes.append(CellOutcome(cell.id, "skipped", skipped["reason"], path))
+            reason = _write_skipped(skipped, path, reports_dir)
+            outcomes.append(CellOutcome(cell.id, "skipped", reason, path))
             continue
         if abba is not None:
             outcomes += _run_abba(runner_backend, matrix, cell, abba, chosen_cases, project,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+import torch
 import yaml
 
 from runner import run as run_mod
@@ -280,3 +281,20 @@ def test_what_the_run_made_counts_in_the_fingerprint(tmp_path, project, monkeypa
     assert FakeBackend.calls == CELLS
     run(tmp_path, fresh())
     assert FakeBackend.calls == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a host that cannot run cuda cells")
+def test_a_cell_this_host_cannot_run_keeps_an_existing_report(tmp_path):
+    """A CPU-only host must not replace the committed H200 report with a 'skipped' one."""
+    import shutil
+
+    from runner.run import run_matrix
+
+    committed = Path(__file__).resolve().parent.parent / "reports" / "host-plain-cuda.json"
+    shutil.copy(committed, tmp_path / committed.name)
+    before = (tmp_path / committed.name).read_bytes()
+    outcomes = run_matrix(Path("matrix.yaml"), reports_dir=tmp_path, stacks=["host"],
+                          cases=["1"], backend="host", render=False)
+    cuda = next(o for o in outcomes if o.cell == "host-plain-cuda")
+    assert cuda.status == "skipped" and "kept the existing ok report" in cuda.reason
+    assert (tmp_path / committed.name).read_bytes() == before
