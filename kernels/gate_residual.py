@@ -31,8 +31,12 @@ import math
 import numpy as np
 import torch
 from numba import cuda, float32
+from numba.cuda import types
 
+from kernels.checks import check_backward_inputs, check_inputs
+from kernels.launch import Launcher, array_params, array_type
 from kernels.rounding import CODECS, LANE_CODECS, add_rn, mul_rn
+from kernels.vector import load_vec, store_vec
 
 #: Rows per chunk of the grad_gate reduction. Part of the algorithm (it fixes the summation
 #: order), not a launch parameter.
@@ -57,15 +61,17 @@ def _make_kernels(load, store):
     """Build the three kernels for one storage dtype's ``load``/``store`` device functions."""
 
     @cuda.jit
-    def forward(out, residual, gate, y, index):
-        # grid: x over column blocks, y over rows (strided when N > MAX_GRID_Y)
+    def forward(out, residual, gate, y, index, flag):
+        # grid: x over column blocks, y over rows (strided when N > MAX_GRID_Y); ``flag``
+        # (uint8, 1 element) is set to 0 on an index outside [0, G), whose row is NaN
         col = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         if col >= out.shape[1]:
             return
         row = cuda.blockIdx.y
         while row < out.shape[0]:
             k = index[row]
-            if k < 0 or k >= gate.shape[0]:  # only reachable with check_index=False
+            if k < 0 or k >= gate.shape[0]:
+                flag[0] = np.uint8(0)
                 out[row, col] = store(add_rn(float32(np.nan), float32(0.0)))
             else:
                 product = store(mul_rn(load(gate[k, col]), load(y[row, col])))
@@ -73,7 +79,7 @@ def _make_kernels(load, store):
             row += cuda.gridDim.y
 
     @cuda.jit
-    def backward_chunks(grad_y, partial, grad_out, gate, y, index):
+    def backward_chunks(grad_y, partial, grad_out, gate, y, index, flag):
         # grid: x over column blocks, y over chunks of CHUNK_ROWS rows (strided).
         # Shared memory: acc[k * blockDim.x + threadIdx.x], one float32 per gate row per
         # thread; each thread owns its slots, so no barrier is needed.
@@ -93,7 +99,8 @@ def _make_kernels(load, store):
             stop = min(start + CHUNK_ROWS, n_rows)
             for i in range(start, stop):
                 k = index[i]
-                if k < 0 or k >= n_gate:  # only reachable with check_index=False
+                if k < 0 or k >= n_gate:
+                    flag[0] = np.uint8(0)
                     grad_y[i, col] = store(add_rn(float32(np.nan), float32(0.0)))
                     continue
                 go = load(grad_out[i, col])
@@ -122,37 +129,95 @@ def _make_kernels(load, store):
     return forward, backward_chunks, reduce_chunks
 
 
-def _make_word_kernels(get, put, rnd, half_lanes):
-    """The vectorised kernels: each thread moves 8-byte words (int64 views of the tensors).
+def _make_vec_kernels(get, put, rnd, word_lanes, rows_per_step):
+    """The vectorised kernels: each thread moves 16-byte vectors (kernels/vector.py).
 
-    Same operations in the same order as :func:`_make_kernels`. A word splits into two
-    uint32 halves of ``half_lanes`` lanes each (kernels/rounding.py); word lane
-    ``h * half_lanes + j`` is column ``word * lanes + h * half_lanes + j``. Needs
-    D * itemsize % 8 == 0 and 8-byte aligned storage.
+    Same operations in the same order as :func:`_make_kernels`. Arrays are uint32 views of
+    the tensors' bytes: (N, D * itemsize / 4). A 32-bit word holds ``word_lanes`` lanes
+    (kernels/rounding.py: two bfloat16/float16, one float32); vector ``q`` of a row is words
+    ``4q .. 4q + 3``, columns ``q * vec_lanes ..``. The forward handles ``rows_per_step``
+    (1 or 2) rows per loop step, issuing all their loads before any store, so more bytes
+    are in flight per thread. Needs D * itemsize % 16 == 0 and 16-byte aligned storage.
+
+    ``flag`` (uint8, 1 element) is set to 0 by any thread that meets an index outside
+    [0, G); that row's output is NaN and ``gate`` is read at row 0 instead (never outside).
     """
-    lanes = 2 * half_lanes
-    nan_word = 0x7FFF7FFF7FFF7FFF if half_lanes == 2 else 0x7FFFFFFF7FFFFFFF  # canonical NaN
+    vec_lanes = 4 * word_lanes
+    nan = np.uint32(0x7FFF7FFF if word_lanes == 2 else 0x7FFFFFFF)  # canonical NaN lanes
 
     @cuda.jit(device=True, inline="always")
-    def forward_half(rh, gh, yh):
+    def forward_word(rh, gh, yh):
         o = np.uint32(0)
-        for j in range(half_lanes):
+        for j in range(word_lanes):
             product = rnd(mul_rn(get(gh, j), get(yh, j)))
             o |= put(add_rn(get(rh, j), product), j)
         return o
 
     @cuda.jit(device=True, inline="always")
-    def forward_word(rw, gw, yw):
-        lo = forward_half(np.uint32(rw & 0xFFFFFFFF), np.uint32(gw & 0xFFFFFFFF),
-                          np.uint32(yw & 0xFFFFFFFF))
-        hi = forward_half(np.uint32((rw >> 32) & 0xFFFFFFFF), np.uint32((gw >> 32) & 0xFFFFFFFF),
-                          np.uint32((yw >> 32) & 0xFFFFFFFF))
-        return np.int64(lo) | (np.int64(hi) << 32)
+    def forward_store(out, row, q, r, g, y, bad):
+        if bad:
+            store_vec(out, row, q, nan, nan, nan, nan)
+        else:
+            store_vec(out, row, q, forward_word(r[0], g[0], y[0]),
+                      forward_word(r[1], g[1], y[1]), forward_word(r[2], g[2], y[2]),
+                      forward_word(r[3], g[3], y[3]))
 
     @cuda.jit(device=True, inline="always")
-    def backward_half(goh, gh, yh, acc, base, width, tx):
+    def gate_row(index, row, n_gate, flag):
+        """(row of gate to read, whether index[row] is outside [0, G))."""
+        k = index[row]
+        if k < 0 or k >= n_gate:
+            flag[0] = np.uint8(0)
+            return 0, True
+        return k, False
+
+    if rows_per_step == 1:
+        @cuda.jit
+        def forward(out, residual, gate, y, index, flag):
+            # grid: x over 16-byte vectors of a row, y over rows (strided)
+            q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+            if q >= (out.shape[1] >> 2):
+                return
+            n_rows = out.shape[0]
+            n_gate = gate.shape[0]
+            row = cuda.blockIdx.y
+            while row < n_rows:
+                k, bad = gate_row(index, row, n_gate, flag)
+                r = load_vec(residual, row, q)
+                yv = load_vec(y, row, q)
+                g = load_vec(gate, k, q)
+                forward_store(out, row, q, r, g, yv, bad)
+                row += cuda.gridDim.y
+    else:
+        @cuda.jit
+        def forward(out, residual, gate, y, index, flag):
+            # grid: x over 16-byte vectors of a row, y over pairs of rows (strided)
+            q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+            if q >= (out.shape[1] >> 2):
+                return
+            n_rows = out.shape[0]
+            n_gate = gate.shape[0]
+            row = 2 * cuda.blockIdx.y
+            while row < n_rows:
+                has_b = row + 1 < n_rows
+                row_b = row + 1 if has_b else row
+                ka, bad_a = gate_row(index, row, n_gate, flag)
+                kb, bad_b = gate_row(index, row_b, n_gate, flag)
+                ra = load_vec(residual, row, q)
+                ya = load_vec(y, row, q)
+                ga = load_vec(gate, ka, q)
+                rb = load_vec(residual, row_b, q)
+                yb = load_vec(y, row_b, q)
+                gb = load_vec(gate, kb, q)
+                forward_store(out, row, q, ra, ga, ya, bad_a)
+                if has_b:
+                    forward_store(out, row_b, q, rb, gb, yb, bad_b)
+                row += 2 * cuda.gridDim.y
+
+    @cuda.jit(device=True, inline="always")
+    def backward_word(goh, gh, yh, acc, base, width, tx):
         o = np.uint32(0)
-        for j in range(half_lanes):
+        for j in range(word_lanes):
             go = get(goh, j)
             o |= put(mul_rn(go, get(gh, j)), j)
             slot = (base + j) * width + tx
@@ -160,94 +225,75 @@ def _make_word_kernels(get, put, rnd, half_lanes):
         return o
 
     @cuda.jit
-    def forward(out, residual, gate, y, index):
-        # grid: x over pairs of word blocks, y over rows (strided). Each thread loads two
-        # words of residual, y and gate (coalesced: c0 and c0 + blockDim) before storing.
-        tx = cuda.threadIdx.x
-        width = cuda.blockDim.x
-        c0 = cuda.blockIdx.x * 2 * width + tx
-        c1 = c0 + width
-        words = out.shape[1]
-        row = cuda.blockIdx.y
-        n_gate = gate.shape[0]
-        while row < out.shape[0]:
-            k = index[row]
-            if k < 0 or k >= n_gate:  # only reachable with check_index=False: NaN, no read
-                if c0 < words:
-                    out[row, c0] = nan_word
-                if c1 < words:
-                    out[row, c1] = nan_word
-            elif c1 < words:
-                r0 = residual[row, c0]
-                y0 = y[row, c0]
-                g0 = gate[k, c0]
-                r1 = residual[row, c1]
-                y1 = y[row, c1]
-                g1 = gate[k, c1]
-                out[row, c0] = forward_word(r0, g0, y0)
-                out[row, c1] = forward_word(r1, g1, y1)
-            elif c0 < words:
-                out[row, c0] = forward_word(residual[row, c0], gate[k, c0], y[row, c0])
-            row += cuda.gridDim.y
-
-    @cuda.jit
-    def backward_chunks(grad_y, partial, grad_out, gate, y, index):
-        # grid: x over word blocks, y over chunks (strided). Shared memory:
-        # acc[(k * lanes + j) * blockDim.x + threadIdx.x]; each thread owns its slots.
-        # The next row's index and words are loaded before the current row is processed.
+    def backward_chunks(grad_y, partial, grad_out, gate, y, index, flag):
+        # grid: x over 16-byte vectors, y over chunks (strided). Shared memory:
+        # acc[(k * vec_lanes + lane) * blockDim.x + threadIdx.x]; each thread owns its
+        # slots, so no barrier. The next row's index and vectors are loaded before the
+        # current row is processed.
         acc = cuda.shared.array(0, dtype=float32)
         tx = cuda.threadIdx.x
         width = cuda.blockDim.x
-        col = cuda.blockIdx.x * width + tx
+        q = cuda.blockIdx.x * width + tx
         n_rows = grad_out.shape[0]
         n_gate = gate.shape[0]
-        if col >= grad_out.shape[1]:
+        if q >= (grad_out.shape[1] >> 2):
             return
         chunk = cuda.blockIdx.y
         while chunk < partial.shape[0]:
-            for slot in range(n_gate * lanes):
+            for slot in range(n_gate * vec_lanes):
                 acc[slot * width + tx] = float32(0.0)
             start = chunk * CHUNK_ROWS
             stop = min(start + CHUNK_ROWS, n_rows)
-            k_next = index[start]
-            go_next = grad_out[start, col]
-            y_next = y[start, col]
+            k_next, bad_next = gate_row(index, start, n_gate, flag)
+            go_next = load_vec(grad_out, start, q)
+            y_next = load_vec(y, start, q)
             for i in range(start, stop):
                 k = k_next
-                gow = go_next
-                yw = y_next
+                bad = bad_next
+                go = go_next
+                yv = y_next
                 if i + 1 < stop:
-                    k_next = index[i + 1]
-                    go_next = grad_out[i + 1, col]
-                    y_next = y[i + 1, col]
-                if k < 0 or k >= n_gate:  # only reachable with check_index=False
-                    grad_y[i, col] = nan_word
+                    k_next, bad_next = gate_row(index, i + 1, n_gate, flag)
+                    go_next = load_vec(grad_out, i + 1, q)
+                    y_next = load_vec(y, i + 1, q)
+                if bad:
+                    store_vec(grad_y, i, q, nan, nan, nan, nan)
                     continue
-                gw = gate[k, col]
-                lo = backward_half(np.uint32(gow & 0xFFFFFFFF), np.uint32(gw & 0xFFFFFFFF),
-                                   np.uint32(yw & 0xFFFFFFFF), acc, k * lanes, width, tx)
-                hi = backward_half(np.uint32((gow >> 32) & 0xFFFFFFFF),
-                                   np.uint32((gw >> 32) & 0xFFFFFFFF),
-                                   np.uint32((yw >> 32) & 0xFFFFFFFF), acc,
-                                   k * lanes + half_lanes, width, tx)
-                grad_y[i, col] = np.int64(lo) | (np.int64(hi) << 32)
+                g = load_vec(gate, k, q)
+                base = k * vec_lanes
+                o0 = backward_word(go[0], g[0], yv[0], acc, base, width, tx)
+                o1 = backward_word(go[1], g[1], yv[1], acc, base + word_lanes, width, tx)
+                o2 = backward_word(go[2], g[2], yv[2], acc, base + 2 * word_lanes, width, tx)
+                o3 = backward_word(go[3], g[3], yv[3], acc, base + 3 * word_lanes, width, tx)
+                store_vec(grad_y, i, q, o0, o1, o2, o3)
             for k in range(n_gate):
-                for j in range(lanes):
-                    partial[chunk, k, col * lanes + j] = acc[(k * lanes + j) * width + tx]
+                for j in range(vec_lanes):
+                    partial[chunk, k, q * vec_lanes + j] = acc[(k * vec_lanes + j) * width + tx]
             chunk += cuda.gridDim.y
 
     return forward, backward_chunks
 
 
 _KERNELS: dict[str, tuple] = {}
-_WORD_KERNELS: dict[str, tuple] = {}
+_VEC_KERNELS: dict[tuple, tuple] = {}
+
+#: Rows per loop step of the vectorised forward (1 or 2); launch shape only, never bits.
+FORWARD_ROWS_PER_STEP = 2
+#: grid.y cap of the vectorised forward: a block walks N / (cap * rows per step) steps.
+FORWARD_MAX_GRID_Y = 8192
 
 
-def word_kernels_for(dtype: str):
-    """The (forward, backward_chunks) 8-byte-word numba.cuda kernels for a storage dtype."""
-    if dtype not in _WORD_KERNELS:
-        _WORD_KERNELS[dtype] = _make_word_kernels(*LANE_CODECS[dtype])
-    return _WORD_KERNELS[dtype]
+def vec_kernels_for(dtype: str, rows_per_step: int = FORWARD_ROWS_PER_STEP):
+    """The (forward, backward_chunks) 16-byte-vector numba.cuda kernels for a storage dtype.
+
+    ``rows_per_step`` (1 or 2) selects the forward's loop body; the backward is the same for
+    both. Raises ``KeyError`` for an unknown dtype.
+    """
+    key = (dtype, rows_per_step)
+    if key not in _VEC_KERNELS:
+        get, put, rnd, word_lanes = LANE_CODECS[dtype]
+        _VEC_KERNELS[key] = _make_vec_kernels(get, put, rnd, word_lanes, rows_per_step)
+    return _VEC_KERNELS[key]
 
 
 def pick_width(units: int, cap: int) -> int:
@@ -263,7 +309,7 @@ def pick_width(units: int, cap: int) -> int:
 
 
 def kernels_for(dtype: str):
-    """The (forward, backward_chunks, reduce_chunks) numba.cuda kernels for a storage dtype.
+    """The (forward, backward_chunks, reduce_chunks) element numba.cuda kernels for a dtype.
 
     ``dtype`` is ``"bfloat16"``, ``"float16"`` or ``"float32"``; kernels are built once per
     process and compiled by numba on first launch for each argument type signature.
@@ -300,21 +346,24 @@ def block_cols_for(n_gate: int) -> int:
 # Grid and block shapes change which thread computes what, never an operation or its order.
 
 
-def forward_words_geometry(n_rows: int, words: int, block_cols: int | None = None,
-                           max_grid_y: int = MAX_GRID_Y) -> tuple[tuple, int]:
-    """(grid, block) of the word forward: two words per thread, one row per grid.y step."""
-    width = block_cols or pick_width(-(-words // 2), 256)
-    return (math.ceil(words / (2 * width)), min(n_rows, max_grid_y)), width
+def forward_vec_geometry(n_rows: int, vectors: int, block_cols: int | None = None,
+                         max_grid_y: int = FORWARD_MAX_GRID_Y,
+                         rows_per_step: int = FORWARD_ROWS_PER_STEP) -> tuple[tuple, int]:
+    """(grid, block) of the vectorised forward: one 16-byte vector per thread, a block of
+    ``rows_per_step`` rows per grid.y step. ``vectors``: 16-byte vectors per row."""
+    width = block_cols or pick_width(vectors, 256)
+    steps = -(-n_rows // rows_per_step)
+    return (math.ceil(vectors / width), max(1, min(steps, max_grid_y))), width
 
 
-def backward_words_geometry(chunks: int, words: int, n_gate: int, lanes: int,
-                            block_cols: int | None = None,
-                            max_grid_y: int = MAX_GRID_Y) -> tuple[tuple, int, int]:
-    """(grid, block, shared bytes) of the word backward: one word per thread, a chunk per
-    grid.y step, G * lanes float32 accumulators per thread in shared memory."""
+def backward_vec_geometry(chunks: int, vectors: int, n_gate: int, lanes: int,
+                          block_cols: int | None = None,
+                          max_grid_y: int = MAX_GRID_Y) -> tuple[tuple, int, int]:
+    """(grid, block, shared bytes) of the vectorised backward: one vector per thread, a
+    chunk per grid.y step, G * lanes float32 accumulators per thread in shared memory."""
     cap = block_cols_for(n_gate * lanes)
-    width = block_cols or pick_width(words, min(cap, 256))
-    return (math.ceil(words / width), min(chunks, max_grid_y)), width, n_gate * lanes * width * 4
+    width = block_cols or pick_width(vectors, min(cap, 256))
+    return (math.ceil(vectors / width), min(chunks, max_grid_y)), width, n_gate * lanes * width * 4
 
 
 def forward_geometry(n_rows: int, width: int, block_cols: int = BLOCK_COLS,
@@ -335,49 +384,60 @@ def reduce_geometry(numel: int) -> tuple[int, int]:
     return max(1, math.ceil(numel / 256)), 256
 
 
+def _flag_array():
+    return np.ones(1, dtype=np.uint8)
+
+
 # ------------------------------------------------ launches on numba/numpy arrays (simulator)
 
 
-def launch_forward_words(out, residual, gate, y, index, dtype: str, stream=0, *,
-                         block_cols: int | None = None, max_grid_y: int = MAX_GRID_Y) -> None:
-    """Word forward on int64 views: ``out``/``residual``/``y`` (N, W), ``gate`` (G, W),
-    W = D * itemsize / 8. ``block_cols``/``max_grid_y`` change the launch only."""
+def launch_forward_vec(out, residual, gate, y, index, dtype: str, stream=0, *, flag=None,
+                       block_cols: int | None = None, max_grid_y: int = FORWARD_MAX_GRID_Y,
+                       rows_per_step: int = FORWARD_ROWS_PER_STEP) -> None:
+    """Vectorised forward on uint32 views: ``out``/``residual``/``y`` (N, W), ``gate`` (G,
+    W), W = D * itemsize / 4 (a multiple of 4). ``flag``: uint8 (1,), set to 0 on an index
+    outside [0, G). ``block_cols``/``max_grid_y``/``rows_per_step`` change the launch only."""
     if out.shape[0] == 0 or out.shape[1] == 0:
         return
-    grid, block = forward_words_geometry(*out.shape, block_cols, max_grid_y)
-    word_kernels_for(dtype)[0][grid, block, stream](out, residual, gate, y, index)
+    grid, block = forward_vec_geometry(out.shape[0], out.shape[1] // 4, block_cols,
+                                       max_grid_y, rows_per_step)
+    flag = _flag_array() if flag is None else flag
+    vec_kernels_for(dtype, rows_per_step)[0][grid, block, stream](out, residual, gate, y,
+                                                                   index, flag)
 
 
-def launch_backward_words(grad_y, grad_gate, partial, grad_out, gate, y, index, dtype: str,
-                          stream=0, *, block_cols: int | None = None,
-                          max_grid_y: int = MAX_GRID_Y) -> None:
-    """Word backward on int64 views (``grad_gate`` and the float32 ``partial`` (chunks, G,
-    D) are element arrays), then the chunk reduction."""
+def launch_backward_vec(grad_y, grad_gate, partial, grad_out, gate, y, index, dtype: str,
+                        stream=0, *, flag=None, block_cols: int | None = None,
+                        max_grid_y: int = MAX_GRID_Y) -> None:
+    """Vectorised backward on uint32 views (``grad_gate`` and the float32 ``partial``
+    (chunks, G, D) are element arrays), then the chunk reduction."""
     if grad_out.shape[1] == 0 or gate.shape[0] == 0:
         return
+    flag = _flag_array() if flag is None else flag
     if partial.shape[0]:
-        lanes = 2 * LANE_CODECS[dtype][3]
-        grid, block, shared = backward_words_geometry(partial.shape[0], grad_out.shape[1],
-                                                      gate.shape[0], lanes, block_cols,
-                                                      max_grid_y)
-        word_kernels_for(dtype)[1][grid, block, stream, shared](grad_y, partial, grad_out,
-                                                                gate, y, index)
+        lanes = 4 * LANE_CODECS[dtype][3]
+        grid, block, shared = backward_vec_geometry(partial.shape[0], grad_out.shape[1] // 4,
+                                                    gate.shape[0], lanes, block_cols,
+                                                    max_grid_y)
+        vec_kernels_for(dtype)[1][grid, block, stream, shared](grad_y, partial, grad_out,
+                                                               gate, y, index, flag)
     grid, block = reduce_geometry(grad_gate.size)
     kernels_for(dtype)[2][grid, block, stream](grad_gate, partial)
 
 
-def launch_forward(out, residual, gate, y, index, dtype: str, stream=0, *,
+def launch_forward(out, residual, gate, y, index, dtype: str, stream=0, *, flag=None,
                    block_cols: int = BLOCK_COLS, max_grid_y: int = MAX_GRID_Y) -> None:
     """Element forward on element arrays (bfloat16 as int16 bits); shapes as in the module
     docstring. ``block_cols``/``max_grid_y`` change the launch only."""
     if out.shape[0] == 0 or out.shape[1] == 0:
         return
     grid, block = forward_geometry(*out.shape, block_cols, max_grid_y)
-    kernels_for(dtype)[0][grid, block, stream](out, residual, gate, y, index)
+    flag = _flag_array() if flag is None else flag
+    kernels_for(dtype)[0][grid, block, stream](out, residual, gate, y, index, flag)
 
 
 def launch_backward(grad_y, grad_gate, partial, grad_out, gate, y, index, dtype: str,
-                    stream=0, *, block_cols: int | None = None,
+                    stream=0, *, flag=None, block_cols: int | None = None,
                     max_grid_y: int = MAX_GRID_Y) -> None:
     """Element backward: writes ``grad_y`` (N, D) and ``grad_gate`` (G, D) in full
     (``grad_gate`` is +0.0 where no row selects a gate row); ``partial`` is float32 scratch
@@ -385,74 +445,122 @@ def launch_backward(grad_y, grad_gate, partial, grad_out, gate, y, index, dtype:
     if grad_out.shape[1] == 0 or gate.shape[0] == 0:
         return
     _, backward_chunks, reduce_chunks = kernels_for(dtype)
+    flag = _flag_array() if flag is None else flag
     if partial.shape[0]:
         grid, block, shared = backward_geometry(partial.shape[0], grad_out.shape[1],
                                                 gate.shape[0], block_cols, max_grid_y)
-        backward_chunks[grid, block, stream, shared](grad_y, partial, grad_out, gate, y, index)
+        backward_chunks[grid, block, stream, shared](grad_y, partial, grad_out, gate, y, index,
+                                                     flag)
     grid, block = reduce_geometry(grad_gate.size)
     reduce_chunks[grid, block, stream](grad_gate, partial)
 
 
 # --------------------------------------------------------------------------- torch entry points
+# The entry points launch on raw pointers (kernels/launch.py): a tensor is described to the
+# kernel as a C-contiguous array of the type the kernel takes (uint32 words for the
+# vectorised kernels, int16 for bfloat16 elements), without creating torch views.
 
-_STORAGE = {torch.bfloat16: torch.int16}
-_LAUNCHERS: dict[tuple, object] = {}
+_ELEMENT_TYPES = {torch.bfloat16: types.int16, torch.float16: types.float16,
+                  torch.float32: types.float32}
+_INDEX_TYPES = {torch.int64: types.int64, torch.int32: types.int32}
+_U32_2D = array_type(types.uint32, 2)
+_FLAG_TYPE = array_type(types.uint8, 1)
+_F32_3D = array_type(types.float32, 3)
+_LAUNCHERS: dict[tuple, Launcher] = {}
+#: per device: (flag the checked calls clear on a bad index, flag the unchecked calls clear)
+_FLAGS: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _launcher(kind: str, dtype: str, which: int):
-    from kernels.launch import Launcher
-
-    key = (kind, dtype, which)
+def _launcher(kind: str, dtype: str, which: int, rows_per_step: int = FORWARD_ROWS_PER_STEP):
+    key = (kind, dtype, which, rows_per_step)
     if key not in _LAUNCHERS:
-        kernels = word_kernels_for(dtype) if kind == "words" else kernels_for(dtype)
+        kernels = vec_kernels_for(dtype, rows_per_step) if kind == "vec" else kernels_for(dtype)
         _LAUNCHERS[key] = Launcher(kernels[which])
     return _LAUNCHERS[key]
+
+
+def _flags(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    flags = _FLAGS.get(index)
+    if flags is None:
+        flags = _FLAGS[index] = (torch.ones(1, dtype=torch.uint8, device=device),
+                                 torch.ones(1, dtype=torch.uint8, device=device))
+    return flags
 
 
 def _dtype_name(t) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def _elements(t):
-    """The tensor as the element kernels take it (bfloat16 viewed as int16)."""
-    return t.view(_STORAGE[t.dtype]) if t.dtype in _STORAGE else t
-
-
-def _words_ok(*tensors) -> bool:
-    """Whether the 8-byte word kernels apply: rows of whole words, 8-byte aligned storage."""
+def _vec_ok(*tensors) -> bool:
+    """Whether the 16-byte vector kernels apply: rows of whole vectors, 16-byte aligned."""
     t = tensors[0]
-    return (t.shape[-1] * t.element_size()) % 8 == 0 and all(
-        x.data_ptr() % 8 == 0 for x in tensors)
+    return (t.shape[-1] * t.element_size()) % 16 == 0 and all(
+        x.data_ptr() % 16 == 0 for x in tensors)
 
 
-def gate_residual_forward(residual, gate, y, index, *, check_index: bool = True):
+def _u32(t: torch.Tensor) -> list[int]:
+    """Parameters of a contiguous (rows, D) tensor seen as uint32 words (rows, D*itemsize/4)."""
+    return array_params(t.data_ptr(), (t.shape[0], t.shape[1] * t.element_size() // 4), 4)
+
+
+def _elem(t: torch.Tensor) -> list[int]:
+    return array_params(t.data_ptr(), tuple(t.shape), t.element_size())
+
+
+def _elem_type(t: torch.Tensor) -> types.Array:
+    return array_type(_ELEMENT_TYPES[t.dtype], t.dim())
+
+
+def _launch_forward(out, residual, gate, y, index, flag, *,
+                    rows_per_step: int = FORWARD_ROWS_PER_STEP,
+                    max_grid_y: int = FORWARD_MAX_GRID_Y) -> None:
+    """Launch the forward on contiguous CUDA tensors (no checks); the vectorised kernel when
+    :func:`_vec_ok`, else the element kernel."""
+    n_rows, width = out.shape
+    dtype = _dtype_name(out)
+    index_params = array_params(index.data_ptr(), (n_rows,), index.element_size())
+    flag_params = array_params(flag.data_ptr(), (1,), 1)
+    index_type = array_type(_INDEX_TYPES[index.dtype], 1)
+    if _vec_ok(out, residual, gate, y):
+        grid, block = forward_vec_geometry(n_rows, width * out.element_size() // 16,
+                                           max_grid_y=max_grid_y, rows_per_step=rows_per_step)
+        argtypes = (_U32_2D,) * 4 + (index_type, _FLAG_TYPE)
+        params = [*_u32(out), *_u32(residual), *_u32(gate), *_u32(y), *index_params,
+                  *flag_params]
+        _launcher("vec", dtype, 0, rows_per_step)(argtypes, grid, block, 0, params)
+    else:
+        grid, block = forward_geometry(n_rows, width)
+        argtypes = (_elem_type(out),) * 4 + (index_type, _FLAG_TYPE)
+        params = [*_elem(out), *_elem(residual), *_elem(gate), *_elem(y), *index_params,
+                  *flag_params]
+        _launcher("elements", dtype, 0)(argtypes, grid, block, 0, params)
+
+
+def gate_residual_forward(residual, gate, y, index, *, check_index: bool | str = True):
     """``residual + gate.index_select(0, index) * y`` with the numba.cuda forward kernel.
 
     Args: ``residual``, ``y``: (N, D) CUDA tensors; ``gate``: (G, D); ``index``: (N,) int64
     or int32 in [0, G); one floating dtype (bfloat16, float16 or float32) for all three.
     Non-contiguous inputs are made contiguous. Returns a new (N, D) tensor, bitwise equal to
     eager. Raises :class:`runner.errors.OpInputError` (a ``ValueError``) for bad input.
-    ``check_index=False`` skips the index range check (which reads two scalars back from
-    the GPU); the kernel then writes NaN rows for out-of-range indices, never reading
-    outside ``gate``.
-    """
-    from kernels.checks import check_inputs
 
+    ``check_index``: ``True`` (default) checks every index on the device, without a
+    synchronisation: an index outside [0, G) fails ``torch._assert_async`` at the next
+    synchronisation, as eager's ``index_select`` fails with a device-side assert (the CUDA
+    context is unusable afterwards in both). ``"sync"`` reads the range back first and
+    raises ``OpInputError`` at once (one synchronisation). ``False`` checks nothing: rows
+    with an out-of-range index come out NaN, and ``gate`` is never read outside its rows.
+    """
     residual, gate, y, index = check_inputs(residual, gate, y, index, device="cuda",
-                                            check_index=check_index)
+                                            check_index=check_index == "sync")
     out = torch.empty_like(residual)
-    n_rows, width = out.shape
-    if n_rows == 0 or width == 0:
+    if out.shape[0] == 0 or out.shape[1] == 0:
         return out
-    dtype = _dtype_name(out)
-    if _words_ok(out, residual, gate, y):
-        words = [t.view(torch.int64) for t in (out, residual, gate, y)]
-        grid, block = forward_words_geometry(*words[0].shape)
-        _launcher("words", dtype, 0)(grid, block, 0, *words, index)
-    else:
-        grid, block = forward_geometry(n_rows, width)
-        _launcher("elements", dtype, 0)(grid, block, 0, *map(_elements, (out, residual, gate,
-                                                                          y)), index)
+    checked, sink = _flags(out.device)
+    _launch_forward(out, residual, gate, y, index, checked if check_index is True else sink)
+    if check_index is True:
+        torch._assert_async(checked, "gate_residual: index holds a value outside [0, G)")
     return out
 
 
@@ -460,55 +568,66 @@ def gate_residual_backward(grad_out, gate, y, index):
     """(grad_y, grad_gate) for upstream ``grad_out`` (N, D), with the numba.cuda kernels.
 
     ``grad_gate`` (G, D) is deterministic: :data:`SUMMATION_ORDER`. Scratch: one float32
-    buffer of n_chunks(N) * G * D elements. Inputs as saved by :class:`GateResidual`.
+    buffer of n_chunks(N) * G * D elements. Inputs as saved by :class:`GateResidual`
+    (contiguous, checked); rows with an out-of-range index give NaN ``grad_y`` rows and add
+    nothing to ``grad_gate``.
     """
-    grad_out = grad_out.contiguous()
     n_rows, width = grad_out.shape
     n_gate = gate.shape[0]
     grad_y = torch.empty_like(grad_out)
     grad_gate = torch.empty_like(gate)
     if width == 0 or n_gate == 0:
         return grad_y, grad_gate
-    partial = torch.empty((n_chunks(n_rows), n_gate, width), dtype=torch.float32,
+    chunks = n_chunks(n_rows)
+    partial = torch.empty((chunks, n_gate, width), dtype=torch.float32,
                           device=grad_out.device)
     dtype = _dtype_name(grad_out)
-    if partial.shape[0]:
-        if _words_ok(grad_y, grad_out, gate, y):
-            words = [t.view(torch.int64) for t in (grad_y, grad_out, gate, y)]
-            lanes = 2 * LANE_CODECS[dtype][3]
-            grid, block, shared = backward_words_geometry(partial.shape[0], words[0].shape[1],
-                                                          n_gate, lanes)
-            _launcher("words", dtype, 1)(grid, block, shared, words[0], partial, *words[1:],
-                                         index)
+    if chunks:
+        sink = _flags(grad_out.device)[1]
+        tail = [*array_params(index.data_ptr(), (n_rows,), index.element_size()),
+                *array_params(sink.data_ptr(), (1,), 1)]
+        index_type = array_type(_INDEX_TYPES[index.dtype], 1)
+        partial_params = array_params(partial.data_ptr(), tuple(partial.shape), 4)
+        if _vec_ok(grad_y, grad_out, gate, y):
+            lanes = 4 * LANE_CODECS[dtype][3]
+            vectors = width * grad_out.element_size() // 16
+            grid, block, shared = backward_vec_geometry(chunks, vectors, n_gate, lanes)
+            argtypes = (_U32_2D, _F32_3D, _U32_2D, _U32_2D, _U32_2D, index_type, _FLAG_TYPE)
+            params = [*_u32(grad_y), *partial_params, *_u32(grad_out), *_u32(gate), *_u32(y),
+                      *tail]
+            _launcher("vec", dtype, 1)(argtypes, grid, block, shared, params)
         else:
-            grid, block, shared = backward_geometry(partial.shape[0], width, n_gate)
-            e = [_elements(t) for t in (grad_y, grad_out, gate, y)]
-            _launcher("elements", dtype, 1)(grid, block, shared, e[0], partial, *e[1:], index)
+            grid, block, shared = backward_geometry(chunks, width, n_gate)
+            et = _elem_type(grad_out)
+            argtypes = (et, _F32_3D, et, et, et, index_type, _FLAG_TYPE)
+            params = [*_elem(grad_y), *partial_params, *_elem(grad_out), *_elem(gate),
+                      *_elem(y), *tail]
+            _launcher("elements", dtype, 1)(argtypes, grid, block, shared, params)
     grid, block = reduce_geometry(grad_gate.numel())
-    _launcher("elements", dtype, 2)((grid,), block, 0, _elements(grad_gate), partial)
+    argtypes = (_elem_type(grad_gate), _F32_3D)
+    params = [*_elem(grad_gate), *array_params(partial.data_ptr(), tuple(partial.shape), 4)]
+    _launcher("elements", dtype, 2)(argtypes, (grid, 1), block, 0, params)
     return grad_y, grad_gate
 
 
 class GateResidual(torch.autograd.Function):
     """Autograd Function: forward and backward with the numba.cuda kernels.
 
-    ``GateResidual.apply(residual, gate, y, index)`` -> out (N, D). Gradients flow to
-    ``residual`` (``grad_out`` itself), ``gate`` and ``y``; ``index`` has none.
+    ``GateResidual.apply(residual, gate, y, index, check_index=True)`` -> out (N, D).
+    Gradients flow to ``residual`` (``grad_out`` itself), ``gate`` and ``y``; ``index`` has
+    none. ``check_index`` as in :func:`gate_residual_forward`.
     """
 
     @staticmethod
     def forward(ctx, residual, gate, y, index, check_index=True):
-        from kernels.checks import check_inputs
-
         residual, gate, y, index = check_inputs(residual, gate, y, index, device="cuda",
-                                                check_index=check_index)
+                                                check_index=check_index == "sync")
         ctx.save_for_backward(gate, y, index)
-        return gate_residual_forward(residual, gate, y, index, check_index=False)
+        return gate_residual_forward(residual, gate, y, index,
+                                     check_index=check_index is True)
 
     @staticmethod
     def backward(ctx, grad_out):
-        from kernels.checks import check_backward_inputs
-
         gate, y, index = ctx.saved_tensors
         grad_out, gate, y, index = check_backward_inputs(grad_out, gate, y, index,
                                                          device="cuda", check_index=False)
@@ -516,7 +635,7 @@ class GateResidual(torch.autograd.Function):
         return grad_out, grad_gate, grad_y, None, None
 
 
-def gate_residual(residual, gate, y, index, *, check_index: bool = True):
+def gate_residual(residual, gate, y, index, *, check_index: bool | str = True):
     """Differentiable ``residual + gate.index_select(0, index) * y`` (numba.cuda kernels).
 
     Same arguments, result and errors as :func:`gate_residual_forward`; use it inside
@@ -527,6 +646,8 @@ def gate_residual(residual, gate, y, index, *, check_index: bool = True):
 
 __all__ = [
     "CHUNK_ROWS",
+    "FORWARD_MAX_GRID_Y",
+    "FORWARD_ROWS_PER_STEP",
     "SUMMATION_ORDER",
     "GateResidual",
     "gate_residual",
@@ -534,9 +655,9 @@ __all__ = [
     "gate_residual_forward",
     "kernels_for",
     "launch_backward",
-    "launch_backward_words",
+    "launch_backward_vec",
     "launch_forward",
-    "launch_forward_words",
+    "launch_forward_vec",
     "n_chunks",
-    "word_kernels_for",
+    "vec_kernels_for",
 ]

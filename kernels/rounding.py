@@ -231,19 +231,26 @@ def rnd_bf16(x):
     return f32_from_u32(round_bf16_bits(x))
 
 
+if SIMULATOR:  # pragma: no cover - the software conversions, with the instructions' results
+    _f32_from_f16_bits, _f16_bits_from_f32 = decode_f16, encode_f16
+else:  # cvt.f32.f16 / cvt.rn.f16.f32, as c10::Half does (kernels/vector.py)
+    from kernels.vector import f16_bits_from_f32 as _f16_bits_from_f32
+    from kernels.vector import f32_from_f16_bits as _f32_from_f16_bits
+
+
 @_jit
 def get_f16(h, j):
-    return decode_f16((h >> np.uint32(16 * j)) & LOW16)
+    return _f32_from_f16_bits((h >> np.uint32(16 * j)) & LOW16)
 
 
 @_jit
 def put_f16(x, j):
-    return encode_f16(x) << np.uint32(16 * j)
+    return _f16_bits_from_f32(x) << np.uint32(16 * j)
 
 
 @_jit
 def rnd_f16(x):
-    return decode_f16(encode_f16(x))
+    return _f32_from_f16_bits(_f16_bits_from_f32(x))
 
 
 @_jit

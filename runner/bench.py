@@ -26,6 +26,7 @@ import platform
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from tabulate import tabulate
 
@@ -63,9 +64,10 @@ def compiled_forward():
 
 
 def host_overhead_us(sets: list[dict], calls: int = 300) -> dict:
-    """Microseconds of host time per numba forward call (N = 1): the index check, numba's
-    own dispatcher on array views (what a plain ``kernel[grid, block](...)`` costs), our
-    direct launcher, and the whole entry point with and without the index check."""
+    """Microseconds of host time per numba forward call (N = 1): numba's own dispatcher on
+    array views (what a plain ``kernel[grid, block](...)`` costs), our launcher through
+    ``cuLaunchKernel`` and through ``cuda.core.launch``, the synchronising index check, and
+    the whole entry point with each ``check_index`` setting."""
     from numba import cuda
 
     from kernels import gate_residual as K
@@ -86,47 +88,80 @@ def host_overhead_us(sets: list[dict], calls: int = 300) -> dict:
 
     out = torch.empty_like(x["residual"])
     dtype = K._dtype_name(out)
-    words = [t.view(torch.int64) for t in (out, *args[:3])]
+    words = [t.view(torch.int32).view(-1, t.shape[1] * t.element_size() // 4)
+             for t in (out, *args[:3])]
+    sink = K._flags(out.device)[1]
 
     def numba_dispatch():
-        views = [cuda.as_cuda_array(t, sync=False) for t in words]
-        K.launch_forward_words(*views, cuda.as_cuda_array(args[3], sync=False), dtype,
-                               cuda.external_stream(torch.cuda.current_stream().cuda_stream))
+        views = [cuda.as_cuda_array(t, sync=False).view(np.uint32) for t in words]
+        K.launch_forward_vec(*views, cuda.as_cuda_array(args[3], sync=False), dtype,
+                             cuda.external_stream(torch.cuda.current_stream().cuda_stream),
+                             flag=cuda.as_cuda_array(sink, sync=False))
 
-    grid, block = K.forward_words_geometry(*words[0].shape)
-    launcher = K._launcher("words", dtype, 0)
+    def direct(core: bool):
+        launcher = K._launcher("vec", dtype, 0)
+        launcher._use_core = core
+        try:
+            return per_call(lambda: K._launch_forward(out, *args, sink))
+        finally:
+            launcher._use_core = False
+
     return {
-        "index_check_us": per_call(lambda: check_inputs(*args, device="cuda")),
         "numba_dispatch_us": per_call(numba_dispatch),
-        "direct_launch_us": per_call(lambda: launcher(grid, block, 0, *words, args[3])),
+        "core_launch_us": direct(True),
+        "driver_launch_us": direct(False),
+        "sync_index_check_us": per_call(lambda: check_inputs(*args, device="cuda")),
         "entry_point_us": per_call(lambda: K.gate_residual_forward(*args)),
+        "entry_point_sync_check_us": per_call(
+            lambda: K.gate_residual_forward(*args, check_index="sync")),
         "entry_point_unchecked_us": per_call(
             lambda: K.gate_residual_forward(*args, check_index=False)),
     }
 
 
-def forward_grid_sweep(n: int, d: int, g: int, device: str, *, iters: int, warmup: int,
-                       caps=(65535, 8192, 2048, 1024)) -> list[dict]:
-    """Word forward kernel alone (direct launch, no checks) with grid.y capped at each of
-    ``caps``: a block then walks ceil(N / cap) rows. Launch shape only; bits do not move."""
+def forward_launch_sweep(n: int, d: int, g: int, dtype: str, device: str, *, iters: int,
+                         warmup: int, caps=(65535, 8192, 4096, 2048, 1024)) -> list[dict]:
+    """The vectorised forward kernel alone (no checks, no allocation) for each rows per step
+    and grid.y cap: a block then walks ceil(N / (cap * rows)) steps. Launch shape only; the
+    bits do not move (tests/test_kernels_gpu.py)."""
     from kernels import gate_residual as K
 
-    sets = input_sets(n, d, g, "bfloat16", device, 1)
+    sets = input_sets(n, d, g, dtype, device, 1)
     outs = [torch.empty_like(x["residual"]) for x in sets]
-    launcher = K._launcher("words", "bfloat16", 0)
+    sink = K._flags(outs[0].device)[1]
+    itemsize = outs[0].element_size()
     rows = []
-    for cap in caps:
-        def call(i, cap=cap):
-            x, out = sets[i % len(sets)], outs[i % len(sets)]
-            words = [t.view(torch.int64) for t in (out, x["residual"], x["gate"], x["y"])]
-            grid, block = K.forward_words_geometry(*words[0].shape, max_grid_y=cap)
-            launcher(grid, block, 0, *words, x["index"])
+    for rows_per_step in (1, 2):
+        for cap in caps:
+            def call(i, cap=cap, rows_per_step=rows_per_step):
+                x, out = sets[i % len(sets)], outs[i % len(sets)]
+                K._launch_forward(out, x["residual"], x["gate"], x["y"], x["index"], sink,
+                                  rows_per_step=rows_per_step, max_grid_y=cap)
 
-        t = median_ms(call, device=device, warmup=warmup, iters=iters)
-        rows.append({"dtype": "bfloat16", "N": n, "impl": f"numba kernel, grid.y<={cap}",
-                     "forward_ms": t["median_ms"],
-                     "forward_GBps": 3 * n * d * 2 / t["median_ms"] / 1e6})
+            t = median_ms(call, device=device, warmup=warmup, iters=iters)
+            rows.append({"dtype": dtype, "N": n,
+                         "impl": f"numba fwd kernel, {rows_per_step} row(s)/step, grid.y<={cap}",
+                         "forward_ms": t["median_ms"],
+                         "forward_GBps": 3 * n * d * itemsize / t["median_ms"] / 1e6})
     return rows
+
+
+def backward_alone(n: int, d: int, g: int, dtype: str, device: str, *, iters: int,
+                   warmup: int) -> dict:
+    """``gate_residual_backward`` alone (both kernels, the partials' allocation, no autograd):
+    its time and bandwidth over the 3*N*D elements it must move."""
+    from kernels import gate_residual as K
+
+    sets = input_sets(n, d, g, dtype, device, 1)
+    itemsize = sets[0]["residual"].element_size()
+
+    def call(i):
+        x = sets[i % len(sets)]
+        K.gate_residual_backward(x["grad_out"], x["gate"], x["y"], x["index"])
+
+    t = median_ms(call, device=device, warmup=warmup, iters=iters)
+    return {"dtype": dtype, "N": n, "impl": "numba backward alone", "backward_ms": t["median_ms"],
+            "backward_GBps": 3 * n * d * itemsize / t["median_ms"] / 1e6}
 
 
 def bench_case(n: int, d: int, g: int, dtype: str, device: str, *, iters: int, warmup: int,
@@ -176,18 +211,24 @@ def main(argv: list[str] | None = None) -> int:
         rows += bench_case(n, d, g, dtype, device, iters=iters, warmup=warmup,
                            with_compile=with_compile)
     if device == "cuda":
-        rows += forward_grid_sweep(32768, d, g, device, iters=iters, warmup=warmup)
+        for dtype in ("bfloat16", "float16", "float32"):
+            rows += forward_launch_sweep(32768, d, g, dtype, device, iters=iters,
+                                         warmup=warmup)
+            rows.append(backward_alone(32768, d, g, dtype, device, iters=iters, warmup=warmup))
     by_key = {(r["dtype"], r["N"], r["impl"]): r for r in rows}
     for r in rows:
         eager = by_key[(r["dtype"], r["N"], "eager")]
-        r["forward_vs_eager"] = eager["forward_ms"] / r["forward_ms"]
-        r.setdefault("forward_GBps", 0.0)
-        r["forward_copy_fraction"] = r["forward_GBps"] * 1e9 / copy
+        if "forward_ms" in r:
+            r["forward_vs_eager"] = eager["forward_ms"] / r["forward_ms"]
+        if "forward_GBps" in r:
+            r["forward_copy_fraction"] = r["forward_GBps"] * 1e9 / copy
+        if "backward_GBps" in r:
+            r["backward_copy_fraction"] = r["backward_GBps"] * 1e9 / copy
         if "forward_backward_ms" in r:
             r["forward_backward_vs_eager"] = eager["forward_backward_ms"] / r["forward_backward_ms"]
             r["forward_backward_copy_fraction"] = r["forward_backward_GBps"] * 1e9 / copy
         compiled = by_key.get((r["dtype"], r["N"], "compiled"))
-        if compiled:
+        if compiled and "forward_ms" in r:
             r["forward_vs_compiled"] = compiled["forward_ms"] / r["forward_ms"]
     overhead = None
     if device == "cuda":
@@ -203,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     path.write_text(json.dumps(doc, indent=2))
     cols = ["dtype", "N", "impl", "forward_ms", "forward_copy_fraction", "forward_vs_eager",
             "forward_vs_compiled", "forward_backward_ms", "forward_backward_copy_fraction",
-            "forward_backward_vs_eager"]
+            "forward_backward_vs_eager", "backward_ms", "backward_copy_fraction"]
     print(f"copy bandwidth: {copy / 1e9:.0f} GB/s (read + write)")
     if overhead:
         print("host overhead per numba forward call (us): "

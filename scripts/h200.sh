@@ -13,18 +13,22 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-steps=${STEPS:-"env tests sass matrix bench"}
+steps=${STEPS:-"env smoke tests sass matrix bench profile"}
 rc=0
 for step in $steps; do
   echo "=== $step"
   case $step in
     env)    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
             python3 -c "import torch, numba, numpy, numba_cuda; print('torch', torch.__version__, 'numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'numpy', numpy.__version__)" ;;
+    smoke)  # the cuLaunchKernel path first: if the driver refuses it, use cuda.core.launch
+            python3 -c "import torch; from kernels.gate_residual import gate_residual_forward as f; x = torch.ones(3, 5376, device='cuda', dtype=torch.bfloat16); i = torch.zeros(3, dtype=torch.int64, device='cuda'); assert torch.equal(f(x, x[:1], x, i), x + x[:1] * x); print('launch ok')" \
+              || { export GATE_RESIDUAL_LAUNCH=core; echo "cuLaunchKernel failed: GATE_RESIDUAL_LAUNCH=core"; rc=1; } ;;
     tests)  python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py 2>&1 | tee "$out/gpu-tests.log" | tail -25 || rc=1 ;;
     sass)   python3 scripts/sass_report.py > "$out/sass-report.txt" 2>&1 || rc=1; tail -30 "$out/sass-report.txt" ;;
     matrix) python3 -m runner matrix ${MATRIX_ARGS:---stack host --target cuda} 2>&1 | tee "$out/matrix.log" | tail -30 || rc=1
             cp reports/host-*.json reports/README.md "$out/" 2>/dev/null ;;
-    bench)  [ -f runner/bench.py ] && { python3 -m runner.bench ${BENCH_ARGS:-} --out "$out" 2>&1 | tail -40 || rc=1; } ;;
+    bench)  python3 -m runner.bench ${BENCH_ARGS:-} --out "$out" 2>&1 | tee "$out/bench.log" | tail -60 || rc=1 ;;
+    profile) python3 scripts/profile_host.py 1 > "$out/profile-host.txt" 2>&1 || rc=1; grep "us/call" "$out/profile-host.txt" ;;
   esac
 done
 exit $rc

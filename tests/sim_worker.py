@@ -18,18 +18,22 @@ from kernels import gate_residual as K
 from kernels.rounding import CODECS, SIMULATOR
 from runner.inputs import make_inputs
 
-CASES = [  # (n, d, g, dtype, index_dtype): d * itemsize % 8 == 0 also runs the word kernels
+CASES = [  # (n, d, g, dtype, index_dtype): d * itemsize % 16 == 0 also runs the vector kernels
     (1, 3, 1, "bfloat16", "int64"),
     (K.CHUNK_ROWS + 3, 37, 5, "bfloat16", "int32"),
     (K.CHUNK_ROWS + 3, 37, 5, "float16", "int64"),
     (K.CHUNK_ROWS + 3, 37, 5, "float32", "int64"),
     (K.CHUNK_ROWS + 3, 24, 5, "bfloat16", "int64"),
     (K.CHUNK_ROWS + 3, 24, 5, "float16", "int32"),
-    (K.CHUNK_ROWS + 3, 26, 3, "float32", "int64"),
+    (K.CHUNK_ROWS + 3, 28, 3, "float32", "int64"),
     (0, 4, 2, "float32", "int64"),
 ]
 LAUNCHES = [dict(block_cols=128, max_grid_y=65535), dict(block_cols=32, max_grid_y=2)]
-WORD_LAUNCHES = [dict(block_cols=None, max_grid_y=65535), dict(block_cols=32, max_grid_y=3)]
+VEC_LAUNCHES = [  # (forward launch, backward launch)
+    (dict(block_cols=None, max_grid_y=65535, rows_per_step=2), dict(block_cols=None)),
+    (dict(block_cols=32, max_grid_y=3, rows_per_step=1), dict(block_cols=32, max_grid_y=3)),
+    (dict(block_cols=32, max_grid_y=2, rows_per_step=2), dict(block_cols=32, max_grid_y=1)),
+]
 
 
 def storage(t):
@@ -62,17 +66,17 @@ def main(out_path: str, seed: int) -> None:
             saved[f"{c}/{li}/out"] = out
             saved[f"{c}/{li}/grad_y"] = grad_y
             saved[f"{c}/{li}/grad_gate"] = grad_gate
-        if (d * np.dtype(npdt).itemsize) % 8 == 0:
-            words = {k: v.view(np.int64) for k, v in a.items() if k != "index"}
-            for li, launch in enumerate(WORD_LAUNCHES, start=len(LAUNCHES)):
-                out = np.full((n, d), 7, dtype=npdt).view(np.int64)  # poisoned
-                grad_y = np.full((n, d), 7, dtype=npdt).view(np.int64)
+        if (d * np.dtype(npdt).itemsize) % 16 == 0:
+            words = {k: v.view(np.uint32) for k, v in a.items() if k != "index"}
+            for li, (fwd, bwd) in enumerate(VEC_LAUNCHES, start=len(LAUNCHES)):
+                out = np.full((n, d), 7, dtype=npdt).view(np.uint32)  # poisoned
+                grad_y = np.full((n, d), 7, dtype=npdt).view(np.uint32)
                 grad_gate = np.full((g, d), 7, dtype=npdt)
                 partial = np.full((K.n_chunks(n), g, d), np.nan, dtype=np.float32)
-                K.launch_forward_words(out, words["residual"], words["gate"], words["y"],
-                                       a["index"], dtype, **launch)
-                K.launch_backward_words(grad_y, grad_gate, partial, words["grad_out"],
-                                        words["gate"], words["y"], a["index"], dtype, **launch)
+                K.launch_forward_vec(out, words["residual"], words["gate"], words["y"],
+                                     a["index"], dtype, **fwd)
+                K.launch_backward_vec(grad_y, grad_gate, partial, words["grad_out"],
+                                      words["gate"], words["y"], a["index"], dtype, **bwd)
                 saved[f"{c}/{li}/out"] = out.view(npdt)
                 saved[f"{c}/{li}/grad_y"] = grad_y.view(npdt)
                 saved[f"{c}/{li}/grad_gate"] = grad_gate
@@ -80,10 +84,11 @@ def main(out_path: str, seed: int) -> None:
 
 
 def launches(c: int) -> list[int]:
-    """Indices of the launches case ``c`` ran (word launches only where rows are words)."""
+    """Indices of the launches case ``c`` ran (vector launches only where rows are whole
+    16-byte vectors)."""
     _, d, _, dtype, _ = CASES[c]
     itemsize = np.dtype(CODECS[dtype][2]).itemsize
-    extra = len(WORD_LAUNCHES) if (d * itemsize) % 8 == 0 else 0
+    extra = len(VEC_LAUNCHES) if (d * itemsize) % 16 == 0 else 0
     return list(range(len(LAUNCHES) + extra))
 
 

@@ -17,6 +17,8 @@ from kernels import gate_residual as K
 
 STORAGE = {"bfloat16": "int16", "float16": "float16", "float32": "float32"}
 FMA = re.compile(r"\bfma\.")
+VEC_LOAD = re.compile(r"\bld\.global\.v4\.(u32|b32|f32)\b")
+VEC_STORE = re.compile(r"\bst\.global\.v4\.(u32|b32|f32)\b")
 
 
 def ptx_of(kernel, signature: str) -> str:
@@ -27,8 +29,9 @@ def ptx_of(kernel, signature: str) -> str:
 def signatures(dtype: str, index: str) -> dict[str, str]:
     a = f"{STORAGE[dtype]}[:, ::1]"
     return {
-        "forward": f"void({a}, {a}, {a}, {a}, {index}[::1])",
-        "backward_chunks": f"void({a}, float32[:, :, ::1], {a}, {a}, {a}, {index}[::1])",
+        "forward": f"void({a}, {a}, {a}, {a}, {index}[::1], uint8[::1])",
+        "backward_chunks": (f"void({a}, float32[:, :, ::1], {a}, {a}, {a}, {index}[::1], "
+                            "uint8[::1])"),
         "reduce_chunks": f"void({a}, float32[:, :, ::1])",
     }
 
@@ -60,16 +63,25 @@ def test_kernels_have_no_fma(dtype, index):
 
 @pytest.mark.parametrize("dtype", sorted(STORAGE))
 @pytest.mark.parametrize("index", ["int64", "int32"])
-def test_word_kernels_have_no_fma_and_no_local_memory(dtype, index):
-    w = "int64[:, ::1]"
+@pytest.mark.parametrize("rows_per_step", [1, 2])
+def test_vector_kernels_have_no_fma_and_no_local_memory(dtype, index, rows_per_step):
+    """The 16-byte kernels: explicit-rounding arithmetic, 16-byte loads and stores, no local
+    memory; float16 converts with the hardware instructions eager uses."""
+    w = "uint32[:, ::1]"
     sigs = {
-        "forward": f"void({w}, {w}, {w}, {w}, {index}[::1])",
-        "backward_chunks": f"void({w}, float32[:, :, ::1], {w}, {w}, {w}, {index}[::1])",
+        "forward": f"void({w}, {w}, {w}, {w}, {index}[::1], uint8[::1])",
+        "backward_chunks": (f"void({w}, float32[:, :, ::1], {w}, {w}, {w}, {index}[::1], "
+                            "uint8[::1])"),
     }
-    kernels = dict(zip(("forward", "backward_chunks"), K.word_kernels_for(dtype), strict=True))
+    kernels = dict(zip(("forward", "backward_chunks"), K.vec_kernels_for(dtype, rows_per_step),
+                       strict=True))
     for name, sig in sigs.items():
         ptx = ptx_of(kernels[name], sig)
-        assert not FMA.search(ptx), f"word {name}[{dtype}, {index}] contains an FMA"
-        assert "mul.rn.f32" in ptx and "add.rn.f32" in ptx, f"word {name}[{dtype}]"
-        assert "ld.global.u64" in ptx or "ld.global.nc.u64" in ptx, f"word {name}: no 8-byte loads"
-        assert "ld.local" not in ptx and "st.local" not in ptx, f"word {name}: local memory"
+        where = f"vector {name}[{dtype}, {index}, rows_per_step={rows_per_step}]"
+        assert not FMA.search(ptx), f"{where} contains an FMA"
+        assert "mul.rn.f32" in ptx and "add.rn.f32" in ptx, where
+        assert VEC_LOAD.search(ptx), f"{where}: no 16-byte loads"
+        assert VEC_STORE.search(ptx), f"{where}: no 16-byte stores"
+        assert "ld.local" not in ptx and "st.local" not in ptx, f"{where}: local memory"
+        if dtype == "float16":
+            assert "cvt.rn.f16.f32" in ptx and "cvt.f32.f16" in ptx, f"{where}: no hardware cvt"

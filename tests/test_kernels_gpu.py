@@ -14,7 +14,10 @@ from runner.errors import OpInputError
 
 pytestmark = pytest.mark.gpu
 
-SHAPES = [(0, 5, 3), (1, 1, 1), (7, 33, 3), (300, 129, 9), (300, 128, 9), (1025, 5376, 9)]
+# element kernels where D * itemsize % 16 != 0 (D = 1, 33, 129, and 132 for bfloat16/float16),
+# 16-byte vector kernels otherwise (D = 128, 132 for float32, 5376)
+SHAPES = [(0, 5, 3), (1, 1, 1), (7, 33, 3), (300, 129, 9), (300, 128, 9), (301, 132, 9),
+          (1025, 5376, 9)]
 
 
 def eager(x):
@@ -88,9 +91,62 @@ def test_bad_input_rejected_on_gpu():
     r = torch.zeros(4, 8, device="cuda", dtype=torch.bfloat16)
     g = torch.zeros(3, 8, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(OpInputError, match="outside"):
-        gate_residual_forward(r, g, r, torch.tensor([0, 1, 3, 0], device="cuda"))
+        gate_residual_forward(r, g, r, torch.tensor([0, 1, 3, 0], device="cuda"),
+                              check_index="sync")
     with pytest.raises(OpInputError, match="different devices"):
         gate_residual_forward(r, g.cpu(), r, torch.zeros(4, dtype=torch.int64, device="cuda"))
+
+
+DEVICE_CHECK = """
+import sys, torch
+from kernels.gate_residual import gate_residual_forward
+n, d, bad = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+r = torch.zeros(n, d, device="cuda", dtype=torch.bfloat16)
+g = torch.zeros(3, d, device="cuda", dtype=torch.bfloat16)
+idx = torch.zeros(n, dtype=torch.int64, device="cuda")
+gate_residual_forward(r, g, r, idx + 7, check_index=False)  # unchecked: must not count later
+torch.cuda.synchronize()
+idx[n // 2] = bad
+out = gate_residual_forward(r, g, r, idx)
+torch.cuda.synchronize()
+print("finished", float(out.float().sum()))
+"""
+
+
+@pytest.mark.parametrize(("n", "d"), [(5, 8), (4097, 5376)])
+def test_default_index_check_fails_on_the_device_like_eager(n, d):
+    """The default check does not synchronise; a bad index fails at the next synchronisation
+    (torch._assert_async), and an unchecked call with bad indices before it does not count."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    run = lambda bad: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", DEVICE_CHECK, str(n), str(d), str(bad)], cwd=root,
+        capture_output=True, text=True, timeout=300)
+    good = run(2)
+    assert good.returncode == 0 and "finished 0.0" in good.stdout, good.stderr[-2000:]
+    for bad in (3, -1):
+        failed = run(bad)
+        assert failed.returncode != 0 and "finished" not in failed.stdout
+        assert "assert" in failed.stderr.lower(), failed.stderr[-2000:]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_vector_launch_shapes_do_not_move_bits(dtype, fresh_seed):
+    """Rows per step and the grid.y cap change the launch only: same bits, specials too."""
+    from kernels import gate_residual as K
+
+    x = on_gpu(inputs(4099, 5376, 9, dtype, "int64", fresh_seed, specials=True))
+    expected = x["residual"] + x["gate"].index_select(0, x["index"]) * x["y"]
+    sink = K._flags(expected.device)[1]
+    for rows_per_step in (1, 2):
+        for cap in (1, 7, 2048, 65535):
+            out = torch.full_like(expected, 7)
+            K._launch_forward(out, x["residual"], x["gate"], x["y"], x["index"], sink,
+                              rows_per_step=rows_per_step, max_grid_y=cap)
+            assert_bitwise(out, expected, f"rows_per_step={rows_per_step} grid.y<={cap}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -33,7 +33,10 @@ def entry_points(device):
         return gate_residual_cpu, GateResidualCPU.apply, gate_residual_backward_cpu
     from kernels.gate_residual import gate_residual, gate_residual_forward
 
-    return gate_residual_forward, gate_residual, None
+    # check_index="sync": an index outside [0, G) raises OpInputError at once, as on the CPU
+    # (the default checks on the device: tests/test_kernels_gpu.py, in a subprocess)
+    return (lambda *a: gate_residual_forward(*a, check_index="sync"),
+            lambda *a: gate_residual(*a, check_index="sync"), None)
 
 
 def eager(r, g, y, idx, go):

@@ -47,7 +47,7 @@ def _tensor(arr, dtype):
 def test_simulator_matches_cpu_path_bit_for_bit(simulated):
     worker, saved, seed = simulated
     cases = worker.CASES
-    assert any(len(worker.launches(c)) > 2 for c in range(len(cases))), "no word-kernel case"
+    assert any(len(worker.launches(c)) > 2 for c in range(len(cases))), "no vector-kernel case"
     for c, (_n, _d, _g, dtype, _ix) in enumerate(cases):
         x = {k: _tensor(saved[f"{c}/in/{k}"], dtype) for k in ("residual", "gate", "y",
                                                                  "grad_out")}
