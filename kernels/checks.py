@@ -87,6 +87,18 @@ def check_backward_inputs(grad_out, gate, y, index, *, device: str, check_index:
     if isinstance(gate, torch.Tensor) and gate.dtype != y.dtype:
         raise OpInputError(f"gate_residual backward: gate is {gate.dtype} but y is {y.dtype}")
     _, gate, y, index = check_inputs(y, gate, y, index, device=device, check_index=check_index)
+    return check_grad_out(grad_out, y), gate, y, index
+
+
+def check_grad_out(grad_out, y):
+    """``grad_out`` checked against an already checked ``y`` and returned contiguous: a
+    tensor of ``y``'s device, dtype and (N, D) shape; else a one-line
+    :class:`runner.errors.OpInputError`. What the autograd Function's backward checks (its
+    forward checked the rest)."""
+    if not isinstance(grad_out, torch.Tensor):
+        raise OpInputError(
+            f"gate_residual backward: grad_out must be a torch.Tensor, got "
+            f"{type(grad_out).__name__}")
     if grad_out.device != y.device:
         raise OpInputError(
             f"gate_residual backward: grad_out is on {grad_out.device} but y is on {y.device}")
@@ -97,4 +109,4 @@ def check_backward_inputs(grad_out, gate, y, index, *, device: str, check_index:
         raise OpInputError(
             f"gate_residual backward: grad_out must be (N, D) = {tuple(y.shape)} like y, "
             f"got {tuple(grad_out.shape)}")
-    return grad_out.contiguous(), gate, y, index
+    return grad_out.contiguous()

@@ -33,8 +33,8 @@ import torch
 from numba import cuda, float32
 from numba.cuda import types
 
-from kernels.checks import check_backward_inputs, check_inputs
-from kernels.launch import Launcher, array_params, array_type
+from kernels.checks import check_grad_out, check_inputs
+from kernels.launch import Launcher, array_type
 from kernels.rounding import CODECS, LANE_CODECS, add_rn, mul_rn
 from kernels.vector import load_vec, store_vec
 
@@ -121,9 +121,25 @@ def _make_kernels(load, store):
             return
         k = flat // width
         col = flat - k * width
+        # eight loads issued before their eight additions, which stay in chunk order
         total = float32(0.0)
-        for c in range(partial.shape[0]):
+        chunks = partial.shape[0]
+        c = 0
+        while c + 8 <= chunks:
+            p0 = partial[c, k, col]
+            p1 = partial[c + 1, k, col]
+            p2 = partial[c + 2, k, col]
+            p3 = partial[c + 3, k, col]
+            p4 = partial[c + 4, k, col]
+            p5 = partial[c + 5, k, col]
+            p6 = partial[c + 6, k, col]
+            p7 = partial[c + 7, k, col]
+            total = add_rn(add_rn(add_rn(add_rn(total, p0), p1), p2), p3)
+            total = add_rn(add_rn(add_rn(add_rn(total, p4), p5), p6), p7)
+            c += 8
+        while c < chunks:
             total = add_rn(total, partial[c, k, col])
+            c += 1
         grad_gate[k, col] = store(total)
 
     return forward, backward_chunks, reduce_chunks
@@ -228,8 +244,7 @@ def _make_vec_kernels(get, put, rnd, word_lanes, rows_per_step):
     def backward_chunks(grad_y, partial, grad_out, gate, y, index, flag):
         # grid: x over 16-byte vectors, y over chunks (strided). Shared memory:
         # acc[(k * vec_lanes + lane) * blockDim.x + threadIdx.x]; each thread owns its
-        # slots, so no barrier. The next row's index and vectors are loaded before the
-        # current row is processed.
+        # slots, so no barrier.
         acc = cuda.shared.array(0, dtype=float32)
         tx = cuda.threadIdx.x
         width = cuda.blockDim.x
@@ -244,22 +259,35 @@ def _make_vec_kernels(get, put, rnd, word_lanes, rows_per_step):
                 acc[slot * width + tx] = float32(0.0)
             start = chunk * CHUNK_ROWS
             stop = min(start + CHUNK_ROWS, n_rows)
-            k_next, bad_next = gate_row(index, start, n_gate, flag)
-            go_next = load_vec(grad_out, start, q)
-            y_next = load_vec(y, start, q)
+            # A two-row pipeline: row i has its index and all three vectors loaded; row
+            # i + 1 its index and grad_out/y vectors (its gate vector is loaded as soon as
+            # its index is known). Loads past the chunk's end re-read its last row.
+            k0, bad0 = gate_row(index, start, n_gate, flag)
+            go0 = load_vec(grad_out, start, q)
+            y0 = load_vec(y, start, q)
+            g0 = load_vec(gate, k0, q)
+            ahead = min(start + 1, stop - 1)
+            k1, bad1 = gate_row(index, ahead, n_gate, flag)
+            go1 = load_vec(grad_out, ahead, q)
+            y1 = load_vec(y, ahead, q)
             for i in range(start, stop):
-                k = k_next
-                bad = bad_next
-                go = go_next
-                yv = y_next
-                if i + 1 < stop:
-                    k_next, bad_next = gate_row(index, i + 1, n_gate, flag)
-                    go_next = load_vec(grad_out, i + 1, q)
-                    y_next = load_vec(y, i + 1, q)
+                k = k0
+                bad = bad0
+                go = go0
+                yv = y0
+                g = g0
+                k0 = k1
+                bad0 = bad1
+                go0 = go1
+                y0 = y1
+                g0 = load_vec(gate, k0, q)
+                ahead = min(i + 2, stop - 1)
+                k1, bad1 = gate_row(index, ahead, n_gate, flag)
+                go1 = load_vec(grad_out, ahead, q)
+                y1 = load_vec(y, ahead, q)
                 if bad:
                     store_vec(grad_y, i, q, nan, nan, nan, nan)
                     continue
-                g = load_vec(gate, k, q)
                 base = k * vec_lanes
                 o0 = backward_word(go[0], g[0], yv[0], acc, base, width, tx)
                 o1 = backward_word(go[1], g[1], yv[1], acc, base + word_lanes, width, tx)
@@ -467,16 +495,31 @@ _U32_2D = array_type(types.uint32, 2)
 _FLAG_TYPE = array_type(types.uint8, 1)
 _F32_3D = array_type(types.float32, 3)
 _LAUNCHERS: dict[tuple, Launcher] = {}
-#: per device: (flag the checked calls clear on a bad index, flag the unchecked calls clear)
+#: per device index: (flag the checked calls clear on a bad index, flag unchecked calls clear)
 _FLAGS: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _launcher(kind: str, dtype: str, which: int, rows_per_step: int = FORWARD_ROWS_PER_STEP):
-    key = (kind, dtype, which, rows_per_step)
-    if key not in _LAUNCHERS:
-        kernels = vec_kernels_for(dtype, rows_per_step) if kind == "vec" else kernels_for(dtype)
-        _LAUNCHERS[key] = Launcher(kernels[which])
-    return _LAUNCHERS[key]
+def _launcher(kind: str, which: int, dtype: torch.dtype, index_dtype: torch.dtype,
+              rows_per_step: int = FORWARD_ROWS_PER_STEP) -> Launcher:
+    """The launcher of one kernel and signature. ``kind``: "vec" or "elements"; ``which``:
+    0 forward, 1 backward_chunks, 2 reduce_chunks (elements only)."""
+    key = (kind, which, dtype, index_dtype, rows_per_step)
+    launcher = _LAUNCHERS.get(key)
+    if launcher is None:
+        name = str(dtype).removeprefix("torch.")
+        element = array_type(_ELEMENT_TYPES[dtype], 2)
+        index = array_type(_INDEX_TYPES[index_dtype], 1)
+        if kind == "vec":
+            kernel = vec_kernels_for(name, rows_per_step)[which]
+            argtypes = ((_U32_2D,) * 4 + (index, _FLAG_TYPE) if which == 0 else
+                        (_U32_2D, _F32_3D, _U32_2D, _U32_2D, _U32_2D, index, _FLAG_TYPE))
+        else:
+            kernel = kernels_for(name)[which]
+            argtypes = ((element,) * 4 + (index, _FLAG_TYPE) if which == 0 else
+                        (element, _F32_3D, element, element, element, index, _FLAG_TYPE)
+                        if which == 1 else (element, _F32_3D))
+        launcher = _LAUNCHERS[key] = Launcher(kernel, argtypes)
+    return launcher
 
 
 def _flags(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -499,42 +542,59 @@ def _vec_ok(*tensors) -> bool:
         x.data_ptr() % 16 == 0 for x in tensors)
 
 
-def _u32(t: torch.Tensor) -> list[int]:
-    """Parameters of a contiguous (rows, D) tensor seen as uint32 words (rows, D*itemsize/4)."""
-    return array_params(t.data_ptr(), (t.shape[0], t.shape[1] * t.element_size() // 4), 4)
+# numba's array ABI for C-contiguous arrays (kernels/launch.py: array_params), unrolled for
+# the ranks used here: 0, 0, size, itemsize, pointer, *shape, *strides in bytes.
+
+def _p1(ptr: int, n: int, itemsize: int) -> tuple:
+    return 0, 0, n, itemsize, ptr, n, itemsize
 
 
-def _elem(t: torch.Tensor) -> list[int]:
-    return array_params(t.data_ptr(), tuple(t.shape), t.element_size())
+def _p2(ptr: int, rows: int, cols: int, itemsize: int) -> tuple:
+    return 0, 0, rows * cols, itemsize, ptr, rows, cols, cols * itemsize, itemsize
 
 
-def _elem_type(t: torch.Tensor) -> types.Array:
-    return array_type(_ELEMENT_TYPES[t.dtype], t.dim())
+def _p3(ptr: int, a: int, b: int, c: int) -> tuple:  # float32
+    return 0, 0, a * b * c, 4, ptr, a, b, c, 4 * b * c, 4 * c, 4
 
 
 def _launch_forward(out, residual, gate, y, index, flag, *,
                     rows_per_step: int = FORWARD_ROWS_PER_STEP,
                     max_grid_y: int = FORWARD_MAX_GRID_Y) -> None:
-    """Launch the forward on contiguous CUDA tensors (no checks); the vectorised kernel when
-    :func:`_vec_ok`, else the element kernel."""
+    """Launch the forward on contiguous CUDA tensors of one device (no checks): the
+    vectorised kernel when :func:`_vec_ok`, else the element kernel."""
     n_rows, width = out.shape
-    dtype = _dtype_name(out)
-    index_params = array_params(index.data_ptr(), (n_rows,), index.element_size())
-    flag_params = array_params(flag.data_ptr(), (1,), 1)
-    index_type = array_type(_INDEX_TYPES[index.dtype], 1)
+    n_gate = gate.shape[0]
+    itemsize = out.element_size()
+    tail = (*_p1(index.data_ptr(), n_rows, index.element_size()), *_p1(flag.data_ptr(), 1, 1))
     if _vec_ok(out, residual, gate, y):
-        grid, block = forward_vec_geometry(n_rows, width * out.element_size() // 16,
-                                           max_grid_y=max_grid_y, rows_per_step=rows_per_step)
-        argtypes = (_U32_2D,) * 4 + (index_type, _FLAG_TYPE)
-        params = [*_u32(out), *_u32(residual), *_u32(gate), *_u32(y), *index_params,
-                  *flag_params]
-        _launcher("vec", dtype, 0, rows_per_step)(argtypes, grid, block, 0, params)
+        words = width * itemsize // 4
+        grid, block = forward_vec_geometry(n_rows, words // 4, max_grid_y=max_grid_y,
+                                           rows_per_step=rows_per_step)
+        launcher = _launcher("vec", 0, out.dtype, index.dtype, rows_per_step)
+        params = [*_p2(out.data_ptr(), n_rows, words, 4),
+                  *_p2(residual.data_ptr(), n_rows, words, 4),
+                  *_p2(gate.data_ptr(), n_gate, words, 4),
+                  *_p2(y.data_ptr(), n_rows, words, 4), *tail]
     else:
         grid, block = forward_geometry(n_rows, width)
-        argtypes = (_elem_type(out),) * 4 + (index_type, _FLAG_TYPE)
-        params = [*_elem(out), *_elem(residual), *_elem(gate), *_elem(y), *index_params,
-                  *flag_params]
-        _launcher("elements", dtype, 0)(argtypes, grid, block, 0, params)
+        launcher = _launcher("elements", 0, out.dtype, index.dtype)
+        params = [*_p2(out.data_ptr(), n_rows, width, itemsize),
+                  *_p2(residual.data_ptr(), n_rows, width, itemsize),
+                  *_p2(gate.data_ptr(), n_gate, width, itemsize),
+                  *_p2(y.data_ptr(), n_rows, width, itemsize), *tail]
+    launcher(out.get_device(), grid, block, 0, params)
+
+
+def _forward(residual, gate, y, index, check_index) -> torch.Tensor:
+    """The forward on inputs :func:`check_inputs` accepted (contiguous, one device)."""
+    out = torch.empty_like(residual)
+    if out.shape[0] == 0 or out.shape[1] == 0:
+        return out
+    checked, sink = _flags(out.device)
+    _launch_forward(out, residual, gate, y, index, checked if check_index is True else sink)
+    if check_index is True:
+        torch._assert_async(checked, "gate_residual: index holds a value outside [0, G)")
+    return out
 
 
 def gate_residual_forward(residual, gate, y, index, *, check_index: bool | str = True):
@@ -554,14 +614,7 @@ def gate_residual_forward(residual, gate, y, index, *, check_index: bool | str =
     """
     residual, gate, y, index = check_inputs(residual, gate, y, index, device="cuda",
                                             check_index=check_index == "sync")
-    out = torch.empty_like(residual)
-    if out.shape[0] == 0 or out.shape[1] == 0:
-        return out
-    checked, sink = _flags(out.device)
-    _launch_forward(out, residual, gate, y, index, checked if check_index is True else sink)
-    if check_index is True:
-        torch._assert_async(checked, "gate_residual: index holds a value outside [0, G)")
-    return out
+    return _forward(residual, gate, y, index, check_index)
 
 
 def gate_residual_backward(grad_out, gate, y, index):
@@ -569,8 +622,8 @@ def gate_residual_backward(grad_out, gate, y, index):
 
     ``grad_gate`` (G, D) is deterministic: :data:`SUMMATION_ORDER`. Scratch: one float32
     buffer of n_chunks(N) * G * D elements. Inputs as saved by :class:`GateResidual`
-    (contiguous, checked); rows with an out-of-range index give NaN ``grad_y`` rows and add
-    nothing to ``grad_gate``.
+    (contiguous, checked, one device); rows with an out-of-range index give NaN ``grad_y``
+    rows and add nothing to ``grad_gate``.
     """
     n_rows, width = grad_out.shape
     n_gate = gate.shape[0]
@@ -581,32 +634,34 @@ def gate_residual_backward(grad_out, gate, y, index):
     chunks = n_chunks(n_rows)
     partial = torch.empty((chunks, n_gate, width), dtype=torch.float32,
                           device=grad_out.device)
-    dtype = _dtype_name(grad_out)
+    device = grad_out.get_device()
+    itemsize = grad_out.element_size()
+    partial_params = _p3(partial.data_ptr(), chunks, n_gate, width)
     if chunks:
         sink = _flags(grad_out.device)[1]
-        tail = [*array_params(index.data_ptr(), (n_rows,), index.element_size()),
-                *array_params(sink.data_ptr(), (1,), 1)]
-        index_type = array_type(_INDEX_TYPES[index.dtype], 1)
-        partial_params = array_params(partial.data_ptr(), tuple(partial.shape), 4)
+        tail = (*_p1(index.data_ptr(), n_rows, index.element_size()),
+                *_p1(sink.data_ptr(), 1, 1))
         if _vec_ok(grad_y, grad_out, gate, y):
-            lanes = 4 * LANE_CODECS[dtype][3]
-            vectors = width * grad_out.element_size() // 16
-            grid, block, shared = backward_vec_geometry(chunks, vectors, n_gate, lanes)
-            argtypes = (_U32_2D, _F32_3D, _U32_2D, _U32_2D, _U32_2D, index_type, _FLAG_TYPE)
-            params = [*_u32(grad_y), *partial_params, *_u32(grad_out), *_u32(gate), *_u32(y),
-                      *tail]
-            _launcher("vec", dtype, 1)(argtypes, grid, block, shared, params)
+            words = width * itemsize // 4
+            lanes = 4 * LANE_CODECS[_dtype_name(grad_out)][3]
+            grid, block, shared = backward_vec_geometry(chunks, words // 4, n_gate, lanes)
+            launcher = _launcher("vec", 1, grad_out.dtype, index.dtype)
+            params = [*_p2(grad_y.data_ptr(), n_rows, words, 4), *partial_params,
+                      *_p2(grad_out.data_ptr(), n_rows, words, 4),
+                      *_p2(gate.data_ptr(), n_gate, words, 4),
+                      *_p2(y.data_ptr(), n_rows, words, 4), *tail]
         else:
             grid, block, shared = backward_geometry(chunks, width, n_gate)
-            et = _elem_type(grad_out)
-            argtypes = (et, _F32_3D, et, et, et, index_type, _FLAG_TYPE)
-            params = [*_elem(grad_y), *partial_params, *_elem(grad_out), *_elem(gate),
-                      *_elem(y), *tail]
-            _launcher("elements", dtype, 1)(argtypes, grid, block, shared, params)
+            launcher = _launcher("elements", 1, grad_out.dtype, index.dtype)
+            params = [*_p2(grad_y.data_ptr(), n_rows, width, itemsize), *partial_params,
+                      *_p2(grad_out.data_ptr(), n_rows, width, itemsize),
+                      *_p2(gate.data_ptr(), n_gate, width, itemsize),
+                      *_p2(y.data_ptr(), n_rows, width, itemsize), *tail]
+        launcher(device, grid, block, shared, params)
     grid, block = reduce_geometry(grad_gate.numel())
-    argtypes = (_elem_type(grad_gate), _F32_3D)
-    params = [*_elem(grad_gate), *array_params(partial.data_ptr(), tuple(partial.shape), 4)]
-    _launcher("elements", dtype, 2)(argtypes, (grid, 1), block, 0, params)
+    launcher = _launcher("elements", 2, grad_out.dtype, index.dtype)
+    launcher(device, (grid, 1), block, 0,
+             [*_p2(grad_gate.data_ptr(), n_gate, width, itemsize), *partial_params])
     return grad_y, grad_gate
 
 
@@ -623,14 +678,12 @@ class GateResidual(torch.autograd.Function):
         residual, gate, y, index = check_inputs(residual, gate, y, index, device="cuda",
                                                 check_index=check_index == "sync")
         ctx.save_for_backward(gate, y, index)
-        return gate_residual_forward(residual, gate, y, index,
-                                     check_index=check_index is True)
+        return _forward(residual, gate, y, index, check_index)
 
     @staticmethod
     def backward(ctx, grad_out):
         gate, y, index = ctx.saved_tensors
-        grad_out, gate, y, index = check_backward_inputs(grad_out, gate, y, index,
-                                                         device="cuda", check_index=False)
+        grad_out = check_grad_out(grad_out, y)
         grad_y, grad_gate = gate_residual_backward(grad_out, gate, y, index)
         return grad_out, grad_gate, grad_y, None, None
 

@@ -17,20 +17,11 @@ calls) instead, for comparison.
 
 from __future__ import annotations
 
+import array
 import os
 
-import numpy as np
 import torch
 from numba.cuda import types
-
-_NUMBA_DTYPES = {
-    torch.int64: types.int64,
-    torch.int32: types.int32,
-    torch.int16: types.int16,
-    torch.uint8: types.uint8,
-    torch.float16: types.float16,
-    torch.float32: types.float32,
-}
 
 #: cuLaunchKernel ``extra`` keys (cuda.h: CU_LAUNCH_PARAM_END, _BUFFER_POINTER, _BUFFER_SIZE)
 _PARAM_END, _PARAM_BUFFER_POINTER, _PARAM_BUFFER_SIZE = 0, 1, 2
@@ -53,79 +44,69 @@ def array_params(ptr: int, shape: tuple[int, ...], itemsize: int) -> list[int]:
     return [0, 0, step // itemsize, itemsize, ptr, *shape, *reversed(strides)]
 
 
-def tensor_params(t: torch.Tensor) -> list[int]:
-    """:func:`array_params` of a contiguous tensor as it is (its own dtype and shape)."""
-    return array_params(t.data_ptr(), tuple(t.shape), t.element_size())
-
-
-def tensor_type(t: torch.Tensor) -> types.Array:
-    """numba type of a contiguous tensor (view bfloat16 as int16 first)."""
-    return array_type(_NUMBA_DTYPES[t.dtype], t.dim())
-
-
-def _stream_handle() -> int:
-    return torch.cuda.current_stream().cuda_stream
-
-
 class Launcher:
-    """Launches one numba.cuda dispatcher: ``launcher(argtypes, grid, block, shared, params)``.
+    """Launches one numba.cuda dispatcher with one signature:
+    ``launcher(device, grid, block, shared, params)``.
 
-    ``argtypes``: a tuple of numba types (``array_type(...)``) fixing the signature; the
-    first launch of a signature compiles it (numba caches it for the process). ``params``:
-    the flat list of 8-byte kernel parameters (:func:`array_params` per array). ``grid``:
-    (x, y); ``block``: threads in x; ``shared``: dynamic shared memory in bytes. Launches
-    on torch's current CUDA stream. Raises ``RuntimeError`` naming the CUDA error when the
-    driver refuses the launch.
+    ``argtypes``: the numba types (``array_type(...)``) of the signature; it is compiled on
+    the first launch (numba caches it for the process) and its driver handle kept. ``device``:
+    the CUDA device index of the tensors (``t.get_device()``); the launch goes to torch's
+    current stream on it. ``params``: the flat list of 8-byte kernel parameters
+    (:func:`array_params` per array). ``grid``: (x, y); ``block``: threads in x;
+    ``shared``: dynamic shared memory in bytes. Raises ``RuntimeError`` naming the CUDA
+    error when the driver refuses the launch.
     """
 
-    def __init__(self, dispatcher) -> None:
+    def __init__(self, dispatcher, argtypes: tuple) -> None:
         self.dispatcher = dispatcher
-        self._compiled: dict[tuple, object] = {}
-        self._use_core = os.environ.get("GATE_RESIDUAL_LAUNCH") == "core"
+        self.argtypes = argtypes
+        self.use_core = os.environ.get("GATE_RESIDUAL_LAUNCH") == "core"
+        self._cufunc = None
 
-    def compiled(self, argtypes: tuple):
-        """The numba ``_Kernel`` for ``argtypes``, compiled and loaded on first use."""
-        kernel = self._compiled.get(argtypes)
-        if kernel is None:
-            self.dispatcher.compile(argtypes)
-            kernel = self.dispatcher.overloads[argtypes]
-            kernel.bind()
-            self._compiled[argtypes] = kernel
+    def compiled(self):
+        """The numba ``_Kernel`` of this signature, compiled and loaded on first use."""
+        self.dispatcher.compile(self.argtypes)
+        kernel = self.dispatcher.overloads[self.argtypes]
+        kernel.bind()
         return kernel
 
-    def __call__(self, argtypes: tuple, grid: tuple, block: int, shared: int,
+    def __call__(self, device: int, grid: tuple, block: int, shared: int,
                  params: list[int]) -> None:
-        cufunc = self.compiled(argtypes)._codelibrary.get_cufunc()
-        if self._use_core:
-            _launch_core(cufunc.kernel, grid, block, shared, params)
+        cufunc = self._cufunc
+        if cufunc is None:
+            cufunc = self._cufunc = self.compiled()._codelibrary.get_cufunc()
+        stream = torch._C._cuda_getCurrentRawStream(device)
+        if self.use_core:
+            _launch_core(cufunc.kernel, stream, grid, block, shared, params)
         else:
-            _launch_driver(cufunc.handle, grid, block, shared, params)
+            _launch_driver(cufunc.handle, stream, grid, block, shared, params)
 
 
-def _launch_driver(handle, grid: tuple, block: int, shared: int, params: list[int]) -> None:
+def _launch_driver(handle, stream: int, grid: tuple, block: int, shared: int,
+                   params: list[int]) -> None:
     from cuda.bindings import driver
 
-    stream_handle = _stream_handle()
-    stream = _STREAMS.get(stream_handle)
-    if stream is None:
-        stream = _STREAMS[stream_handle] = driver.CUstream(stream_handle)
-    buffer = np.array(params, dtype=np.int64)
-    size = np.array([buffer.nbytes], dtype=np.uint64)
-    extra = np.array([_PARAM_BUFFER_POINTER, buffer.ctypes.data, _PARAM_BUFFER_SIZE,
-                      size.ctypes.data, _PARAM_END], dtype=np.uint64)
-    (err,) = driver.cuLaunchKernel(handle, grid[0], grid[1], 1, block, 1, 1, shared, stream,
-                                   None, extra.ctypes.data)
+    cu_stream = _STREAMS.get(stream)
+    if cu_stream is None:
+        cu_stream = _STREAMS[stream] = driver.CUstream(stream)
+    buffer = array.array("q", params)
+    size = array.array("Q", (8 * len(params),))
+    extra = array.array("Q", (_PARAM_BUFFER_POINTER, buffer.buffer_info()[0],
+                              _PARAM_BUFFER_SIZE, size.buffer_info()[0], _PARAM_END))
+    (err,) = driver.cuLaunchKernel(handle, grid[0], grid[1], 1, block, 1, 1, shared, cu_stream,
+                                   None, extra.buffer_info()[0])
     if err != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"cuLaunchKernel failed: {err.name}")
 
 
-def _launch_core(kernel, grid: tuple, block: int, shared: int, params: list[int]) -> None:
+def _launch_core(kernel, stream: int, grid: tuple, block: int, shared: int,
+                 params: list[int]) -> None:
     from cuda.core import LaunchConfig, launch
     from numba import cuda
 
-    handle = _stream_handle()
-    stream = _STREAMS.get(-handle - 1)
-    if stream is None:
-        stream = _STREAMS[-handle - 1] = (cuda.external_stream(handle) if handle
-                                          else cuda.default_stream())
-    launch(stream, LaunchConfig(grid=grid, block=block, shmem_size=shared), kernel, *params)
+    numba_stream = _STREAMS.get(-stream - 1)
+    if numba_stream is None:
+        numba_stream = _STREAMS[-stream - 1] = (cuda.external_stream(stream) if stream
+                                                else cuda.default_stream())
+    launch(numba_stream, LaunchConfig(grid=grid, block=block, shmem_size=shared), kernel,
+           *params)
