@@ -142,7 +142,33 @@ def _make_kernels(load, store):
             c += 1
         grad_gate[k, col] = store(total)
 
-    return forward, backward_chunks, reduce_chunks
+    @cuda.jit
+    def backward_chunks_global(grad_y, partial, grad_out, gate, y, index, flag):
+        # backward_chunks with the accumulators in ``partial`` itself, for G too large for
+        # shared memory: the same operations in the same order, so the same bits.
+        col = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        n_rows = grad_out.shape[0]
+        n_gate = gate.shape[0]
+        if col >= grad_out.shape[1]:
+            return
+        chunk = cuda.blockIdx.y
+        while chunk < partial.shape[0]:
+            for k in range(n_gate):
+                partial[chunk, k, col] = float32(0.0)
+            start = chunk * CHUNK_ROWS
+            stop = min(start + CHUNK_ROWS, n_rows)
+            for i in range(start, stop):
+                k = index[i]
+                if k < 0 or k >= n_gate:
+                    flag[0] = np.uint8(0)
+                    grad_y[i, col] = store(add_rn(float32(np.nan), float32(0.0)))
+                    continue
+                go = load(grad_out[i, col])
+                grad_y[i, col] = store(mul_rn(go, load(gate[k, col])))
+                partial[chunk, k, col] = add_rn(partial[chunk, k, col], mul_rn(go, load(y[i, col])))
+            chunk += cuda.gridDim.y
+
+    return forward, backward_chunks, reduce_chunks, backward_chunks_global
 
 
 def _make_vec_kernels(get, put, rnd, word_lanes, rows_per_step):
@@ -337,7 +363,8 @@ def pick_width(units: int, cap: int) -> int:
 
 
 def kernels_for(dtype: str):
-    """The (forward, backward_chunks, reduce_chunks) element numba.cuda kernels for a dtype.
+    """The (forward, backward_chunks, reduce_chunks, backward_chunks_global) element
+    numba.cuda kernels for a dtype (the last for G too large for shared memory).
 
     ``dtype`` is ``"bfloat16"``, ``"float16"`` or ``"float32"``; kernels are built once per
     process and compiled by numba on first launch for each argument type signature.
@@ -407,6 +434,11 @@ def backward_geometry(chunks: int, width: int, n_gate: int, block_cols: int | No
     return (math.ceil(width / cols), min(chunks, max_grid_y)), cols, n_gate * cols * 4
 
 
+def shared_fits(n_accumulators: int) -> bool:
+    """Whether ``n_accumulators`` float32 per thread fit in shared memory at 32 threads."""
+    return n_accumulators * 32 * 4 <= MAX_SHARED_BYTES
+
+
 def reduce_geometry(numel: int) -> tuple[int, int]:
     """(grid, block) of the chunk reduction: one thread per grad_gate element."""
     return max(1, math.ceil(numel / 256)), 256
@@ -472,13 +504,17 @@ def launch_backward(grad_y, grad_gate, partial, grad_out, gate, y, index, dtype:
     (n_chunks(N), G, D)."""
     if grad_out.shape[1] == 0 or gate.shape[0] == 0:
         return
-    _, backward_chunks, reduce_chunks = kernels_for(dtype)
+    _, backward_chunks, reduce_chunks, backward_global = kernels_for(dtype)
     flag = _flag_array() if flag is None else flag
-    if partial.shape[0]:
+    if partial.shape[0] and shared_fits(gate.shape[0]):
         grid, block, shared = backward_geometry(partial.shape[0], grad_out.shape[1],
                                                 gate.shape[0], block_cols, max_grid_y)
         backward_chunks[grid, block, stream, shared](grad_y, partial, grad_out, gate, y, index,
                                                      flag)
+    elif partial.shape[0]:
+        grid, block = forward_geometry(partial.shape[0], grad_out.shape[1],
+                                       block_cols or BLOCK_COLS, max_grid_y)
+        backward_global[grid, block, stream](grad_y, partial, grad_out, gate, y, index, flag)
     grid, block = reduce_geometry(grad_gate.size)
     reduce_chunks[grid, block, stream](grad_gate, partial)
 
@@ -502,7 +538,7 @@ _FLAGS: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 def _launcher(kind: str, which: int, dtype: torch.dtype, index_dtype: torch.dtype,
               rows_per_step: int = FORWARD_ROWS_PER_STEP) -> Launcher:
     """The launcher of one kernel and signature. ``kind``: "vec" or "elements"; ``which``:
-    0 forward, 1 backward_chunks, 2 reduce_chunks (elements only)."""
+    0 forward, 1 backward_chunks, 2 reduce_chunks, 3 backward_chunks_global (elements only)."""
     key = (kind, which, dtype, index_dtype, rows_per_step)
     launcher = _LAUNCHERS.get(key)
     if launcher is None:
@@ -516,8 +552,8 @@ def _launcher(kind: str, which: int, dtype: torch.dtype, index_dtype: torch.dtyp
         else:
             kernel = kernels_for(name)[which]
             argtypes = ((element,) * 4 + (index, _FLAG_TYPE) if which == 0 else
-                        (element, _F32_3D, element, element, element, index, _FLAG_TYPE)
-                        if which == 1 else (element, _F32_3D))
+                        (element, _F32_3D) if which == 2 else
+                        (element, _F32_3D, element, element, element, index, _FLAG_TYPE))
         launcher = _LAUNCHERS[key] = Launcher(kernel, argtypes)
     return launcher
 
@@ -641,9 +677,9 @@ def gate_residual_backward(grad_out, gate, y, index):
         sink = _flags(grad_out.device)[1]
         tail = (*_p1(index.data_ptr(), n_rows, index.element_size()),
                 *_p1(sink.data_ptr(), 1, 1))
-        if _vec_ok(grad_y, grad_out, gate, y):
+        lanes = 4 * LANE_CODECS[_dtype_name(grad_out)][3]
+        if shared_fits(n_gate * lanes) and _vec_ok(grad_y, grad_out, gate, y):
             words = width * itemsize // 4
-            lanes = 4 * LANE_CODECS[_dtype_name(grad_out)][3]
             grid, block, shared = backward_vec_geometry(chunks, words // 4, n_gate, lanes)
             launcher = _launcher("vec", 1, grad_out.dtype, index.dtype)
             params = [*_p2(grad_y.data_ptr(), n_rows, words, 4), *partial_params,
@@ -651,8 +687,12 @@ def gate_residual_backward(grad_out, gate, y, index):
                       *_p2(gate.data_ptr(), n_gate, words, 4),
                       *_p2(y.data_ptr(), n_rows, words, 4), *tail]
         else:
-            grid, block, shared = backward_geometry(chunks, width, n_gate)
-            launcher = _launcher("elements", 1, grad_out.dtype, index.dtype)
+            if shared_fits(n_gate):
+                grid, block, shared = backward_geometry(chunks, width, n_gate)
+                launcher = _launcher("elements", 1, grad_out.dtype, index.dtype)
+            else:  # accumulators in global memory (same order, same bits)
+                (grid, block), shared = forward_geometry(chunks, width), 0
+                launcher = _launcher("elements", 3, grad_out.dtype, index.dtype)
             params = [*_p2(grad_y.data_ptr(), n_rows, width, itemsize), *partial_params,
                       *_p2(grad_out.data_ptr(), n_rows, width, itemsize),
                       *_p2(gate.data_ptr(), n_gate, width, itemsize),

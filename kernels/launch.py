@@ -18,6 +18,7 @@ calls) instead, for comparison.
 from __future__ import annotations
 
 import array
+import ctypes
 import os
 
 import torch
@@ -60,7 +61,10 @@ class Launcher:
     def __init__(self, dispatcher, argtypes: tuple) -> None:
         self.dispatcher = dispatcher
         self.argtypes = argtypes
-        self.use_core = os.environ.get("GATE_RESIDUAL_LAUNCH") == "core"
+        self.method = os.environ.get("GATE_RESIDUAL_LAUNCH", "ctypes")
+        if self.method not in LAUNCH_METHODS:
+            raise ValueError(f"GATE_RESIDUAL_LAUNCH={self.method!r}: choose from "
+                             f"{', '.join(LAUNCH_METHODS)}")
         self._cufunc = None
 
     def compiled(self):
@@ -76,10 +80,45 @@ class Launcher:
         if cufunc is None:
             cufunc = self._cufunc = self.compiled()._codelibrary.get_cufunc()
         stream = torch._C._cuda_getCurrentRawStream(device)
-        if self.use_core:
-            _launch_core(cufunc.kernel, stream, grid, block, shared, params)
-        else:
+        if self.method == "ctypes":
+            _launch_ctypes(cufunc.handle, stream, grid, block, shared, params)
+        elif self.method == "driver":
             _launch_driver(cufunc.handle, stream, grid, block, shared, params)
+        else:
+            _launch_core(cufunc.kernel, stream, grid, block, shared, params)
+
+
+#: ``GATE_RESIDUAL_LAUNCH`` values: libcuda's cuLaunchKernel through ctypes (default), the
+#: same through cuda.bindings, or cuda.core.launch (what numba-cuda calls)
+LAUNCH_METHODS = ("ctypes", "driver", "core")
+_CU_LAUNCH = None
+_HANDLES: dict[int, int] = {}
+
+
+def _cu_launch_kernel():
+    global _CU_LAUNCH
+    if _CU_LAUNCH is None:
+        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
+        fn.argtypes = [ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p, ctypes.c_void_p,
+                       ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+        _CU_LAUNCH = fn
+    return _CU_LAUNCH
+
+
+def _launch_ctypes(handle, stream: int, grid: tuple, block: int, shared: int,
+                   params: list[int]) -> None:
+    address = _HANDLES.get(id(handle))
+    if address is None:
+        address = _HANDLES[id(handle)] = int(handle)
+    buffer = (ctypes.c_int64 * len(params))(*params)
+    size = ctypes.c_size_t(8 * len(params))
+    extra = (ctypes.c_void_p * 5)(_PARAM_BUFFER_POINTER, ctypes.addressof(buffer),
+                                  _PARAM_BUFFER_SIZE, ctypes.addressof(size), _PARAM_END)
+    err = _cu_launch_kernel()(address, grid[0], grid[1], 1, block, 1, 1, shared, stream, None,
+                              extra)
+    if err:
+        raise RuntimeError(f"cuLaunchKernel failed: CUresult {err}")
 
 
 def _launch_driver(handle, stream: int, grid: tuple, block: int, shared: int,

@@ -65,9 +65,9 @@ def compiled_forward():
 
 def host_overhead_us(sets: list[dict], calls: int = 300) -> dict:
     """Microseconds of host time per numba forward call (N = 1): numba's own dispatcher on
-    array views (what a plain ``kernel[grid, block](...)`` costs), our launcher through
-    ``cuLaunchKernel`` and through ``cuda.core.launch``, the synchronising index check, and
-    the whole entry point with each ``check_index`` setting."""
+    array views (what a plain ``kernel[grid, block](...)`` costs), our launcher with each of
+    kernels/launch.py's LAUNCH_METHODS, the synchronising index check, and the whole entry
+    point with each ``check_index`` setting."""
     from numba import cuda
 
     from kernels import gate_residual as K
@@ -98,18 +98,19 @@ def host_overhead_us(sets: list[dict], calls: int = 300) -> dict:
                              cuda.external_stream(torch.cuda.current_stream().cuda_stream),
                              flag=cuda.as_cuda_array(sink, sync=False))
 
-    def direct(core: bool):
-        launcher = K._launcher("vec", dtype, 0)
-        launcher._use_core = core
+    def direct(method: str) -> float:
+        launcher = K._launcher("vec", 0, out.dtype, args[3].dtype)
+        default, launcher.method = launcher.method, method
         try:
             return per_call(lambda: K._launch_forward(out, *args, sink))
         finally:
-            launcher._use_core = False
+            launcher.method = default
 
     return {
         "numba_dispatch_us": per_call(numba_dispatch),
-        "core_launch_us": direct(True),
-        "driver_launch_us": direct(False),
+        "core_launch_us": direct("core"),
+        "driver_launch_us": direct("driver"),
+        "ctypes_launch_us": direct("ctypes"),
         "sync_index_check_us": per_call(lambda: check_inputs(*args, device="cuda")),
         "entry_point_us": per_call(lambda: K.gate_residual_forward(*args)),
         "entry_point_sync_check_us": per_call(

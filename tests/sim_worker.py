@@ -27,6 +27,7 @@ CASES = [  # (n, d, g, dtype, index_dtype): d * itemsize % 16 == 0 also runs the
     (K.CHUNK_ROWS + 3, 24, 5, "float16", "int32"),
     (K.CHUNK_ROWS + 3, 28, 3, "float32", "int64"),
     (0, 4, 2, "float32", "int64"),
+    (K.CHUNK_ROWS + 3, 5, 400, "bfloat16", "int64"),  # G beyond shared memory: global sums
 ]
 LAUNCHES = [dict(block_cols=128, max_grid_y=65535), dict(block_cols=32, max_grid_y=2)]
 VEC_LAUNCHES = [  # (forward launch, backward launch)

@@ -33,6 +33,8 @@ def signatures(dtype: str, index: str) -> dict[str, str]:
         "backward_chunks": (f"void({a}, float32[:, :, ::1], {a}, {a}, {a}, {index}[::1], "
                             "uint8[::1])"),
         "reduce_chunks": f"void({a}, float32[:, :, ::1])",
+        "backward_chunks_global": (f"void({a}, float32[:, :, ::1], {a}, {a}, {a}, "
+                                   f"{index}[::1], uint8[::1])"),
     }
 
 
@@ -51,7 +53,7 @@ def test_detector_sees_contraction():
 @pytest.mark.parametrize("dtype", sorted(STORAGE))
 @pytest.mark.parametrize("index", ["int64", "int32"])
 def test_kernels_have_no_fma(dtype, index):
-    names = ("forward", "backward_chunks", "reduce_chunks")
+    names = ("forward", "backward_chunks", "reduce_chunks", "backward_chunks_global")
     kernels = dict(zip(names, K.kernels_for(dtype), strict=True))
     for name, sig in signatures(dtype, index).items():
         ptx = ptx_of(kernels[name], sig)

@@ -53,7 +53,8 @@ def test_forward_grad_res_grad_y_bitwise_equal_to_eager(dtype, index_dtype, shap
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(1, 7, 2), (4097, 5376, 9)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(1, 7, 2), (4097, 5376, 9), (300, 64, 400)],
+                         ids=lambda s: "x".join(map(str, s)))  # G=400: global accumulators
 def test_grad_gate_repeatable_and_equal_to_cpu_path(dtype, shape, fresh_seed):
     from kernels.gate_residual import gate_residual_backward
     from kernels.gate_residual_cpu import gate_residual_backward_cpu
