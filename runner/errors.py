@@ -3,10 +3,14 @@
 The command line (``runner.__main__``) catches :class:`MatrixError` in one place,
 prints its one-line message and exits with ``exit_code``. Failures *inside a cell*
 are not exceptions at this level: they become data (a report with a non-``ok``
-status), so one failing cell never stops the matrix.
+status), so one failing cell never stops the matrix. A signal that stops the run
+(SIGINT, SIGTERM) is :class:`Interrupted`, not a :class:`MatrixError`: like
+``KeyboardInterrupt`` it passes every ``except Exception`` on its way out.
 """
 
 from __future__ import annotations
+
+import signal
 
 
 class MatrixError(Exception):
@@ -43,6 +47,32 @@ class BackendError(MatrixError):
     """A backend (host or docker) cannot run at all, e.g. no Docker engine answers (exit 4)."""
 
     exit_code = 4
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM reached the runner (exit code 128 + the signal: 130 or 143).
+
+    A ``KeyboardInterrupt``, so that every clean-up written for Ctrl-C (kill the cell's
+    process group, remove its container and staging directory, remove a half-written
+    temporary file) also runs for SIGTERM.
+
+    Example::
+
+        >>> Interrupted(signal.SIGTERM).exit_code
+        143
+    """
+
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        self.signum = int(signum)
+        self.exit_code = 128 + self.signum
+        super().__init__(self.signal_name)
+
+    @property
+    def signal_name(self) -> str:
+        try:
+            return signal.Signals(self.signum).name
+        except ValueError:
+            return f"signal {self.signum}"
 
 
 class ImageError(BackendError):

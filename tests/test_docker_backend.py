@@ -3,6 +3,9 @@ life (fake engine), build failures, and which backend runs which cell (runner.ba
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +25,7 @@ from runner.backends.docker import (
 )
 from runner.cells import Cell
 from runner.config import parse_matrix
-from runner.errors import BackendError, ConfigError
+from runner.errors import BackendError, ConfigError, Interrupted
 from runner.images import IMAGE_UID, render
 from runner.report import read_report
 
@@ -88,9 +91,10 @@ def test_gpu_request_only_for_cuda(target: str, gpus: str, expected: list) -> No
 
 @pytest.mark.parametrize("gpus", ["", "0;1", "all,0", "$(id)", "0,,1"])
 def test_bad_gpu_ids_are_refused(gpus: str) -> None:
-    with pytest.raises(BackendError, match="--gpus: expected"):
+    """A usage error (exit 2), not a backend that cannot run (exit 4)."""
+    with pytest.raises(ConfigError, match="--gpus: expected"):
         gpu_request(gpus)
-    with pytest.raises(BackendError):
+    with pytest.raises(ConfigError):
         DockerBackend(gpus=gpus)
 
 
@@ -100,11 +104,16 @@ class FakeAPI:
     """Records the calls DockerBackend makes; ``wait`` times out when ``hang`` is set."""
 
     def __init__(self, *, hang: bool = False, start_fails: bool = False,
-                 build: list[dict] | None = None, images: set[str] | None = None) -> None:
+                 build: list[dict] | None = None, images: set[str] | None = None,
+                 on_wait=None, on_create=None) -> None:
         self.calls: list[tuple[str, Any]] = []
         self.hang, self.start_fails = hang, start_fails
         self.build_chunks = build or []
         self.present = images if images is not None else set()
+        self.on_wait, self.on_create = on_wait, on_create
+
+    def ping(self):
+        return True
 
     def create_host_config(self, **kw):
         self.calls.append(("host_config", kw))
@@ -112,6 +121,8 @@ class FakeAPI:
 
     def create_container(self, **kw):
         self.calls.append(("create", kw))
+        if self.on_create:
+            self.on_create()
         return {"Id": "c1"}
 
     def start(self, container):
@@ -121,6 +132,8 @@ class FakeAPI:
 
     def wait(self, container, timeout=None):
         self.calls.append(("wait", timeout))
+        if self.on_wait:
+            self.on_wait()
         if self.hang and timeout != 60:
             raise requests.exceptions.ReadTimeout("read timed out")
         return {"StatusCode": 137 if self.hang else 0}
@@ -261,7 +274,7 @@ def test_docker_stacks_are_skipped_with_a_report_on_the_host_backend(
 
     outcomes = run_matrix(MATRIX, reports_dir=tmp_path, stacks=["cpu-torch2.13",
                                                                 "torch2.14-vllm0.33"],
-                          targets=["cpu"], backend="host", render=False)
+                          modes=["plain"], targets=["cpu"], backend="host", render=False)
     assert [(o.cell, o.status) for o in outcomes] == [
         ("torch2.14-vllm0.33-plain-cpu", "skipped"), ("cpu-torch2.13-plain-cpu", "skipped")]
     report = read_report(tmp_path / "cpu-torch2.13-plain-cpu.json").data
@@ -277,7 +290,7 @@ def test_auto_without_an_engine_says_so_and_skips(tmp_path: Path, monkeypatch,
 
     monkeypatch.setattr(run, "DockerBackend", NoEngine)
     outcomes = run.run_matrix(MATRIX, reports_dir=tmp_path, stacks=["cpu-torch2.13"],
-                              targets=["cpu"], backend="auto", render=False)
+                              modes=["plain"], targets=["cpu"], backend="auto", render=False)
     assert [o.status for o in outcomes] == ["skipped"]
     assert "[runner] --backend auto: host, since no Docker engine answers (test)" in \
         capsys.readouterr().out
@@ -306,3 +319,141 @@ def test_build_streams_with_a_progress_bar(tmp_path: Path,
     err = capsys.readouterr().err
     assert "build cpu-torch2.13" in err and "3/3" in err and "RUN step 3" in err
     assert "Successfully tagged" in (tmp_path / "logs" / "cpu-torch2.13.build.log").read_text()
+
+
+# --- --backend auto on a host that cannot make an image ------------------------------------
+
+def _no_base_matrix(tmp_path: Path) -> Path:
+    """The CPU stack without host paths (its base image is absent from the fake engine) and
+    a copy that names a wheelhouse this host does not have; one small case."""
+    data = yaml.safe_load(MATRIX.read_text())
+    data.pop("pip", None)
+    cpu = {**data["stacks"]["cpu-torch2.13"], "pip": {}}
+    data["stacks"] = {"host": {"kind": "host"}, "cpu-torch2.13": cpu,
+                      "wheelless": {**cpu, "pip": {"find_links": str(tmp_path / "wheels")}}}
+    data.update(cases=[{"n": 1}], targets=["cpu"], modes={"plain": {}},
+                implementations=["eager", "numba", "fp64"])
+    data.pop("batch_invariance", None)
+    path = tmp_path / "matrix.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def empty_engine(monkeypatch, tmp_path: Path) -> FakeAPI:
+    """An engine answers, with no image at all (a fresh machine with Docker installed)."""
+    from runner import run
+
+    api = FakeAPI(images=set())
+
+    class EmptyEngine(DockerBackend):
+        def __init__(self, **kw):
+            super().__init__(logs_dir=tmp_path / "logs", progress=False, **kw)
+            self._client = api
+
+    monkeypatch.setattr(run, "DockerBackend", EmptyEngine)
+    return api
+
+
+def test_auto_skips_docker_stacks_this_host_cannot_make_and_exits_0(
+        tmp_path: Path, empty_engine: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
+    """The regression: on a fresh machine with an engine but no base image, `nox -s matrix`
+    (--backend auto) exited 5 with every docker cell build_error."""
+    from runner.__main__ import main
+
+    reports = tmp_path / "reports"
+    code = main(["matrix", "--matrix", str(_no_base_matrix(tmp_path)), "--reports",
+                 str(reports), "--stack", "cpu-torch2.13", "--stack", "wheelless"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    nobase = read_report(reports / "cpu-torch2.13-plain-cpu.json").data
+    assert nobase["status"] == "skipped" and nobase["cell"]["backend"] == "docker"
+    assert nobase["reason"] == (
+        "base image gate-residual/base:bookworm-py3.11 is not on this Docker engine and is "
+        "never pulled: `docker pull gate-residual/base:bookworm-py3.11` where a registry is "
+        "reachable, or make one with `nox -s base_image`")
+    wheelless = read_report(reports / "wheelless-plain-cpu.json").data
+    assert wheelless["status"] == "skipped"
+    assert wheelless["reason"] == (f'stack "wheelless": pip.find_links {tmp_path / "wheels"}: '
+                                   "this host has no such wheelhouse (a directory of wheels), "
+                                   "which the image build needs (docs/containers.md)")
+    assert "[runner] cell cpu-torch2.13-plain-cpu: skipped: base image" in out
+    assert "build" not in empty_engine.names()  # nothing was pulled or built
+
+
+def test_explicit_docker_backend_reports_the_same_as_build_error_and_exits_5(
+        tmp_path: Path, empty_engine: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
+    from runner.__main__ import main
+
+    reports = tmp_path / "reports"
+    code = main(["matrix", "--matrix", str(_no_base_matrix(tmp_path)), "--reports",
+                 str(reports), "--stack", "cpu-torch2.13", "--stack", "wheelless",
+                 "--backend", "docker"])
+    err = capsys.readouterr().err
+    assert code == 5
+    assert err.splitlines()[-1] == ("error: 2 of 2 cells did not end ok: "
+                                    "cpu-torch2.13-plain-cpu (build_error), "
+                                    "wheelless-plain-cpu (build_error)")
+    nobase = read_report(reports / "cpu-torch2.13-plain-cpu.json").data
+    assert "make one with `nox -s base_image`" in nobase["reason"]
+
+
+def test_auto_keeps_a_report_of_a_stack_it_cannot_make(tmp_path: Path,
+                                                       empty_engine: FakeAPI) -> None:
+    """A report made where the image could be built is not replaced by 'skipped'."""
+    from runner.report import write_report
+    from runner.run import run_matrix
+
+    data = read_report(ROOT / "tests" / "data" / "reports" / "host-plain-cuda.json").data
+    data["cell"] = {"id": "cpu-torch2.13-plain-cpu", "stack": "cpu-torch2.13", "mode": "plain",
+                    "target": "cpu", "backend": "docker"}
+    write_report(data, tmp_path / "r")
+    before = (tmp_path / "r" / "cpu-torch2.13-plain-cpu.json").read_bytes()
+    again = run_matrix(_no_base_matrix(tmp_path), reports_dir=tmp_path / "r",
+                       stacks=["cpu-torch2.13"], backend="auto", render=False)
+    assert [o.status for o in again] == ["skipped"]
+    assert "kept the existing ok report" in again[0].reason
+    assert (tmp_path / "r" / "cpu-torch2.13-plain-cpu.json").read_bytes() == before
+
+
+# --- SIGTERM / Ctrl-C while a container runs ----------------------------------------------
+
+def _cell_matrix():
+    data = yaml.safe_load(MATRIX.read_text())
+    data.pop("pip", None)
+    data["stacks"]["cpu-torch2.13"]["pip"] = {}
+    return parse_matrix(data)
+
+
+def test_sigterm_while_the_container_runs_removes_it_and_the_staging_directory(
+        tmp_path: Path) -> None:
+    m = _cell_matrix()
+    spec = render(m, "cpu-torch2.13", matrix_dir=ROOT)
+
+    def terminated():
+        assert list(tmp_path.glob(".docker-*")), "the staging directory exists while it runs"
+        raise Interrupted(signal.SIGTERM)
+
+    api = FakeAPI(images={spec.tag, spec.base_image}, on_wait=terminated)
+    with pytest.raises(Interrupted) as stopped:
+        backend_on(api, tmp_path).run(m, Cell("cpu-torch2.13", "plain", "cpu"), m.cases[:1],
+                                      matrix_path=MATRIX, reports_dir=tmp_path, run_id="ab" * 16,
+                                      timeout_s=60)
+    assert stopped.value.exit_code == 143
+    assert api.names()[-1] == "remove" and ("remove", ("c1", True)) in api.calls
+    assert not list(tmp_path.glob(".*"))  # no staging directory left
+
+
+def test_a_signal_during_the_create_lands_once_the_container_is_known(tmp_path: Path) -> None:
+    """SIGTERM sent while the engine creates the container: held until the id is in hand,
+    then raised, and the container is removed."""
+    from runner.__main__ import _signals_interrupt
+
+    def signal_now():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the handler ran here: held, not raised
+
+    api = FakeAPI(on_create=signal_now)
+    with _signals_interrupt(), pytest.raises(Interrupted):
+        backend_on(api, tmp_path)._run_container(config(), 10)
+    assert api.names() == ["host_config", "create", "remove"]

@@ -8,6 +8,11 @@ image needs root (debootstrap); it is made once and kept (``nox -s base_image``)
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +28,15 @@ pytestmark = pytest.mark.docker
 ROOT = Path(__file__).parent.parent
 SHIPPED = yaml.safe_load((ROOT / "matrix.yaml").read_text())
 STACK = "cpu-torch2.13"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def pinned_project():
+    """A fixed project state, so that edits to the checkout while the tests run do not change
+    the fingerprints between runs (tests/test_rerun.py covers the project state's part)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GATE_RESIDUAL_COMMIT", "0123456789abcdef0123456789abcdef01234567")
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +62,9 @@ def small_matrix(tmp_path_factory) -> Path:
         "badpin": {**cpu, "torch": "0.0.1"},
     }
     data.update(cases=[{"n": 257}], targets=["cpu"], repeats=2,
-                timing={"warmup": 1, "iters": 2})
+                timing={"warmup": 1, "iters": 2}, modes={"plain": {}},
+                implementations=["eager", "numba", "fp64"])
+    data.pop("batch_invariance", None)
     path = tmp_path_factory.mktemp("matrix") / "matrix.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -113,3 +129,63 @@ def test_timeout_kills_and_removes_the_container(run, small_matrix: Path, tmp_pa
         all=True, filters={"label": f"org.gate-residual-matrix.run-id={report['run_id']}"})
     assert left == []
     assert not list(tmp_path.glob(".docker-*"))  # the staging directory is gone too
+
+
+def test_auto_skips_a_stack_whose_base_image_is_missing(run, small_matrix: Path,
+                                                       tmp_path: Path) -> None:
+    """On an engine without the base image, `nox -s matrix` (auto) must not fail: skipped."""
+    outcomes = run_matrix(small_matrix, reports_dir=tmp_path, backend="auto", render=False,
+                          stacks=["nobase", STACK], timeout_s=900)
+    assert {o.cell: o.status for o in outcomes} == {"nobase-plain-cpu": "skipped",
+                                                    f"{STACK}-plain-cpu": "ok"}
+    nobase = read_report(tmp_path / "nobase-plain-cpu.json").data
+    assert nobase["status"] == "skipped" and "make one with `nox -s base_image`" in \
+        nobase["reason"]
+
+
+def _containers(run_id_label: str) -> list:
+    import docker
+
+    return docker.from_env().containers.list(all=True, filters={"label": run_id_label})
+
+
+def test_sigterm_stops_and_removes_the_cell_container(run, small_matrix: Path,
+                                                      tmp_path: Path) -> None:
+    """SIGTERM used to kill the runner alone: the container ran on and `.docker-<run>/`
+    stayed. Now: container removed, staging gone, exit 143, the reports kept."""
+    data = yaml.safe_load(small_matrix.read_text())
+    data["stacks"] = {STACK: data["stacks"][STACK]}
+    data["implementations"] = [*data["implementations"], "fault"]
+    data["modes"] = {"hang": {"env": {"GATE_RESIDUAL_FAULTS": "1",
+                                      "GATE_RESIDUAL_FAULT": "hang"}}}
+    matrix = tmp_path / "hang.yaml"
+    matrix.write_text(yaml.safe_dump(data, sort_keys=False))
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    kept = reports / "host-plain-cuda.json"
+    kept.write_bytes((ROOT / "tests" / "data" / "reports" / "host-plain-cuda.json").read_bytes())
+    label = f"org.gate-residual-matrix.cell={STACK}-hang-cpu"
+    assert _containers(label) == []
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "runner", "matrix", "--matrix", str(matrix), "--reports",
+         str(reports), "--backend", "docker", "--timeout", "600"],
+        cwd=ROOT, env={**os.environ, "GATE_RESIDUAL_FAULTS": "1"}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 900  # the image may be built first
+    while time.monotonic() < deadline and runner.poll() is None:
+        running = [c for c in _containers(label) if c.status == "running"]
+        if running and "sleeping forever" in running[0].logs().decode():
+            break
+        time.sleep(0.5)
+    else:
+        runner.kill()
+        pytest.fail(f"the hang cell never started: {runner.communicate()}")
+    assert list(reports.glob(".run-*")), "the staging directory is there while the cell runs"
+    runner.send_signal(signal.SIGTERM)
+    _, err = runner.communicate(timeout=120)
+    assert runner.returncode == 143, err
+    assert err.strip().splitlines()[-1].startswith("error: interrupted by SIGTERM: ")
+    assert _containers(label) == []
+    assert sorted(p.name for p in reports.iterdir()) == ["host-plain-cuda.json"]
+    assert kept.read_bytes() == (ROOT / "tests" / "data" / "reports" /
+                                 "host-plain-cuda.json").read_bytes()

@@ -5,25 +5,25 @@ out-of-memory kill costs that cell only: the parent waits with a timeout, kills 
 process group when it runs out, and when the child wrote no report of this run (checked by
 ``run_id``) writes one itself with status ``timeout``, ``oom`` or ``error``, the exit code
 and the tail of the child's output (:func:`classify_failure`, :func:`failure_reason`: a bare
-SIGKILL is ambiguous and the reason says what /proc/vmstat showed). Ctrl-C in the parent kills
-the cell's process group before the KeyboardInterrupt goes on. The mode's environment
+SIGKILL is ambiguous and the reason says what /proc/vmstat showed). Ctrl-C or SIGTERM in the
+parent (a ``KeyboardInterrupt``, :class:`runner.errors.Interrupted`) kills the cell's process
+group before the interruption goes on; one that lands while the process starts is held until
+its id is known (:func:`runner.backends.interrupts.deferred`). The mode's environment
 variables are set in the child's environment before Python starts, so they are in place
 before CUDA initialises.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from runner import report as report_io
+from runner.backends.interrupts import deferred
 from runner.cell import skeleton
 from runner.environment import PROJECT_ROOT
 
@@ -96,25 +96,6 @@ def failure_reason(exit_code: int | None, timed_out: bool, timeout_s: float, *,
             f"oom_kill stayed {before}): another process or a hard limit sent it")
 
 
-@contextlib.contextmanager
-def _ctrl_c_held() -> Iterator[None]:
-    """Hold SIGINT for the duration (re-raised as KeyboardInterrupt at the end), so that a
-    Ctrl-C that lands while the cell process starts cannot leave it running unseen.
-    Only in the main thread with a Python-level handler; elsewhere a no-op."""
-    previous = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or not callable(previous):
-        yield
-        return
-    caught: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if caught:
-        raise KeyboardInterrupt
-
-
 def _kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL the cell's process group (its own session), if it is still there."""
     try:
@@ -161,7 +142,7 @@ class HostBackend:
         kills_before = oom_kill_count()
         proc, timed_out = None, False
         try:
-            with _ctrl_c_held():  # a Ctrl-C during the start lands once proc is known
+            with deferred():  # a Ctrl-C or SIGTERM during the start lands once proc is known
                 proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True, env=env, cwd=PROJECT_ROOT,
                                         start_new_session=True, errors="replace")

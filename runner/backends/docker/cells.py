@@ -6,7 +6,8 @@ privileged, every capability dropped, read-only root file system (the baked-in p
 included) with a tmpfs ``/tmp``, the matrix file bound read-only and one fresh staging
 directory bound as the only writable path ``/reports``; ``target: cuda`` adds a GPU device
 request (all GPUs or the ids given). The container is killed at the cell timeout and removed
-in every case. The cell's report is then read from the staging directory, stamped with the
+in every case, Ctrl-C and SIGTERM to the runner included (its staging directory too). The
+cell's report is then read from the staging directory, stamped with the
 image (tag, id, digest, base, pins) and written to the reports directory; when the cell wrote
 none, the report says why (timeout, oom, error) with the exit code and the container log's
 tail.
@@ -33,10 +34,11 @@ from runner.backends.docker.engine import (
     docker_errors,
     requests,
 )
+from runner.backends.interrupts import deferred
 from runner.cell import case_key, skeleton
 from runner.config import DockerStack
 from runner.environment import project_state
-from runner.errors import BackendError, ImageError
+from runner.errors import ConfigError, ImageError
 
 __all__ = ["CONTAINER_MATRIX", "CONTAINER_REPORTS", "ContainerConfig", "DockerBackend",
            "cell_command", "container_config", "gpu_request", "image_record"]
@@ -74,8 +76,8 @@ def cell_command(cell, case_ids: Sequence[str], run_id: str) -> list[str]:
 def gpu_request(gpus: str) -> dict:
     """A GPU device request: ``"all"`` or comma-separated device ids / UUIDs (``"0,1"``).
 
-    Returns the keyword arguments of ``docker.types.DeviceRequest``. Raises BackendError
-    for an empty or malformed list.
+    Returns the keyword arguments of ``docker.types.DeviceRequest``. Raises ConfigError
+    (a bad ``--gpus``: exit 2) for an empty or malformed list.
 
     Example::
 
@@ -86,7 +88,7 @@ def gpu_request(gpus: str) -> dict:
         return {"count": -1, "capabilities": [["gpu"]]}
     ids = [g.strip() for g in gpus.split(",")]
     if not all(re.fullmatch(r"[0-9]+|GPU-[0-9a-fA-F-]+|MIG-[0-9a-zA-Z/-]+", g) for g in ids):
-        raise BackendError(f'--gpus: expected "all" or device ids like "0,1", got {gpus!r}')
+        raise ConfigError(f'--gpus: expected "all" or device ids like "0,1", got {gpus!r}')
     return {"device_ids": ids, "capabilities": [["gpu"]]}
 
 
@@ -186,6 +188,39 @@ class DockerBackend(Engine):
             return {"image_error": str(err)}
         return {"image": spec.tag, "image_id": self.ensure_image(spec).image_id}
 
+    def missing_prerequisite(self, matrix, cell) -> str | None:
+        """What this host lacks to make the image of ``cell``'s stack, or None.
+
+        Missing means a thing only the host's owner can provide, as opposed to a build that
+        failed: the stack's wheelhouse (``pip.find_links``) or CA bundle (``pip.ca_bundle``)
+        is not on this host, or the base image is not on the engine (it is never pulled).
+        The line says how to get it. ``--backend auto`` reports such cells ``skipped``;
+        ``--backend docker`` runs them, and they end ``build_error``. Getting the answer may
+        build the image (when everything it needs is there), once a run.
+        """
+        stack = matrix.stacks[cell.stack]
+        if not isinstance(stack, DockerStack):
+            return None
+        options = stack.pip.over(matrix.pip)
+        for key, value, is_file in (("pip.find_links", options.find_links, False),
+                                    ("pip.ca_bundle", options.ca_bundle, True)):
+            if value is None:
+                continue
+            path = Path(value) if Path(value).is_absolute() else (
+                (self.matrix_dir or Path.cwd()) / value)
+            there = path.is_file() if is_file else (path.is_dir() and any(
+                p.is_file() and not p.name.startswith(".") for p in path.iterdir()))
+            if not there:
+                what = "CA bundle" if is_file else "wheelhouse (a directory of wheels)"
+                return (f'stack "{cell.stack}": {key} {path}: this host has no such {what}, '
+                        "which the image build needs (docs/containers.md)")
+        try:
+            spec = self.spec(matrix, cell.stack)
+        except ImageError:
+            return None  # a stack that cannot be rendered is a build_error, not this host's lack
+        built = self.ensure_image(spec)
+        return built.reason if built.missing_base else None
+
     def run(self, matrix, cell, cases, *, matrix_path: Path, reports_dir: Path, run_id: str,
             timeout_s: float) -> dict:
         """Run one cell in a container; always returns its report (also written)."""
@@ -204,8 +239,8 @@ class DockerBackend(Engine):
         image = image_record(spec, image_id=built.image_id, digest=built.digest,
                              base_id=built.base_id)
         stage = Path(reports_dir) / f".docker-{run_id}"
-        stage.mkdir(parents=True)
         try:
+            stage.mkdir(parents=True)
             os.chmod(stage, 0o777)  # the image's user (uid 10001) writes the report here
             config = container_config(
                 built.image_id or spec.tag,
@@ -251,9 +286,11 @@ class DockerBackend(Engine):
         host_config = api.create_host_config(
             **{k: v for k, v in config.host.items() if k != "device_requests"},
             device_requests=[DeviceRequest(**r) for r in config.host["device_requests"]])
-        container = api.create_container(host_config=host_config, **config.create)["Id"]
-        timed_out = False
+        container, timed_out = None, False
         try:
+            with deferred():  # an interruption during the create lands once the id is known
+                container = api.create_container(host_config=host_config,
+                                                 **config.create)["Id"]
             api.start(container)
             try:
                 api.wait(container, timeout=timeout_s)
@@ -267,11 +304,12 @@ class DockerBackend(Engine):
             state = api.inspect_container(container)["State"]
             log = api.logs(container, stdout=True, stderr=True).decode("utf-8", "replace")
             return state.get("ExitCode"), log, timed_out, bool(state.get("OOMKilled"))
-        finally:
-            try:
-                api.remove_container(container, force=True)
-            except docker_errors.NotFound:
-                pass
+        finally:  # also on Ctrl-C / SIGTERM: force removal kills a running container
+            if container is not None:
+                try:
+                    api.remove_container(container, force=True)
+                except docker_errors.NotFound:
+                    pass
 
     def _project_state(self) -> dict:
         if self._project is None:

@@ -47,6 +47,8 @@ class BuildResult:
     """How getting one image went: ``ok``; ``cached`` when the engine had it already.
 
     ``spec`` is None when the stack could not even be rendered (``reason`` says why).
+    ``missing_base``: the build did not start because the base image is not on the engine
+    (it is never pulled); ``--backend auto`` reports such a stack's cells ``skipped``.
     """
 
     stack: str
@@ -62,6 +64,7 @@ class BuildResult:
     log_tail: str | None = None
     log_path: Path | None = None
     steps: list[str] = field(default_factory=list)
+    missing_base: bool = False
 
 
 class Engine:
@@ -143,7 +146,7 @@ class Engine:
     def _build(self, spec: images.ImageSpec, *, nocache: bool) -> BuildResult:
         started = time.perf_counter()
         if self._inspect(spec.base_image) is None:
-            return BuildResult(spec.stack, spec, False, reason=(
+            return BuildResult(spec.stack, spec, False, missing_base=True, reason=(
                 f"base image {spec.base_image} is not on this Docker engine and is never "
                 f"pulled: `docker pull {spec.base_image}` where a registry is reachable, "
                 "or make one with `nox -s base_image`"))
