@@ -2,13 +2,20 @@
 
 Each step is a function of :mod:`runner.config`, :mod:`runner.cells`, a backend and
 :mod:`runner.report` / :mod:`runner.tables`; this module only strings them together, decides
-which cells can run here (a ``cuda`` cell on a host without a GPU is ``skipped`` with the
-reason, never a missing file) and which need not run again (same fingerprint, status ok).
+which cells can run here (a ``cuda`` cell on a host without a GPU, or under ``--backend auto``
+a docker stack whose image this host cannot make, is ``skipped`` with the reason, never a
+missing file), which need not run again (same fingerprint, status ok), and writes every
+report itself: a backend runs a cell into a hidden staging directory, and the runner stamps
+the report and puts it in place in one atomic step, merged with the existing report's other
+cases when the run was partial (``--case``: :func:`plan_partial`, :func:`merge_reports`).
 """
 
 from __future__ import annotations
 
+import copy
 import math
+import os
+import shutil
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,9 +30,13 @@ from runner.cell import fingerprint, skeleton
 from runner.cells import Cell, expand, select, select_cases
 from runner.config import load_matrix
 from runner.environment import project_state, uncommitted_digest
-from runner.errors import ConfigError
+from runner.errors import ConfigError, ReportError
 
 DEFAULT_TIMEOUT_S = 3600.0
+BYTES_PER_ELEMENT_AT_LEAST = 3 * 2 + 8
+"""A lower bound on a case's host memory per element of (N, D): the inputs ``residual``,
+``y`` and the upstream gradient in the narrowest dtype (2 bytes each) and the float64
+reference's output (8 bytes). The real need is several times more."""
 
 
 def cuda_available() -> bool:
@@ -33,6 +44,14 @@ def cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def host_memory_bytes() -> int | None:
+    """This host's physical memory in bytes, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -46,10 +65,52 @@ class CellOutcome:
     reused: bool = False
 
 
+def check_case_sizes(matrix, cases, matrix_path: Path, memory: int | None) -> None:
+    """Refuse a case that cannot fit in this host's memory, before anything runs.
+
+    ``memory``: the host's bytes (:func:`host_memory_bytes`); None skips the check. The
+    bound is :data:`BYTES_PER_ELEMENT_AT_LEAST` per element of (N, D), so a refused case
+    could never have run here (N = 10**11 needs petabytes); one that passes may still end
+    ``oom`` in its cell.
+
+    Raises:
+        ConfigError: e.g. ``matrix.yaml: cases[5].n: expected a size whose inputs fit in
+            this host's memory, got 100000000000 (...)``.
+    """
+    if not memory:
+        return
+    index = {c.id: i for i, c in enumerate(matrix.cases)}
+    for case in cases:
+        need = case.n * matrix.problem.D * BYTES_PER_ELEMENT_AT_LEAST
+        if need > memory:
+            raise ConfigError(
+                f"{matrix_path.name}: cases[{index[case.id]}].n: expected a size whose inputs "
+                f"fit in this host's memory, got {case.n} (N x D = {case.n * matrix.problem.D}"
+                f" elements need at least {_bytes(need)}: {BYTES_PER_ELEMENT_AT_LEAST} bytes "
+                f"each; this host has {_bytes(memory)})")
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n:.3g} PiB"  # pragma: no cover
+
+
 def _fingerprint_extra(backend, matrix, cell) -> dict:
     """What the backend adds to a cell's fingerprint (a docker image id); {} if nothing."""
     extra = getattr(backend, "fingerprint_extra", None)
     return dict(extra(matrix, cell)) if extra else {}
+
+
+def _write(report: dict, reports_dir: Path) -> Path:
+    """:func:`runner.report.write_report`, with an OS error as a :class:`ReportError`."""
+    try:
+        return report_io.write_report(report, reports_dir)
+    except OSError as err:
+        raise ReportError(f"{reports_dir}: cannot write {report['cell']['id']}.json: "
+                          f"{err.strerror or err}") from err
 
 
 def _write_skipped(skipped: dict, path: Path, reports_dir: Path) -> str:
@@ -62,7 +123,7 @@ def _write_skipped(skipped: dict, path: Path, reports_dir: Path) -> str:
             return (f"{skipped['reason']}; kept the existing {existing.data['status']} report "
                     f"({(existing.data.get('environment') or {}).get('gpu') or 'no GPU'}, "
                     f"{existing.data.get('finished_at', '?')})")
-    report_io.write_report(skipped, reports_dir)
+    _write(skipped, reports_dir)
     return skipped["reason"]
 
 
@@ -83,16 +144,23 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
 
     ``backend`` is host, docker or auto (docker when an engine answers); a cell of a
     ``kind: docker`` stack in a host run is ``skipped`` with the reason, a ``kind: host``
-    stack always runs on the host (:func:`runner.backends.route`). ``gpus`` ("all" or ids
-    like "0,1") is the docker backend's GPU request for ``cuda`` cells. ``abba`` (a mode
-    name): each selected cell runs in A-B-B-A order against its partner in that mode
-    (:mod:`runner.abba`), always (no reuse), and both cells' reports record
-    ``repeatable_across_processes``; cells of mode ``abba`` itself run only as partners.
+    stack always runs on the host (:func:`runner.backends.route`). Under ``auto`` a docker
+    stack whose image this host cannot make (no base image, no wheelhouse or CA bundle it
+    names: :meth:`DockerBackend.missing_prerequisite`) is ``skipped`` too; under ``docker``
+    it is tried and ends ``build_error``. ``gpus`` ("all" or ids like "0,1") is the docker
+    backend's GPU request for ``cuda`` cells. ``cases`` naming fewer than all the cases is a
+    partial run: its cases are merged into each cell's existing report
+    (:func:`plan_partial`). ``abba`` (a mode name): each selected cell runs in A-B-B-A
+    order against its partner in that mode (:mod:`runner.abba`), always (no reuse), and
+    both cells' reports record ``repeatable_across_processes``; cells of mode ``abba``
+    itself run only as partners.
 
     Raises :class:`ConfigError` (nothing run or written) for a bad matrix.yaml, a selection
     that matches nothing, an explicitly requested target this host lacks, an unknown
-    backend or a timeout that is not a positive number of seconds. Cells that fail are
-    outcomes, not exceptions.
+    backend, a malformed ``gpus``, a timeout that is not a positive number of seconds or a
+    selected case too big for this host's memory (:func:`check_case_sizes`);
+    :class:`ReportError` when a report cannot be written. Cells that fail are outcomes,
+    not exceptions.
     """
     if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
         raise ConfigError(f"--timeout: expected a number of seconds > 0, got {timeout_s!r}")
@@ -100,8 +168,6 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
     matrix = load_matrix(matrix_path, known_implementations=implementations.KNOWN)
     made = {"docker": DockerBackend(gpus=gpus, matrix_dir=Path(matrix_path).parent)}
     chosen, note = resolve(backend, made["docker"])  # ConfigError, BackendError
-    if note:
-        print(f"[runner] {note}", flush=True)
     cells = select(expand(matrix), stacks=stacks, modes=modes, targets=targets)
     if abba is not None:
         if abba not in matrix.modes:
@@ -111,10 +177,18 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
         if not cells:
             raise ConfigError(f"--abba {abba}: the selection has no cell of another mode")
     chosen_cases = select_cases(matrix, cases)
+    is_partial = len(chosen_cases) < len(matrix.cases)
+    check_case_sizes(matrix, chosen_cases, matrix_path, host_memory_bytes())
     has_gpu = cuda_available()
     if targets and "cuda" in targets and not has_gpu:
         raise ConfigError("--target: cuda was requested but torch sees no CUDA device here")
-    reports_dir.mkdir(parents=True, exist_ok=True)
+    if note:
+        print(f"[runner] {note}", flush=True)
+    try:
+        reports_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ReportError(f"{reports_dir}: cannot create the reports directory: "
+                          f"{err.strerror or err}") from err
     for stale in report_io.remove_stale_temp_files(reports_dir):
         print(f"[runner] removed {stale.name}: left by an interrupted write", flush=True)
     project = project_state()
@@ -123,51 +197,219 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
     for cell in cells:
         path = reports_dir / f"{cell.id}.json"
         run_id = uuid.uuid4().hex
-        backend, why_not = route(matrix.stacks[cell.stack].kind, chosen)
+        backend_name, why_not = route(matrix.stacks[cell.stack].kind, chosen)
+        if why_not is None and cell.target == "cuda" and not has_gpu:
+            why_not = "target cuda: torch sees no CUDA device on this host"
+        if why_not is None and backend_name == "docker" and backend == "auto":
+            why_not = made["docker"].missing_prerequisite(matrix, cell)  # may build the image
         if why_not:
-            skipped = skeleton(matrix, cell, chosen_cases, backend=chosen, run_id=run_id,
-                               status="skipped", reason=why_not)
+            skipped = skeleton(matrix, cell, chosen_cases, backend=backend_name or chosen,
+                               run_id=run_id, status="skipped", reason=why_not)
             why_not = _write_skipped(skipped, path, reports_dir)
             print(f"[runner] cell {cell.id}: skipped: {why_not}", flush=True)
             outcomes.append(CellOutcome(cell.id, "skipped", why_not, path))
             continue
-        if backend not in made:
-            made[backend] = BACKENDS[backend]()
-        runner_backend = made[backend]
-        expected = fingerprint(matrix, cell, chosen_cases, project,
-                               _fingerprint_extra(runner_backend, matrix, cell))
-        if cell.target == "cuda" and not has_gpu:
-            skipped = skeleton(matrix, cell, chosen_cases, backend=backend, run_id=run_id,
-                               status="skipped",
-                               reason="target cuda: torch sees no CUDA device on this host")
-            skipped["fingerprint"] = expected
-            reason = _write_skipped(skipped, path, reports_dir)
-            outcomes.append(CellOutcome(cell.id, "skipped", reason, path))
-            continue
+        if backend_name not in made:
+            made[backend_name] = BACKENDS[backend_name]()
+        runner_backend = made[backend_name]
         if abba is not None:
             outcomes += _run_abba(runner_backend, matrix, cell, abba, chosen_cases, project,
                                   matrix_path=matrix_path, reports_dir=reports_dir,
                                   timeout_s=timeout_s)
             continue
-        if not force and _reusable(path, expected):
+        extra = _fingerprint_extra(runner_backend, matrix, cell)
+        plan = None
+        if is_partial:
+            plan = plan_partial(path, matrix, cell, chosen_cases, project, extra, force=force)
+            if plan.action == "reuse":
+                outcomes.append(CellOutcome(cell.id, "ok", plan.note, path, reused=True))
+                continue
+            if plan.action == "refuse":
+                print(f"[runner] cell {cell.id}: refused: {plan.note}", flush=True)
+                outcomes.append(CellOutcome(cell.id, "refused", plan.note, path))
+                continue
+        elif not force and _reusable(path, fingerprint(matrix, cell, chosen_cases, project,
+                                                       extra)):
             outcomes.append(CellOutcome(cell.id, "ok", "same fingerprint: not run again", path,
                                         reused=True))
             continue
-        print(f"[runner] cell {cell.id}: running {len(chosen_cases)} case(s) on {backend}",
+        print(f"[runner] cell {cell.id}: running {len(chosen_cases)} case(s) on {backend_name}",
               flush=True)
-        result = runner_backend.run(matrix, cell, chosen_cases, matrix_path=matrix_path,
-                                    reports_dir=reports_dir, run_id=run_id, timeout_s=timeout_s)
-        # The runner's fingerprint decides reuse; taken again after the run, so that what the
-        # run made (a docker image and its id) counts as the next run will see it.
-        ran_with = fingerprint(matrix, cell, chosen_cases, project,
-                               _fingerprint_extra(runner_backend, matrix, cell))
-        if result.get("fingerprint") != ran_with:
-            result = {**result, "fingerprint": ran_with}
-            report_io.write_report(result, reports_dir)
-        outcomes.append(CellOutcome(cell.id, result["status"], result.get("reason"), path))
+        stage = reports_dir / f".run-{run_id}"
+        try:  # the backend writes only here; the report goes in place below, whole
+            stage.mkdir()
+            result = runner_backend.run(matrix, cell, chosen_cases, matrix_path=matrix_path,
+                                        reports_dir=stage, run_id=run_id, timeout_s=timeout_s)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+        # The runner's fingerprint decides reuse; taken after the run, so that what the run
+        # made (a docker image and its id) counts as the next run will see it.
+        extra = _fingerprint_extra(runner_backend, matrix, cell)
+        result = {**result, "fingerprint": fingerprint(matrix, cell, chosen_cases, project,
+                                                       extra)}
+        status, reason = result["status"], result.get("reason")
+        if plan is not None:
+            result, status, reason = finish_partial(plan, result, matrix, cell, project, extra,
+                                                    force=force)
+        if result is not None:
+            _write(result, reports_dir)
+        outcomes.append(CellOutcome(cell.id, status, reason, path))
     if render:
-        tables.write_tables(reports_dir)
+        try:
+            tables.write_tables(reports_dir)
+        except OSError as err:
+            raise ReportError(f"{reports_dir}: cannot write the tables: "
+                              f"{err.strerror or err}") from err
     return outcomes
+
+
+# --- partial runs (--case): merged into the existing report, per case -----------------------
+
+MACHINE_KEYS = ("gpu", "capability", "driver", "torch", "cuda", "python", "libraries", "cpu",
+                "torch_cpu_capability", "tf32", "mode_environment", "project")
+"""``environment`` keys that must agree for two runs' cases to share one report (``host``
+and ``platform`` may differ: a container's host name is its id)."""
+
+
+@dataclass(frozen=True)
+class PartialPlan:
+    """What a partial run does with a cell's existing report.
+
+    ``action``: ``fresh`` (no report to keep: none, unreadable, skipped), ``replace`` (a
+    failed report, or ``--force`` over one that cannot take the cases), ``merge``,
+    ``reuse`` (the report is current and holds every selected case) or ``refuse`` (it holds
+    other cases of other code or another machine: not run, kept). ``old``: the report.
+    """
+
+    action: str
+    old: dict | None = None
+    note: str | None = None
+
+
+def _case_ids(report: dict) -> list[str]:
+    return [str(c) for c in report.get("cases") or []]
+
+
+def plan_partial(path: Path, matrix, cell, cases, project: dict, extra: dict, *,
+                 force: bool) -> PartialPlan:
+    """Decide, before running, what a partial run of ``cell`` does with ``path``.
+
+    The existing report can take the run's cases when it is ``ok`` and its fingerprint is
+    the one this run would give its own case list: same matrix content, stack, mode,
+    target, project commit and uncommitted diff, and docker image.
+    """
+    loaded = report_io.read_report(path) if path.exists() else None
+    old = loaded.data if loaded and loaded.origin == "ours" else None
+    if old is None or old.get("status") == "skipped" or old["cell"]["id"] != cell.id:
+        return PartialPlan("fresh")
+    if old["status"] != "ok":
+        return PartialPlan("replace", old, f"replaced the existing {old['status']} report "
+                                           "(a failed report is not merged into)")
+    old_ids = _case_ids(old)
+    try:
+        same = old.get("fingerprint") == fingerprint(
+            matrix, cell, select_cases(matrix, old_ids), project, extra)
+    except ConfigError:  # a case the matrix no longer has
+        same = False
+    if same:
+        if not force and {c.id for c in cases} <= set(old_ids):
+            return PartialPlan("reuse", old, "same fingerprint: not run again")
+        return PartialPlan("merge", old)
+    made = (old.get("environment") or {}).get("project") or {}
+    why = (f"made at commit {made['commit'][:12]}, this checkout is at "
+           f"{str(project.get('commit'))[:12]}"
+           if made.get("commit") and made["commit"] != project.get("commit") else
+           "matrix.yaml, the stack, the mode, the uncommitted changes or the image differ")
+    if force:
+        return PartialPlan("replace", old, f"replaced (--force) the report of cases "
+                                           f"{', '.join(old_ids)}: {why}")
+    return PartialPlan("refuse", old, (
+        f"not run: {path.name} holds cases {', '.join(old_ids)} of another fingerprint "
+        f"({why}); merging would mix them, so it is kept. Run every case (no --case) to "
+        "replace it, or add --force to replace it with these cases only"))
+
+
+def finish_partial(plan: PartialPlan, result: dict, matrix, cell, project: dict,
+                   extra: dict, *, force: bool) -> tuple[dict | None, str, str | None]:
+    """After a partial run: (the report to write, or None to keep the existing one; the
+    outcome's status; its reason).
+
+    A merge also needs the two runs' machines to agree (:data:`MACHINE_KEYS`; a report the
+    runner wrote for a cell process that captured nothing is not compared): when they do
+    not, the existing report is kept and this run's is not written (``refused``), or with
+    ``force`` replaces it.
+    """
+    status, reason = result["status"], result.get("reason")
+    if plan.action in ("fresh", "replace"):
+        return result, status, "; ".join(r for r in (reason, plan.note) if r) or None
+    if not _case_ids(result):  # none of the selected cases runs on this cell's target
+        return None, status, "; ".join(r for r in (reason, "kept the existing report") if r)
+    old_env, new_env = plan.old.get("environment") or {}, result.get("environment") or {}
+    differ = [f"{k} {old_env.get(k)!r} -> {new_env.get(k)!r}" for k in MACHINE_KEYS
+              if "torch" in new_env and old_env.get(k) != new_env.get(k)]
+    if differ and force:
+        return result, status, (f"replaced (--force) the report of cases "
+                                f"{', '.join(_case_ids(plan.old))}: it was made elsewhere "
+                                f"({'; '.join(differ[:3])})")
+    if differ:
+        return None, "refused", (
+            f"not merged: the existing report was made elsewhere ({'; '.join(differ[:3])}), "
+            f"so it is kept and this run's {status} result is not written. Run every case "
+            "to replace it, or add --force")
+    merged = merge_reports(plan.old, result, matrix)
+    merged["fingerprint"] = fingerprint(matrix, cell, select_cases(matrix, _case_ids(merged)),
+                                        project, extra)
+    return merged, status, reason
+
+
+def merge_reports(old: dict, new: dict, matrix) -> dict:
+    """``new`` (a partial run) merged into ``old`` (an ``ok`` report of the same fingerprint
+    and machine), case by case.
+
+    Every per-case map (``inputs``, and each map of ``results[impl]`` keyed by case ids:
+    ``sha256``, ``vs <impl>``, ``timings``...) keeps ``old``'s entries for the cases ``new``
+    did not run and takes ``new``'s for those it did (a case ``new`` lists without data,
+    as after a timeout, loses its old data). Everything else is ``new``'s: its status and
+    reason (``old`` was ok, so any fault is in ``new``'s cases), run id, times, log tail,
+    exit code. ``environment.case_runs`` records, per case, the run id and finish time of
+    the run that produced it. Cases are in the matrix's order.
+    """
+    ran = set(_case_ids(new))
+    raw = {str(c): c for c in [*old["cases"], *new["cases"]]}
+    order = [c.id for c in matrix.cases if c.id in raw]
+    ids = set(order)
+
+    def per_case(o: dict | None, n: dict | None) -> dict:
+        both = {**{k: v for k, v in (o or {}).items() if k not in ran}, **(n or {})}
+        return {k: both[k] for k in order if k in both}
+
+    def is_per_case(value) -> bool:
+        return isinstance(value, dict) and set(value) <= ids
+
+    merged = copy.deepcopy(new)
+    merged["cases"] = [raw[c] for c in order]
+    merged["inputs"] = per_case(old.get("inputs"), new.get("inputs"))
+    results = {}
+    for impl in dict.fromkeys([*new.get("results", {}), *old.get("results", {})]):
+        o, n = old["results"].get(impl) or {}, new["results"].get(impl)
+        entry = copy.deepcopy(n if n is not None else o)
+        for key, value in o.items():
+            if is_per_case(value) and (n is None or is_per_case(n.get(key, {}))):
+                entry[key] = per_case(value, None if n is None else n.get(key))
+        mutated = {k: v for k, v in (entry.get("mutated_inputs") or {}).items() if v}
+        if entry.get("status") == "ok":  # an ok implementation's reason, as runner/cell.py
+            entry["reason"] = ("mutates its inputs: " + "; ".join(  # words it
+                f"case {k}: {', '.join(v)}" for k, v in mutated.items())) if mutated else None
+        results[impl] = entry
+    merged["results"] = results
+    old_env = old.get("environment") or {}
+    runs = dict(old_env.get("case_runs") or {c: {"run_id": old["run_id"],
+                                                 "finished_at": old["finished_at"]}
+                                             for c in _case_ids(old)})
+    runs.update({c: {"run_id": new["run_id"], "finished_at": new["finished_at"]} for c in ran})
+    merged["environment"] = {**old_env, **(new.get("environment") or {}),
+                             "case_runs": {c: runs[c] for c in order if c in runs}}
+    return merged
 
 
 def _run_abba(backend, matrix, cell, mode_b: str, cases, project, *, matrix_path: Path,
@@ -183,7 +425,7 @@ def _run_abba(backend, matrix, cell, mode_b: str, cases, project, *, matrix_path
         one = Cell(report["cell"]["stack"], report["cell"]["mode"], report["cell"]["target"])
         report["fingerprint"] = fingerprint(matrix, one, cases, project,
                                             _fingerprint_extra(backend, matrix, one))
-        path = report_io.write_report(report, reports_dir)
+        path = _write(report, reports_dir)
         outcomes.append(CellOutcome(one.id, report["status"], report.get("reason"), path))
     return outcomes
 
@@ -196,5 +438,6 @@ def summary(outcomes: Sequence[CellOutcome]) -> str:
 
 
 def failed(outcomes: Sequence[CellOutcome]) -> list[CellOutcome]:
-    """Outcomes whose status is neither ok nor skipped."""
+    """Outcomes whose status is neither ok nor skipped (``refused`` included: a partial run
+    that would have mixed its cases into a report of other code or another machine)."""
     return [o for o in outcomes if o.status not in ("ok", "skipped")]

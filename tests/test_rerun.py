@@ -5,10 +5,13 @@ exactly which cells ran. The fingerprint covers the matrix content all cells sha
 cell's own stack (pins) and mode, its target, the selected cases, the project's commit,
 dirty flag and uncommitted diff, and the backend's extras (a docker image id); a change to
 another stack or mode leaves a cell alone. ``--force`` re-runs; failed cells always re-run.
+A partial run (``--case``) merges its cases into the existing report, or refuses to when
+that report holds cases of other code or another machine.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import ClassVar
@@ -37,16 +40,22 @@ BASE = {
 CELLS = ["host-plain-cpu", "host-det-cpu"]
 
 
+def digest(*parts: str) -> str:
+    return hashlib.sha256("/".join(parts).encode()).hexdigest()
+
+
 class FakeBackend:
     """Writes an ok (or, for ids in ``fail``, error) report at once; records each call.
 
     Like a real cell process it computes its own fingerprint (``skeleton``), which the
-    runner must replace with its own."""
+    runner must replace with its own. Per case it writes ``inputs`` and eager's ``sha256``,
+    the latter a digest of (run id, case), so a test can tell which run made which case."""
 
     name = "host"
     calls: ClassVar[list[str]] = []
     fail: ClassVar[set[str]] = set()
     extra: ClassVar[dict] = {}
+    torch: ClassVar[str] = "2.13.0"
 
     def available(self):
         return None
@@ -57,11 +66,17 @@ class FakeBackend:
     def run(self, matrix, cell, cases, *, matrix_path, reports_dir, run_id, timeout_s):
         FakeBackend.calls.append(cell.id)
         status = "error" if cell.id in FakeBackend.fail else "ok"
-        env = {"python": "3.12", "torch": "2.13.0", "project": {"commit": None, "dirty": None}}
+        env = {"python": "3.12", "torch": FakeBackend.torch,
+               "project": run_mod.project_state()}  # the checkout, as a cell process sees it
         report = skeleton(matrix, cell, cases, backend="host", run_id=run_id, status=status,
                           reason="failed on purpose" if status == "error" else None, env=env)
         if status == "ok":
-            report["results"] = {"eager": {"status": "ok"}}
+            ids = [str(c) for c in report["cases"]]
+            report["inputs"] = {c: {"n": int(c), "specials": False,
+                                    "sha256": {"residual": digest(c)}} for c in ids}
+            report["results"] = {"eager": {"status": "ok", "reason": None, "sha256": {
+                c: {"out": digest(run_id, c)} for c in ids}, "mutated_inputs": {
+                c: [] for c in ids}}}
         write_report(report, reports_dir)
         return report
 
@@ -85,6 +100,7 @@ def project(monkeypatch) -> Project:
     monkeypatch.setattr(FakeBackend, "calls", [])
     monkeypatch.setattr(FakeBackend, "fail", set())
     monkeypatch.setattr(FakeBackend, "extra", {})
+    monkeypatch.setattr(FakeBackend, "torch", "2.13.0")
     return p
 
 
@@ -231,12 +247,114 @@ def test_a_different_uncommitted_diff_reruns_but_the_same_does_not(tmp_path, pro
     assert FakeBackend.calls == CELLS
 
 
-def test_a_case_subset_is_its_own_fingerprint(tmp_path, project):
+def report_of(tmp_path: Path, cell_id: str = "host-plain-cpu") -> dict:
+    loaded = read_report(tmp_path / "reports" / f"{cell_id}.json")
+    assert loaded.ok, loaded.problem
+    return loaded.data
+
+
+def by_case(tmp_path: Path, cell_id: str = "host-plain-cpu") -> dict:
+    """{case: run id} of eager's ``out`` digests in a cell's report."""
+    data = report_of(tmp_path, cell_id)
+    runs = {r["run_id"] for r in data["environment"].get("case_runs", {}).values()}
+    runs.add(data["run_id"])
+    return {case: next(r for r in runs if digest(r, case) == sha["out"])
+            for case, sha in data["results"]["eager"]["sha256"].items()}
+
+
+def test_a_partial_run_of_current_cases_is_not_run_again(tmp_path, project):
     run(tmp_path, fresh())
-    run(tmp_path, fresh(), cases=["1"])
-    assert FakeBackend.calls == CELLS  # the reports now hold case 1 only
-    run(tmp_path, fresh(), cases=["1"])
+    before = (tmp_path / "reports" / "host-plain-cpu.json").read_bytes()
+    outcomes = run(tmp_path, fresh(), cases=["1"])
     assert FakeBackend.calls == []
+    assert [(o.status, o.reused) for o in outcomes] == [("ok", True), ("ok", True)]
+    assert (tmp_path / "reports" / "host-plain-cpu.json").read_bytes() == before
+
+
+def test_a_partial_run_merges_its_case_into_the_report(tmp_path, project):
+    """The regression: ``--case 2`` used to replace the whole report, dropping case 1."""
+    run(tmp_path, fresh())
+    first = report_of(tmp_path)["run_id"]
+    outcomes = run(tmp_path, fresh(), cases=["2"], force=True)
+    assert FakeBackend.calls == CELLS and {o.status for o in outcomes} == {"ok"}
+    data = report_of(tmp_path)
+    second = data["run_id"]
+    assert data["cases"] == [1, 2] and list(data["inputs"]) == ["1", "2"]
+    assert by_case(tmp_path) == {"1": first, "2": second}
+    assert {c: r["run_id"] for c, r in data["environment"]["case_runs"].items()} == {
+        "1": first, "2": second}
+    m = parse_matrix(fresh())
+    identity = {"commit": project.commit, "dirty": False, "diff_sha256": None}
+    assert data["fingerprint"] == fingerprint(m, Cell("host", "plain", "cpu"), m.cases,
+                                              identity, {})
+    run(tmp_path, fresh())  # the merged report is current for a full run
+    assert FakeBackend.calls == []
+    assert not [p.name for p in (tmp_path / "reports").iterdir() if p.name.startswith(".")]
+
+
+def test_partial_runs_build_a_report_case_by_case(tmp_path, project):
+    run(tmp_path, fresh(), cases=["2"])
+    run(tmp_path, fresh(), cases=["1"])
+    assert FakeBackend.calls == CELLS
+    assert report_of(tmp_path)["cases"] == [1, 2]
+    run(tmp_path, fresh())
+    assert FakeBackend.calls == []
+
+
+def test_a_partial_run_over_a_report_of_other_code_is_refused(tmp_path, project):
+    run(tmp_path, fresh())
+    before = (tmp_path / "reports" / "host-plain-cpu.json").read_bytes()
+    project.commit = "cd" * 20
+    outcomes = run(tmp_path, fresh(), cases=["1"])
+    assert FakeBackend.calls == []
+    assert {o.status for o in outcomes} == {"refused"}
+    assert run_mod.failed(outcomes) == outcomes  # exit 5
+    reason = outcomes[0].reason
+    assert reason.startswith("not run: host-plain-cpu.json holds cases 1, 2 of another "
+                             "fingerprint (made at commit abababababab, this checkout is at "
+                             "cdcdcdcdcdcd)"), reason
+    assert "add --force to replace it with these cases only" in reason
+    assert (tmp_path / "reports" / "host-plain-cpu.json").read_bytes() == before
+    outcomes = run(tmp_path, fresh(), cases=["1"], force=True)
+    assert FakeBackend.calls == CELLS and {o.status for o in outcomes} == {"ok"}
+    assert "replaced (--force)" in outcomes[0].reason
+    assert report_of(tmp_path)["cases"] == [1]
+
+
+def test_a_partial_run_on_another_machine_is_not_merged(tmp_path, project):
+    run(tmp_path, fresh(), cases=["1"])
+    before = (tmp_path / "reports" / "host-plain-cpu.json").read_bytes()
+    FakeBackend.torch = "2.14.0"
+    outcomes = run(tmp_path, fresh(), cases=["2"])
+    assert FakeBackend.calls == CELLS  # ran: the environment is known only afterwards
+    assert {o.status for o in outcomes} == {"refused"}
+    assert "torch '2.13.0' -> '2.14.0'" in outcomes[0].reason
+    assert (tmp_path / "reports" / "host-plain-cpu.json").read_bytes() == before
+
+
+def test_a_failed_report_is_replaced_not_merged_into(tmp_path, project):
+    FakeBackend.fail = {"host-plain-cpu"}
+    run(tmp_path, fresh())
+    FakeBackend.fail = set()
+    outcomes = run(tmp_path, fresh(), cases=["1"])
+    assert outcomes[0].status == "ok"
+    assert outcomes[0].reason == ("replaced the existing error report (a failed report is not "
+                                  "merged into)")
+    assert report_of(tmp_path)["cases"] == [1]
+
+
+def test_a_failing_partial_run_keeps_the_other_cases(tmp_path, project):
+    run(tmp_path, fresh())
+    first = report_of(tmp_path)["run_id"]
+    FakeBackend.fail = {"host-plain-cpu"}
+    outcomes = run(tmp_path, fresh(), cases=["2"], force=True)
+    assert [o.status for o in outcomes] == ["error", "ok"]
+    data = report_of(tmp_path)
+    assert (data["status"], data["reason"]) == ("error", "failed on purpose")
+    assert data["cases"] == [1, 2] and by_case(tmp_path) == {"1": first}
+    assert list(data["inputs"]) == ["1"]
+    run(tmp_path, fresh(), cases=["2"])  # not ok: runs again, and merges
+    assert FakeBackend.calls == ["host-plain-cpu"]
 
 
 def test_docker_stack_pins_move_only_their_own_cells():
