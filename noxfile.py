@@ -27,6 +27,10 @@ nox.options.error_on_missing_interpreters = True
 
 VENV = ["--system-site-packages"]
 TORCH_FALLBACK = "torch==2.13.0"
+# On Ctrl-C nox waits this long for the runner (which got the SIGINT too) before it sends
+# SIGTERM, then SIGKILL: time for the runner to kill the cell's process group, remove its
+# container and staging directory (nox's defaults, 0.3 s and 0.2 s, can cut that short).
+STOP = {"interrupt_timeout": 60.0, "terminate_timeout": 30.0}
 
 
 def install_project(session: nox.Session, *extras: str) -> None:
@@ -41,14 +45,14 @@ def install_project(session: nox.Session, *extras: str) -> None:
 def matrix(session: nox.Session) -> None:
     """Run the matrix (docker stacks in containers, building missing images), then tables."""
     install_project(session, "docker")
-    session.run("python", "-m", "runner", "matrix", *session.posargs)
+    session.run("python", "-m", "runner", "matrix", *session.posargs, **STOP)
 
 
 @nox.session(venv_params=VENV)
 def build(session: nox.Session) -> None:
     """Build the images of the docker stacks that are missing (posargs: --stack NAME ...)."""
     install_project(session, "docker")
-    session.run("python", "-m", "runner", "build", *session.posargs)
+    session.run("python", "-m", "runner", "build", *session.posargs, **STOP)
 
 
 @nox.session(venv_params=VENV)

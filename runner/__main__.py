@@ -1,7 +1,12 @@
 """Command line: ``python -m runner {matrix,cell,build,base-image,report} ...`` (nox calls it).
 
 Every :class:`runner.errors.MatrixError` is caught here, printed as one line on stderr and
-mapped to its exit code (config 2, report 3, backend 4, failed cells 5); Ctrl-C exits 130.
+mapped to its exit code (config 2, report 3, backend 4, failed cells 5). SIGINT (Ctrl-C) and
+SIGTERM raise :class:`runner.errors.Interrupted` wherever the run is; the clean-ups on its way
+out kill the running cell's process group or container and remove its staging directory, and
+the command exits 128 + the signal: 130 or 143. A second signal while that happens is ignored
+(SIGKILL is not). ``report`` (and ``matrix``, which renders the same tables) prints a
+``warning:`` line per file it cannot read; ``report`` then exits 3, after writing the tables.
 
 Examples::
 
@@ -15,10 +20,22 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
-from runner.errors import CellsFailed, ConfigError, ImageError, MatrixError
+from runner.errors import (
+    CellsFailed,
+    ConfigError,
+    ImageError,
+    Interrupted,
+    MatrixError,
+    ReportError,
+)
 
 DEFAULT_MATRIX = Path("matrix.yaml")
 DEFAULT_REPORTS = Path("reports")
@@ -91,6 +108,7 @@ def _cmd_matrix(args) -> int:
                               gpus=args.gpus, abba=args.abba)
     print(run.summary(outcomes))
     print(f"[runner] tables: {args.reports / 'README.md'}")
+    _warn_unreadable(args.reports / "README.md")
     bad = run.failed(outcomes)
     if bad:
         raise CellsFailed(f"{len(bad)} of {len(outcomes)} cells did not end ok: "
@@ -148,31 +166,87 @@ def _cmd_cell(args) -> int:
     return 0
 
 
+def _warn_unreadable(tables_path: Path) -> list[str]:
+    """Print ``warning: <file>: <problem>`` on stderr for each file the tables could not
+    read (their ``summary.json`` lists them); return those lines."""
+    try:
+        listed = json.loads((tables_path.parent / "summary.json").read_text(encoding="utf-8"))
+        unreadable = listed.get("unreadable") or []
+    except (OSError, ValueError, AttributeError):
+        return []
+    lines = [f"warning: {tables_path.parent / u['file']}: {u['problem']}" for u in unreadable]
+    for line in lines:
+        print(line, file=sys.stderr)
+    return lines
+
+
 def _cmd_report(args) -> int:
     from runner import tables
     from runner.aggregate import FACETS, Filters
 
+    if not args.reports.is_dir():
+        found = "not a directory" if args.reports.exists() else "no such directory"
+        raise ConfigError(f"--reports: expected a directory of reports, got {args.reports} "
+                          f"({found})")
     filters = Filters.from_lists(**{f: getattr(args, f) for f in (*FACETS, "impl")})
     out = None if args.out is None else args.out / tables.OUTPUTS[0]
-    path = tables.write_tables(args.reports, out, filters=filters, ab=args.ab)
+    try:
+        path = tables.write_tables(args.reports, out, filters=filters, ab=args.ab)
+    except OSError as err:
+        raise ReportError(f"{args.out or args.reports}: cannot write the tables: "
+                          f"{err.strerror or err}") from err
     print(f"[runner] tables: {', '.join(str(path.parent / n) for n in tables.OUTPUTS)}")
+    bad = _warn_unreadable(path)
+    if bad:
+        raise ReportError(f"{len(bad)} file(s) under {args.reports} could not be read (see the "
+                          "warnings); the tables were written from the others")
     return 0
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGINT and SIGTERM raise :class:`Interrupted` for the duration (the first one only:
+    later ones are ignored, so that the clean-up the first one started is not cut short).
+    A signal the process was started with ignored stays ignored (``nohup``, ``&``)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired: list[int] = []
+
+    def interrupt(signum, frame):
+        if fired:
+            return
+        fired.append(signum)
+        raise Interrupted(signum)
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(s, interrupt)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv``, run the command, return the exit code."""
     try:
-        args = _parser().parse_args(argv)
-        commands = {"matrix": _cmd_matrix, "cell": _cmd_cell, "build": _cmd_build,
-                    "base-image": _cmd_base_image, "report": _cmd_report}
-        return commands[args.command](args)
+        with _signals_interrupt():
+            args = _parser().parse_args(argv)
+            commands = {"matrix": _cmd_matrix, "cell": _cmd_cell, "build": _cmd_build,
+                        "base-image": _cmd_base_image, "report": _cmd_report}
+            return commands[args.command](args)
     except MatrixError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
-    except KeyboardInterrupt:
-        print("error: interrupted: the reports written so far are whole; run again to finish "
-              "(cells whose report is current are not run again)", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:  # Interrupted (SIGINT, SIGTERM) or Python's own Ctrl-C
+        stop = err if isinstance(err, Interrupted) else Interrupted(signal.SIGINT)
+        print(f"error: interrupted by {stop.signal_name}: the reports written so far are "
+              "whole; run again to finish (cells whose report is current are not run again)",
+              file=sys.stderr)
+        return stop.exit_code
 
 
 if __name__ == "__main__":

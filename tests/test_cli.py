@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from runner import implementations
 from runner import run as run_mod
 from runner.__main__ import main
-from runner.config import KNOWN_IMPLEMENTATIONS
 
-# the registered implementations after the first three, as messages list them
-KNOWN_REST = "".join(f"{n}, " for n in KNOWN_IMPLEMENTATIONS[3:])
+# the registered implementations after the first three, as messages list them (the registry
+# run_matrix validates against)
+KNOWN_REST = "".join(f"{n}, " for n in implementations.KNOWN[3:])
 
 ROOT = Path(__file__).resolve().parent.parent
 MATRIX = ROOT / "matrix.yaml"
@@ -73,6 +74,9 @@ BAD_OPTIONS = [
     ("timeout not a number", ["--timeout", "soon"], "argument --timeout: invalid float value"),
     ("unknown option", ["--targets", "cpu"], "unrecognized arguments: --targets cpu"),
     ("missing matrix", ["--matrix", "/nonexistent/m.yaml"], "cannot read the matrix file"),
+    ("gpus with a semicolon", ["--gpus", "0;rm"],
+     '--gpus: expected "all" or device ids like "0,1", got \'0;rm\''),
+    ("gpus empty", ["--gpus", ""], "--gpus: expected"),
 ]
 
 
@@ -90,11 +94,14 @@ def test_bad_option_exits_2_and_writes_nothing(reports, capsys, argv, fragment):
 @pytest.mark.parametrize(("old", "new", "fragment"), [
     ("  D: 5376", "  D: 0", "problem.D: expected an integer >= 1, got 0"),
     ("  - {n: 4097}", "  - {n: 4097, specail: true}", 'got unknown key "specail"'),
-    ("implementations: [eager, numba, fp64]", "implementations: [eager, numba, fp64, fault]",
+    ("implementations: [eager, numba, fp64", "implementations: [eager, numba, fp64, fault",
      'implementations[3]: expected one of eager, numba, fp64, ' + KNOWN_REST + 'got "fault"'),
     ("  torch: 2.13.0\n", '  torch: "2.13.0; rm -rf /"\n', "torch: expected a version like"),
     ("op: gate_residual", "op: !!python/object/apply:os.system [id]", "invalid YAML"),
     ("  plain: {}", "  ../plain: {}", 'modes["../plain"]: expected a name'),
+    ("  - {n: 4097}", "  - {n: 100000000000}", "bad.yaml: cases[2].n: expected a size whose "
+     "inputs fit in this host's memory, got 100000000000 (N x D = 537600000000000 elements "
+     "need at least 6.68 PiB: 14 bytes each; this host has "),
 ])
 def test_bad_matrix_exits_2_and_writes_nothing(reports, tmp_path, capsys, old, new, fragment):
     before = snapshot(reports)
@@ -140,3 +147,54 @@ def test_fault_implementation_is_unknown_without_the_switch(reports, capsys, mon
     assert 'implementations[2]: expected one of eager, numba, fp64, got "fault"' in (
         capsys.readouterr().err)
     assert snapshot(reports) == before
+
+
+def test_a_case_too_big_for_any_host_is_refused_before_anything_runs(reports, capsys,
+                                                                     monkeypatch, tmp_path):
+    """N = 10**11 used to fail inside the cell (exit 5); the bound is this host's memory."""
+    path = bad_matrix(tmp_path, "  - {n: 4097}", "  - {n: 100000000000}")
+    monkeypatch.setattr(run_mod, "host_memory_bytes", lambda: 2**40)
+    before = snapshot(reports)
+    assert main(["matrix", "--matrix", path, "--reports", str(reports), "--case",
+                 "100000000000"]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("this host has 1 TiB)\n") and err.count("\n") == 1, err
+    assert snapshot(reports) == before
+    # not selected: not checked (the other cases run as before)
+    monkeypatch.setattr(run_mod, "host_memory_bytes", lambda: None)
+    run_mod.check_case_sizes(run_mod.load_matrix(Path(path)), (), Path(path), None)
+
+
+def test_report_on_a_missing_directory_exits_2_naming_it(tmp_path, capsys):
+    missing = tmp_path / "nonexistent"
+    assert main(["report", "--reports", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: --reports: expected a directory of reports, got {missing} "
+                   "(no such directory)\n")
+    assert not missing.exists()
+    a_file = tmp_path / "file.json"
+    a_file.write_text("{}")
+    assert main(["report", "--reports", str(a_file)]) == 2
+    assert "(not a directory)" in capsys.readouterr().err
+
+
+def test_report_warns_per_unreadable_file_writes_the_tables_and_exits_3(reports, capsys):
+    (reports / "broken.json").write_text('{"schema_version": 1, "cell": ')
+    (reports / "latin1.json").write_bytes(b'{"caf\xe9": 1}')
+    code = main(["report", "--reports", str(reports)])
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert code == 3, err
+    assert lines[:2] == [f"warning: {reports / 'broken.json'}: truncated JSON: Expecting value "
+                         "at line 1 column 31",
+                         f"warning: {reports / 'latin1.json'}: corrupt: not UTF-8 text (invalid "
+                         "continuation byte)"], err
+    assert lines[2:] == [f"error: 2 file(s) under {reports} could not be read (see the "
+                         "warnings); the tables were written from the others"]
+    assert "host-plain-cuda" in (reports / "README.md").read_text()
+    assert "[runner] tables:" in out
+
+
+def test_report_exits_0_when_every_file_reads(reports, capsys):
+    assert main(["report", "--reports", str(reports)]) == 0
+    assert capsys.readouterr().err == ""

@@ -264,7 +264,14 @@ def _cell_processes(pid: int) -> list[int]:
 
 @pytest.mark.skipif(not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists(),
                     reason="needs /proc/<pid>/task/<pid>/children (Linux)")
-def test_ctrl_c_kills_the_cell_process_and_exits_130(tmp_path):
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
+                         ids=["SIGINT", "SIGTERM"])
+def test_a_signal_kills_the_cell_process_keeps_the_reports_and_exits_128_plus_it(
+        tmp_path, signum, code):
+    """SIGTERM used to kill the runner alone: the cell process ran on, orphaned."""
+    kept = tmp_path / "host-plain-cuda.json"
+    kept.write_bytes((ROOT / "tests" / "data" / "reports" / "host-plain-cuda.json").read_bytes())
+    before = kept.read_bytes()
     env = {**os.environ, "GATE_RESIDUAL_FAULTS": "1"}
     parent = subprocess.Popen(
         [sys.executable, "-m", "runner", "matrix", "--matrix", str(FAULTS), "--reports",
@@ -278,26 +285,50 @@ def test_ctrl_c_kills_the_cell_process_and_exits_130(tmp_path):
     while not _cell_processes(parent.pid) and time.monotonic() < deadline:
         time.sleep(0.02)
     (child,) = _cell_processes(parent.pid)
-    parent.send_signal(signal.SIGINT)
+    parent.send_signal(signum)
     _, err = parent.communicate(timeout=60)
-    assert parent.returncode == 130, err
-    assert err.strip().splitlines()[-1].startswith("error: interrupted: the reports written")
+    assert parent.returncode == code, err
+    assert err.strip().splitlines()[-1] == (
+        f"error: interrupted by {signal.Signals(signum).name}: the reports written so far are "
+        "whole; run again to finish (cells whose report is current are not run again)")
     with pytest.raises(ProcessLookupError):
         os.kill(child, 0)
-    assert not list(tmp_path.glob("*.json"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["host-plain-cuda.json"]  # no staging
+    assert kept.read_bytes() == before
 
 
-def test_ctrl_c_while_the_cell_process_starts_is_held_until_it_is_known():
-    from runner.backends.host import _ctrl_c_held
+@pytest.fixture
+def shell_signals():
+    """SIGINT and SIGTERM as an interactive shell starts a command (a full test run may have
+    left SIGINT ignored in this process); restored afterwards."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_cell_process_starts_is_held_until_it_is_known(shell_signals,
+                                                                          signum):
+    from runner.__main__ import _signals_interrupt
+    from runner.backends.interrupts import deferred
+    from runner.errors import Interrupted
 
     reached_end = False
-    with pytest.raises(KeyboardInterrupt):
-        with _ctrl_c_held():
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.05)  # the handler ran here: held, not raised
-            reached_end = True
-    assert reached_end
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with _signals_interrupt():
+        installed = signal.getsignal(signum)
+        with pytest.raises(Interrupted) as stopped:
+            with deferred():
+                os.kill(os.getpid(), signum)
+                time.sleep(0.05)  # the handler ran here: held, not raised
+                reached_end = True
+        assert signal.getsignal(signum) is installed
+        os.kill(os.getpid(), signum)  # a second signal, during the clean-up: ignored
+        time.sleep(0.05)
+    assert reached_end and stopped.value.exit_code == 128 + signum
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
 
 
 # ------------------------------------------------------------------ on the H200
