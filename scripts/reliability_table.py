@@ -96,14 +96,18 @@ def bad_option_rows(tmp: Path) -> list[list[object]]:
     reports.mkdir()
     (reports / "keep.json").write_text("{}\n")
     rows = []
+    big = tmp / "big.yaml"
+    big.write_text((ROOT / "matrix.yaml").read_text().replace("  - {n: 4097}",
+                                                             "  - {n: 100000000000}", 1))
     extra = [("cuda requested, no GPU on this host", ["--target", "cuda"]),
-             ("reports directory did not exist", ["--stack", "nope"])]
+             ("reports directory did not exist", ["--stack", "nope"]),
+             ("a case of N = 10**11 (cases[2] of big.yaml)", ["--matrix", str(big)])]
     for name, argv, *_ in [*BAD_OPTIONS, *extra]:
         where = tmp / "absent" if name.startswith("reports directory") else reports
         code, err, changed = run_main(["matrix", "--reports", str(where), *argv], where)
         if where != reports:
             changed = "not created" if not where.exists() else "CREATED"
-        rows.append([name, " ".join(argv), code, changed, err])
+        rows.append([name, " ".join(argv).replace(str(tmp) + "/", ""), code, changed, err])
     return rows
 
 
@@ -129,27 +133,42 @@ def fault_rows(tmp: Path) -> tuple[list[list[object]], str]:
     return rows, summary
 
 
-def ctrl_c_row(tmp: Path) -> list[object]:
+def interruption_rows(tmp: Path) -> list[list[object]]:
+    """SIGINT and SIGTERM to the runner while a cell hangs: exit code, the cell process,
+    what is left in the reports directory besides a report that was there before."""
+    kept = ROOT / "tests" / "data" / "reports" / "host-plain-cuda.json"
     env = {**os.environ, "GATE_RESIDUAL_FAULTS": "1"}
-    parent = subprocess.Popen(
-        [sys.executable, "-m", "runner", "matrix", "--matrix", str(FAULTS), "--reports",
-         str(tmp / "ctrl-c"), "--target", "cpu", "--mode", "hang"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    children: list[int] = []
-    while not children:
-        time.sleep(0.05)
-        text = Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text()
-        children = [int(p) for p in text.split()]
-    time.sleep(2)
-    parent.send_signal(signal.SIGINT)
-    _, err = parent.communicate()
-    try:
-        os.kill(children[0], 0)
-        alive = "still running"
-    except ProcessLookupError:
-        alive = "gone"
-    return ["SIGINT (Ctrl-C) to the runner while a cell hangs", parent.returncode,
-            f"cell process {alive}", err.strip().splitlines()[-1]]
+    rows = []
+    for signum, what in ((signal.SIGINT, "SIGINT (Ctrl-C)"), (signal.SIGTERM, "SIGTERM")):
+        reports = tmp / f"interrupt-{signum}"
+        reports.mkdir()
+        (reports / kept.name).write_bytes(kept.read_bytes())
+        parent = subprocess.Popen(
+            [sys.executable, "-m", "runner", "matrix", "--matrix", str(FAULTS), "--reports",
+             str(reports), "--target", "cpu", "--mode", "hang"],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        children: list[int] = []
+        while not children:
+            time.sleep(0.05)
+            text = Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text()
+            children = [int(p) for p in text.split()]
+        time.sleep(2)
+        parent.send_signal(signum)
+        _, err = parent.communicate()
+        try:
+            os.kill(children[0], 0)
+            alive = "still running"
+        except ProcessLookupError:
+            alive = "gone"
+        others = sorted(p.name for p in reports.iterdir() if p.name != kept.name)
+        same = (reports / kept.name).read_bytes() == kept.read_bytes()
+        rows.append([f"{what} to the runner while a cell hangs", parent.returncode,
+                     f"cell process {alive}",
+                     ("earlier report unchanged" if same else "earlier report CHANGED")
+                     + ("; nothing else" if not others else f"; also {', '.join(others)}"),
+                     err.strip().splitlines()[-1]])
+    return rows
 
 
 def kill_rows(tmp: Path) -> list[list[object]]:
@@ -270,6 +289,98 @@ def rerun_rows(tmp: Path) -> list[list[object]]:
     return rows
 
 
+def partial_rows(tmp: Path) -> list[list[object]]:
+    """Partial runs (``--case``) over one cell's report: merged, reused, refused, replaced."""
+    from runner.report import read_report
+
+    data = yaml.safe_load(FAULTS.read_text())
+    data["cases"] = [{"n": 5}, {"n": 7}]
+    matrix = tmp / "two-cases.yaml"
+    matrix.write_text(yaml.safe_dump(data, sort_keys=False))
+    reports = tmp / "partial-reports"
+    path = reports / "host-plain-cpu.json"
+    rows = []
+    for what, extra, commit in (
+            ("every case", [], None),
+            ("--case 7 (current)", ["--case", "7"], None),
+            ("--case 7 --force", ["--case", "7", "--force"], None),
+            ("--case 5, project commit changed", ["--case", "5"], "1" * 40),
+            ("--case 5 --force, project commit changed", ["--case", "5", "--force"], "1" * 40)):
+        env = {**os.environ, "GATE_RESIDUAL_FAULTS": "1", **PINNED,
+               **({"GATE_RESIDUAL_COMMIT": commit} if commit else {})}
+        before = path.read_bytes() if path.exists() else None
+        done = subprocess.run([sys.executable, "-m", "runner", "matrix", "--matrix", str(matrix),
+                               "--reports", str(reports), "--target", "cpu", "--mode", "plain",
+                               *extra], cwd=ROOT, env=env, capture_output=True, text=True)
+        ran = any(line.startswith("[runner] cell host-plain-cpu: running")
+                  for line in done.stdout.splitlines())
+        line = next((x for x in done.stdout.splitlines() if x.startswith("host-plain-cpu")), "")
+        report = read_report(path).data
+        runs = (report["environment"].get("case_runs") or {})
+        cases = ", ".join(f"{c} ({runs[str(c)]['run_id'][:6]})" if str(c) in runs else str(c)
+                          for c in report["cases"])
+        rows.append([what, "yes" if ran else "no", " ".join(line.split()),
+                     ("unchanged" if path.read_bytes() == before else "written")
+                     + f": cases {cases}", done.returncode])
+    return rows
+
+
+def docker_auto_rows(tmp: Path) -> list[list[object]]:
+    """Docker stacks this host cannot make, under --backend auto and docker (needs an engine;
+    nothing is pulled or built: the base image and the wheelhouse are absent)."""
+    from runner.backends.docker import DockerBackend
+
+    why = DockerBackend().available()
+    if why:
+        return [["(no engine)", "—", "—", why, "—"]]
+    data = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    cpu = data["stacks"]["cpu-torch2.13"]
+    data.update(cases=[{"n": 1}], targets=["cpu"], modes={"plain": {}},
+                implementations=["eager", "numba", "fp64"])
+    data.pop("batch_invariance", None)
+    data["stacks"] = {"nobase": {**cpu, "base_image": "gate-residual/absent:never-made",
+                                 "pip": {}},
+                      "nowheels": {**cpu, "pip": {"find_links": str(tmp / "no-wheels")}}}
+    matrix = tmp / "docker.yaml"
+    matrix.write_text(yaml.safe_dump(data, sort_keys=False))
+    rows = []
+    for backend in ("auto", "docker"):
+        reports = tmp / f"docker-{backend}"
+        done = subprocess.run([sys.executable, "-m", "runner", "matrix", "--matrix", str(matrix),
+                               "--reports", str(reports), "--backend", backend],
+                              cwd=ROOT, capture_output=True, text=True)
+        for stack in ("nobase", "nowheels"):
+            line = next(x for x in done.stdout.splitlines() if x.startswith(f"{stack}-"))
+            status = line.split()[1]
+            reason = " ".join(line.split()[2:]).replace(str(tmp), "<tmp>")
+            rows.append([f"--backend {backend}", stack, status, reason, done.returncode])
+    return rows
+
+
+def report_rows(tmp: Path) -> list[list[object]]:
+    """``python -m runner report`` on a missing directory, a file, good and bad reports."""
+    good = tmp / "report-good"
+    good.mkdir()
+    (good / "host-plain-cuda.json").write_bytes(
+        (ROOT / "tests" / "data" / "reports" / "host-plain-cuda.json").read_bytes())
+    bad = tmp / "report-bad"
+    bad.mkdir()
+    for name in ("host-plain-cuda.json", "truncated.json", "corrupt.json", "newer.json"):
+        (bad / name).write_bytes((ROOT / "tests" / "data" / "reports" / name).read_bytes())
+    rows = []
+    for what, where in (("a missing directory", tmp / "nonexistent"),
+                        ("a file, not a directory", good / "host-plain-cuda.json"),
+                        ("readable reports only", good),
+                        ("one good, three bad report files", bad)):
+        err, out = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            code = main(["report", "--reports", str(where)])
+        written = "yes" if (where / "README.md").exists() else "no"
+        lines = [x.replace(str(tmp), "<tmp>") for x in err.getvalue().strip().splitlines()]
+        rows.append([what, code, written, " / ".join(lines) or "(nothing)"])
+    return rows
+
+
 def _same(a, b) -> bool:
     import torch
 
@@ -292,9 +403,19 @@ def main_() -> None:
         print(table(["GATE_RESIDUAL_FAULT", "status", "cell exit code", "reason",
                      "last line of log_tail"], rows, limit=400))
         print(f"\nThe run: {summary}\n")
-        print(table(["interruption", "exit", "cell process", "message"], [ctrl_c_row(tmp)]))
+        print(table(["interruption", "exit", "cell process", "reports directory", "message"],
+                    interruption_rows(tmp)))
         print("\n### Re-runs over those reports\n")
         print(table(["run", "cells that ran", "summary", "exit"], rerun_rows(tmp)))
+        print("\n### Partial runs (--case) over one cell's report (cases 5 and 7)\n")
+        print(table(["run", "ran", "summary", "report (cases, run id)", "exit"],
+                    partial_rows(tmp), limit=400))
+        print("\n### Docker stacks this host cannot make\n")
+        print(table(["run", "stack", "status", "reason", "exit"], docker_auto_rows(tmp),
+                    limit=400))
+        print("\n### The report command\n")
+        print(table(["--reports", "exit", "tables written", "stderr"], report_rows(tmp),
+                    limit=600))
         print("\n### kill -9 while writing reports\n")
         print(table(["writer", "kills", "kills after a newer report", "torn files read",
                      "wrong content", "temp files left", "first problem seen"],
