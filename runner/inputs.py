@@ -40,13 +40,20 @@ TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32":
 INDEX_DTYPES = {"int64": torch.int64, "int32": torch.int32}
 
 
-def splitmix64(key: int, count: int) -> np.ndarray:
-    """``count`` uint64 words of the SplitMix64 stream that starts at state ``key``.
+_BLOCK = 1 << 22
+"""Elements built at a time (each value depends on its position only): at N = 32768 a tensor
+has 176M elements, and whole-tensor uint64/float64 temporaries (1.4 GB each) cost more in page
+faults than in arithmetic."""
+
+
+def splitmix64(key: int, count: int, start: int = 0) -> np.ndarray:
+    """``count`` uint64 words of the SplitMix64 stream that starts at state ``key``, from word
+    ``start`` on.
 
     Word i is mix(key + (i + 1) * 0x9E3779B97F4A7C15), mix being SplitMix64's finaliser.
     """
     with np.errstate(over="ignore"):
-        z = np.uint64(key) + (np.arange(1, count + 1, dtype=np.uint64) * _GOLDEN)
+        z = np.uint64(key) + (np.arange(start + 1, start + count + 1, dtype=np.uint64) * _GOLDEN)
         z = (z ^ (z >> np.uint64(30))) * _MIX1
         z = (z ^ (z >> np.uint64(27))) * _MIX2
         return z ^ (z >> np.uint64(31))
@@ -132,7 +139,9 @@ def make_inputs(*, n: int, d: int, g: int, dtype: str, index_dtype: str, seed: i
 
     Args: ``n`` rows (>= 0), ``d`` columns, ``g`` gate rows (>= 1), ``dtype`` one of
     bfloat16/float16/float32, ``index_dtype`` int64/int32, ``seed`` >= 0. ``case_id``
-    defaults to ``str(n)`` (``f"{n}-specials"`` with specials) and keys the streams.
+    defaults to ``str(n)`` (``f"{n}-specials"`` with specials) and keys the streams; the
+    runner passes the case id without its dtypes, so one N has the same float64 values (each
+    rounded to its dtype) and the same index in every dtype.
     Raises ``ValueError`` for an unknown dtype.
     """
     if index_dtype not in INDEX_DTYPES:
@@ -142,14 +151,20 @@ def make_inputs(*, n: int, d: int, g: int, dtype: str, index_dtype: str, seed: i
     tensors: dict[str, torch.Tensor] = {}
     for name, shape in shapes.items():
         count = shape[0] * shape[1]
-        words = splitmix64(stream_key(seed, case_id, name), count)
-        values = standard_values(words)
-        if specials and count:
-            pick = splitmix64(stream_key(seed, case_id, name + "/specials"), count)
-            chosen = (pick % np.uint64(_SPECIAL_EVERY)) == 0
-            table = special_values(dtype)
-            values[chosen] = table[(pick[chosen] >> np.uint64(32)) % np.uint64(len(table))]
-        tensors[name] = to_storage(values, dtype).reshape(shape)
+        key = stream_key(seed, case_id, name)
+        pick_key = stream_key(seed, case_id, name + "/specials")
+        blocks = []
+        for start in range(0, count, _BLOCK):
+            size = min(_BLOCK, count - start)
+            values = standard_values(splitmix64(key, size, start))
+            if specials:
+                pick = splitmix64(pick_key, size, start)
+                chosen = (pick % np.uint64(_SPECIAL_EVERY)) == 0
+                table = special_values(dtype)
+                values[chosen] = table[(pick[chosen] >> np.uint64(32)) % np.uint64(len(table))]
+            blocks.append(to_storage(values, dtype))
+        flat = torch.cat(blocks) if blocks else to_storage(np.zeros(0), dtype)
+        tensors[name] = flat.reshape(shape)
     index_words = splitmix64(stream_key(seed, case_id, "index"), n)
     index = ((index_words >> np.uint64(32)) % np.uint64(g)).astype(np.int64)
     tensors["index"] = torch.from_numpy(index).to(INDEX_DTYPES[index_dtype])

@@ -61,3 +61,29 @@ def test_bf16_rounding_matches_torch_for_finite_values():
 def test_standard_values_have_unit_variance():
     y = make_inputs(n=300, d=50, g=2, dtype="float32", index_dtype="int64", seed=5).tensors["y"]
     assert abs(float(y.mean())) < 0.05 and 0.95 < float(y.std()) < 1.05
+
+
+def test_blocks_do_not_change_the_bits(fresh_seed, monkeypatch):
+    """make_inputs builds large tensors in blocks; any block size gives the same bits."""
+    rng = np.random.default_rng(fresh_seed)
+    n, d = int(rng.integers(1, 40)), int(rng.integers(1, 40))
+    whole = make_inputs(n=n, d=d, g=5, dtype="float16", index_dtype="int64", seed=fresh_seed,
+                        specials=True)
+    monkeypatch.setattr("runner.inputs._BLOCK", int(rng.integers(1, 17)))
+    blocked = make_inputs(n=n, d=d, g=5, dtype="float16", index_dtype="int64",
+                          seed=fresh_seed, specials=True)
+    assert blocked.sha256() == whole.sha256()
+
+
+def test_a_multi_block_case_has_the_bits_of_the_h200_report():
+    """Case 4097 (22M elements per tensor, six blocks) as the H200 cell recorded it."""
+    import json
+    from pathlib import Path
+
+    report = json.loads((Path(__file__).parent / "data" / "h200" / "host-plain-cuda.json")
+                        .read_text())
+    p = report["problem"]
+    x = make_inputs(n=4097, d=p["D"], g=p["G"], dtype=p["dtype"], index_dtype=p["index_dtype"],
+                    seed=p["seed"])
+    assert x.sha256() == report["inputs"]["4097"]["sha256"]
+    assert x.index_counts(p["G"]) == report["inputs"]["4097"]["index_counts"]
