@@ -270,6 +270,15 @@ def test_nan_and_inf_propagate_as_in_eager(device, dtype):
     assert torch.isnan(want["gate"]).any() and torch.isinf(want["y"]).any()
     got = ours(device, r, g, y, idx, go)
     assert_like_eager(device, got, want)
+    if device == "cuda" and dtype == "float32":
+        # eager's CUDA index_add sums float32 with atomicAdd, which flushes subnormal
+        # results to zero (PTX ISA: atom/red .add.f32 "flushes subnormal inputs and results
+        # to sign-preserving zero"; measured on the H200: go=1.0, y=2**-149 gives eager 0.0,
+        # ours 2**-149). Ours keeps IEEE subnormals: they differ there and only there.
+        tiny = torch.finfo(torch.float32).tiny
+        flushed = (want["gate"] == 0) & (got["gate"] != 0) & (got["gate"].abs() < tiny)
+        assert flushed.any(), "eager no longer flushes subnormal grad_gate sums: update"
+        want = {**want, "gate": torch.where(flushed, got["gate"], want["gate"])}
     assert_same_values(got["gate"], want["gate"], "grad_gate")
     for name in ("out", "y", "gate"):  # NaN where eager has NaN, infinities with their sign
         assert torch.equal(torch.isnan(got[name]), torch.isnan(want[name])), name
