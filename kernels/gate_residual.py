@@ -57,8 +57,72 @@ MAX_SHARED_BYTES = 48 * 1024
 MAX_GRID_Y = 65535
 
 
+def _make_element_backward(load, store, in_shared: bool):
+    """The element backward_chunks kernel, with its accumulators in shared memory
+    (``in_shared``: acc[k * blockDim.x + threadIdx.x], one float32 per gate row per thread,
+    each thread owning its slots, so no barrier) or in ``partial`` itself (for G too large
+    for shared memory). Same operations in the same order either way: the same bits."""
+    if in_shared:
+        @cuda.jit(device=True, inline="always")
+        def accumulators(partial):
+            return cuda.shared.array(0, dtype=float32)
+
+        @cuda.jit(device=True, inline="always")
+        def slot(chunk, k, col, tx, width):
+            return k * width + tx
+
+        @cuda.jit(device=True, inline="always")
+        def flush(partial, acc, chunk, n_gate, col, tx, width):
+            for k in range(n_gate):
+                partial[chunk, k, col] = acc[k * width + tx]
+    else:
+        @cuda.jit(device=True, inline="always")
+        def accumulators(partial):
+            return partial
+
+        @cuda.jit(device=True, inline="always")
+        def slot(chunk, k, col, tx, width):
+            return chunk, k, col
+
+        @cuda.jit(device=True, inline="always")
+        def flush(partial, acc, chunk, n_gate, col, tx, width):
+            pass
+
+    @cuda.jit
+    def backward_chunks(grad_y, partial, grad_out, gate, y, index, flag):
+        # grid: x over column blocks, y over chunks of CHUNK_ROWS rows (strided)
+        acc = accumulators(partial)
+        tx = cuda.threadIdx.x
+        width = cuda.blockDim.x
+        col = cuda.blockIdx.x * width + tx
+        n_rows = grad_out.shape[0]
+        n_gate = gate.shape[0]
+        if col >= grad_out.shape[1]:
+            return
+        chunk = cuda.blockIdx.y
+        while chunk < partial.shape[0]:
+            for k in range(n_gate):
+                acc[slot(chunk, k, col, tx, width)] = float32(0.0)
+            start = chunk * CHUNK_ROWS
+            stop = min(start + CHUNK_ROWS, n_rows)
+            for i in range(start, stop):
+                k = index[i]
+                if k < 0 or k >= n_gate:
+                    flag[0] = np.uint8(0)
+                    grad_y[i, col] = store(add_rn(float32(np.nan), float32(0.0)))
+                    continue
+                go = load(grad_out[i, col])
+                grad_y[i, col] = store(mul_rn(go, load(gate[k, col])))
+                s = slot(chunk, k, col, tx, width)
+                acc[s] = add_rn(acc[s], mul_rn(go, load(y[i, col])))
+            flush(partial, acc, chunk, n_gate, col, tx, width)
+            chunk += cuda.gridDim.y
+
+    return backward_chunks
+
+
 def _make_kernels(load, store):
-    """Build the three kernels for one storage dtype's ``load``/``store`` device functions."""
+    """Build the element kernels for one storage dtype's ``load``/``store`` device functions."""
 
     @cuda.jit
     def forward(out, residual, gate, y, index, flag):
@@ -77,39 +141,6 @@ def _make_kernels(load, store):
                 product = store(mul_rn(load(gate[k, col]), load(y[row, col])))
                 out[row, col] = store(add_rn(load(residual[row, col]), load(product)))
             row += cuda.gridDim.y
-
-    @cuda.jit
-    def backward_chunks(grad_y, partial, grad_out, gate, y, index, flag):
-        # grid: x over column blocks, y over chunks of CHUNK_ROWS rows (strided).
-        # Shared memory: acc[k * blockDim.x + threadIdx.x], one float32 per gate row per
-        # thread; each thread owns its slots, so no barrier is needed.
-        acc = cuda.shared.array(0, dtype=float32)
-        tx = cuda.threadIdx.x
-        width = cuda.blockDim.x
-        col = cuda.blockIdx.x * width + tx
-        n_rows = grad_out.shape[0]
-        n_gate = gate.shape[0]
-        if col >= grad_out.shape[1]:
-            return
-        chunk = cuda.blockIdx.y
-        while chunk < partial.shape[0]:
-            for k in range(n_gate):
-                acc[k * width + tx] = float32(0.0)
-            start = chunk * CHUNK_ROWS
-            stop = min(start + CHUNK_ROWS, n_rows)
-            for i in range(start, stop):
-                k = index[i]
-                if k < 0 or k >= n_gate:
-                    flag[0] = np.uint8(0)
-                    grad_y[i, col] = store(add_rn(float32(np.nan), float32(0.0)))
-                    continue
-                go = load(grad_out[i, col])
-                grad_y[i, col] = store(mul_rn(go, load(gate[k, col])))
-                slot = k * width + tx
-                acc[slot] = add_rn(acc[slot], mul_rn(go, load(y[i, col])))
-            for k in range(n_gate):
-                partial[chunk, k, col] = acc[k * width + tx]
-            chunk += cuda.gridDim.y
 
     @cuda.jit
     def reduce_chunks(grad_gate, partial):
@@ -142,32 +173,8 @@ def _make_kernels(load, store):
             c += 1
         grad_gate[k, col] = store(total)
 
-    @cuda.jit
-    def backward_chunks_global(grad_y, partial, grad_out, gate, y, index, flag):
-        # backward_chunks with the accumulators in ``partial`` itself, for G too large for
-        # shared memory: the same operations in the same order, so the same bits.
-        col = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        n_rows = grad_out.shape[0]
-        n_gate = gate.shape[0]
-        if col >= grad_out.shape[1]:
-            return
-        chunk = cuda.blockIdx.y
-        while chunk < partial.shape[0]:
-            for k in range(n_gate):
-                partial[chunk, k, col] = float32(0.0)
-            start = chunk * CHUNK_ROWS
-            stop = min(start + CHUNK_ROWS, n_rows)
-            for i in range(start, stop):
-                k = index[i]
-                if k < 0 or k >= n_gate:
-                    flag[0] = np.uint8(0)
-                    grad_y[i, col] = store(add_rn(float32(np.nan), float32(0.0)))
-                    continue
-                go = load(grad_out[i, col])
-                grad_y[i, col] = store(mul_rn(go, load(gate[k, col])))
-                partial[chunk, k, col] = add_rn(partial[chunk, k, col], mul_rn(go, load(y[i, col])))
-            chunk += cuda.gridDim.y
-
+    backward_chunks = _make_element_backward(load, store, in_shared=True)
+    backward_chunks_global = _make_element_backward(load, store, in_shared=False)
     return forward, backward_chunks, reduce_chunks, backward_chunks_global
 
 

@@ -87,3 +87,17 @@ def test_vector_kernels_have_no_fma_and_no_local_memory(dtype, index, rows_per_s
         assert "ld.local" not in ptx and "st.local" not in ptx, f"{where}: local memory"
         if dtype == "float16":
             assert "cvt.rn.f16.f32" in ptx and "cvt.f32.f16" in ptx, f"{where}: no hardware cvt"
+
+
+@pytest.mark.parametrize("dtype", sorted(STORAGE))
+def test_element_backward_keeps_its_sums_where_it_says(dtype):
+    """backward_chunks sums in shared memory; backward_chunks_global (G too large for it) in
+    the partials buffer; neither spills to local memory."""
+    sig = signatures(dtype, "int64")["backward_chunks"]
+    _, shared, _, in_global = K.kernels_for(dtype)
+    ptx = ptx_of(shared, sig)
+    assert "st.shared.f32" in ptx and "ld.shared.f32" in ptx, "shared accumulators"
+    ptx_global = ptx_of(in_global, sig)
+    assert "ld.shared" not in ptx_global and "ld.global.f32" in ptx_global, "global accumulators"
+    for text in (ptx, ptx_global):
+        assert ".local" not in text, "local memory"
