@@ -21,6 +21,9 @@ import torch
 LIBRARIES = (
     "torch", "triton", "diffusers", "vllm", "flashinfer-python", "sglang", "liger-kernel",
     "transformer_engine", "megatron-core", "numba", "numba-cuda", "numpy",
+    # the library implementations' distributions (runner/implementations/): vllm-omni,
+    # SGLang's kernel wheels, RL-Kernel (pyproject name "RL-Kernel", import name rl_engine)
+    "vllm-omni", "sglang-kernel", "sgl-kernel", "RL-Kernel",
 )
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
