@@ -1,10 +1,11 @@
 """Run one cell in this process and build its report (``docs/report-format.md``).
 
-For every case: build the inputs from the seed (:mod:`runner.inputs`), run every
-implementation ``repeats`` times on fresh clones (forward, then backward with the fixed
-``grad_out``), check in-process repeatability bit for bit, compare every implementation
-with the baseline bitwise (:func:`runner.compare.bitwise`) and with the accuracy reference
-(:func:`runner.compare.accuracy`), then time forward and forward+backward.
+For every case that runs on the cell's target (a case's ``targets``): build the inputs from
+the seed in the case's dtypes (:mod:`runner.inputs`; the report records them and the rows per
+gate index), run every implementation ``repeats`` times on fresh clones (forward, then
+backward with the fixed ``grad_out``), check in-process repeatability bit for bit, compare
+every implementation with the baseline bitwise (:func:`runner.compare.bitwise`) and with the
+accuracy reference (:func:`runner.compare.accuracy`), then time forward and forward+backward.
 
 An implementation that raises is recorded (status ``error`` or ``oom`` with the message) and
 the others go on; the cell's status is the worst of its implementations', or ``mismatch``
@@ -22,6 +23,7 @@ import traceback
 import torch
 
 from runner import compare, environment, timing
+from runner.cells import cases_on
 from runner.implementations import Implementation, get
 from runner.inputs import make_inputs
 
@@ -36,8 +38,14 @@ def _now() -> str:
 
 
 def case_key(case) -> int | str:
-    """The case id as the report's ``cases`` list holds it: int N, or ``"<N>-specials"``."""
-    return f"{case.n}-specials" if case.specials else case.n
+    """The case id as the report's ``cases`` list holds it: int N for a plain case in the
+    problem's dtypes (as the reference report has it), else the id (``"257-specials"``,
+    ``"257-float16-int32"``)."""
+    return case.n if case.id == str(case.n) else case.id
+
+
+def _without_targets(entry: dict) -> dict:
+    return {k: v for k, v in entry.items() if k != "targets"}
 
 
 def fingerprint(matrix, cell, cases, project: dict, extra: dict | None = None) -> str:
@@ -45,15 +53,18 @@ def fingerprint(matrix, cell, cases, project: dict, extra: dict | None = None) -
 
     Covered: the matrix content all cells share (everything but ``stacks``, ``modes`` and
     ``targets``), this cell's stack (name, kind, pins) and mode (name, env, torch settings),
-    its target, the selected cases, ``project`` (commit, dirty flag and, from the runner,
-    a digest of the uncommitted changes) and the backend's ``extra`` (a docker image id).
-    Adding or editing another stack, mode or target leaves this cell's fingerprint alone.
+    its target, the selected cases that run on it, ``project`` (commit, dirty flag and, from
+    the runner, a digest of the uncommitted changes) and the backend's ``extra`` (a docker
+    image id). Adding or editing another stack, mode or target, or the ``targets`` of a mode
+    or case, leaves this cell's fingerprint alone (unless it changes this cell's cases).
     """
     content = matrix.to_dict()
     shared = {k: v for k, v in content.items() if k not in ("stacks", "modes", "targets")}
+    shared["cases"] = [_without_targets(c) for c in shared["cases"]]
     doc = {"stack": [cell.stack, content["stacks"][cell.stack]],
-           "mode": [cell.mode, content["modes"][cell.mode]], "target": cell.target,
-           "matrix": shared, "cases": [str(case_key(c)) for c in cases],
+           "mode": [cell.mode, _without_targets(content["modes"][cell.mode])],
+           "target": cell.target, "matrix": shared,
+           "cases": [str(case_key(c)) for c in cases_on(cases, cell.target)],
            "project": project, "extra": extra or {}}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
@@ -72,7 +83,11 @@ def _one_line(err: BaseException) -> str:
 
 def skeleton(matrix, cell, cases, *, backend: str, run_id: str, status: str,
              reason: str | None = None, env: dict | None = None) -> dict:
-    """A report with no results: the frame every report shares (also for skipped cells)."""
+    """A report with no results: the frame every report shares (also for skipped cells).
+
+    ``cases`` are the selected cases; those whose ``targets`` leave out this cell's target
+    are not listed.
+    """
     project = (env or {}).get("project") or environment.project_state()
     p = matrix.problem
     return {
@@ -92,7 +107,7 @@ def skeleton(matrix, cell, cases, *, backend: str, run_id: str, status: str,
         "duration_s": 0.0,
         "problem": {"D": p.D, "G": p.G, "dtype": p.dtype, "index_dtype": p.index_dtype,
                     "seed": p.seed},
-        "cases": [case_key(c) for c in cases],
+        "cases": [case_key(c) for c in cases_on(cases, cell.target)],
         "baseline": matrix.baseline,
         "accuracy_reference": matrix.accuracy_reference,
         "repeats": matrix.repeats,
@@ -170,8 +185,12 @@ def _claims_broken(impl: Implementation, cmp_entry: dict, target: str) -> list[s
 
 def _timings(impl: Implementation, inputs: dict, device: str, matrix,
              inference: bool = False) -> dict:
+    """Median forward (and forward+backward) times. On the CPU: one warm-up call at most
+    (the repeats before it have compiled and warmed everything; at N = 32768 each further
+    call costs seconds) and 3 s of timed calls; on a GPU: ``timing.warmup`` calls, 10 s."""
     budget = 10.0 if device == "cuda" else 3.0
-    kw = {"device": device, "warmup": matrix.timing.warmup, "iters": matrix.timing.iters,
+    warmup = matrix.timing.warmup if device == "cuda" else min(matrix.timing.warmup, 1)
+    kw = {"device": device, "warmup": warmup, "iters": matrix.timing.iters,
           "max_seconds": budget}
     inputs = _clone(inputs)  # an implementation that writes into its inputs spoils only these
     fwd = timing.median_ms(lambda _i: impl.run(inputs, backward=False), **kw)
@@ -194,6 +213,13 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
     the inputs afterwards: ``results[impl]["mutated_inputs"][case]`` lists those it changed.
     With ``batch_invariance`` in the matrix, implementations with a backward are checked
     (:mod:`runner.batch_invariance`).
+
+    Each case runs in its own dtypes (:meth:`runner.config.Matrix.case_dtypes`), on inputs
+    keyed by its id without them (``Case.base_id``): ``257-float16-int32`` has the values of
+    ``257`` rounded to float16, and the same index. Cases whose ``targets`` leave out this
+    cell's target are not run; when no selected case is left the cell is ``skipped``. An
+    implementation with a ``dtypes`` attribute that leaves out a case's dtype is not run on
+    it (``results[impl].unsupported[case]`` says why).
     """
     from runner import batch_invariance
 
@@ -216,17 +242,30 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
             results[impl.name].update(status="unavailable", reason=why)
     broken: list[str] = []
     p = matrix.problem
+    asked, cases = cases, cases_on(cases, cell.target)
+    if asked and not cases:
+        report["status"] = "skipped"
+        report["reason"] = (f"no selected case runs on target {cell.target} (case targets: "
+                            + ", ".join(f"{c.id}: {'/'.join(c.targets or ())}" for c in asked)
+                            + ")")
     for case in cases:
         key = str(case_key(case))
-        x = make_inputs(n=case.n, d=p.D, g=p.G, dtype=p.dtype, index_dtype=p.index_dtype,
-                        seed=p.seed, specials=case.specials)
-        report["inputs"][key] = {"n": case.n, "specials": case.specials, "sha256": x.sha256(),
+        dtype, index_dtype = matrix.case_dtypes(case)
+        x = make_inputs(n=case.n, d=p.D, g=p.G, dtype=dtype, index_dtype=index_dtype,
+                        seed=p.seed, specials=case.specials, case_id=case.base_id)
+        report["inputs"][key] = {"n": case.n, "specials": case.specials, "dtype": dtype,
+                                 "index_dtype": index_dtype, "sha256": x.sha256(),
                                  "index_counts": x.index_counts(p.G)}
         on_device = {k: v.to(device) for k, v in x.tensors.items()}
         outputs: dict[str, dict] = {}
         for impl in impls:
             entry = results[impl.name]
             if entry["status"] == "unavailable":
+                continue
+            supported = getattr(impl, "dtypes", None)  # an optional Implementation field
+            if supported and dtype not in supported:
+                entry.setdefault("unsupported", {})[key] = (
+                    f"takes {', '.join(supported)} only, not {dtype}")
                 continue
             repeats = 1 if impl.role == "accuracy_reference" else matrix.repeats
             try:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from runner.config import Case, Matrix
 from runner.errors import SelectionError
 
-__all__ = ["Cell", "expand", "select", "select_cases"]
+__all__ = ["Cell", "cases_on", "expand", "select", "select_cases"]
 
 
 @dataclass(frozen=True)
@@ -45,16 +45,31 @@ class Cell:
 
 
 def expand(matrix: Matrix) -> tuple[Cell, ...]:
-    """Every cell of ``matrix``: stacks x modes x targets, each in file order, stack outermost.
+    """Every cell of ``matrix``: stacks x modes x targets, each in file order, stack outermost;
+    a mode with ``targets`` has cells on those targets only.
 
     Example::
 
         >>> from runner.config import load_matrix
-        >>> [c.id for c in expand(load_matrix("matrix.yaml"))]
-        ['host-plain-cuda', 'host-plain-cpu']
+        >>> [c.id for c in expand(load_matrix("matrix.yaml"))][:3]
+        ['host-plain-cuda', 'host-plain-cpu', 'host-deterministic-cuda']
     """
     return tuple(Cell(stack, mode, target)
-                 for stack in matrix.stacks for mode in matrix.modes for target in matrix.targets)
+                 for stack in matrix.stacks for mode, spec in matrix.modes.items()
+                 for target in matrix.targets if spec.runs_on(target))
+
+
+def cases_on(cases: Iterable[Case], target: str) -> tuple[Case, ...]:
+    """The ``cases`` that cells of ``target`` run (a case's ``targets``), in their order.
+
+    Example::
+
+        >>> from runner.config import load_matrix
+        >>> m = load_matrix("matrix.yaml")
+        >>> len(cases_on(m.cases, "cuda")), len(cases_on(m.cases, "cpu"))
+        (30, 20)
+    """
+    return tuple(c for c in cases if c.runs_on(target))
 
 
 def select(cells: Iterable[Cell], *, stacks: Collection[str] | None = None,

@@ -8,8 +8,8 @@ each becomes one :class:`~runner.errors.ConfigError` with a one-line message,
 Example::
 
     >>> m = load_matrix("matrix.yaml")
-    >>> [c.id for c in m.cases], m.baseline, list(m.modes)
-    (['1', '257', '4097', '32768', '257-specials'], 'eager', ['plain'])
+    >>> [c.id for c in m.cases][4:6], m.baseline, list(m.modes)[:2]
+    (['257-specials', '1-bfloat16-int32'], 'eager', ['plain', 'deterministic'])
 """
 
 from __future__ import annotations
@@ -45,14 +45,16 @@ from pydantic_core import PydanticCustomError
 from runner import pins
 from runner.errors import ConfigError
 
-__all__ = ["KNOWN_IMPLEMENTATIONS", "SCHEMA_VERSION", "BatchInvariance", "Case", "DockerStack",
-           "FrozenMap", "HostStack", "Matrix", "Mode", "PipOptions", "Problem", "Stack", "Timing",
-           "TorchSettings", "load_matrix", "parse_matrix"]
+__all__ = ["DTYPES", "INDEX_DTYPES", "KNOWN_IMPLEMENTATIONS", "SCHEMA_VERSION", "TARGETS",
+           "BatchInvariance", "Case", "DockerStack", "FrozenMap", "HostStack", "Matrix", "Mode",
+           "PipOptions", "Problem", "Stack", "Timing", "TorchSettings", "load_matrix",
+           "parse_matrix"]
 
 SCHEMA_VERSION = 1
 KNOWN_IMPLEMENTATIONS: tuple[str, ...] = (
     "eager", "numba", "fp64", "compiled", "compiled_emulate", "sglang_indexed_gate_triton",
-    "sglang_residual_gate_add_jit", "vllm_omni_gated_residual", "rl_kernel_h3")
+    "sglang_indexed_gate_triton_inplace", "sglang_residual_gate_add_jit",
+    "vllm_omni_gated_residual", "vllm_omni_h3_fused", "rl_kernel_h3")
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"  # mode and stack names: they become file names
 ENV_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]*$"
 _PATTERN_WORDS = {
@@ -110,6 +112,12 @@ PythonVersion = Annotated[StrictStr, AfterValidator(pins.python_version)]
 ImageRef = Annotated[StrictStr, AfterValidator(pins.image_ref)]
 PipUrl = Annotated[StrictStr, AfterValidator(pins.pip_url)]
 HostPath = Annotated[StrictStr, AfterValidator(pins.safe_path)]
+DType = Literal["bfloat16", "float16", "float32"]
+IndexDType = Literal["int64", "int32"]
+Target = Literal["cuda", "cpu"]
+DTYPES: tuple[str, ...] = get_args(DType)
+INDEX_DTYPES: tuple[str, ...] = get_args(IndexDType)
+TARGETS: tuple[str, ...] = get_args(Target)
 
 
 class _Frozen(BaseModel):
@@ -121,21 +129,46 @@ class Problem(_Frozen):
 
     D: Annotated[StrictInt, Field(ge=1)]
     G: Annotated[StrictInt, Field(ge=1)]
-    dtype: Literal["bfloat16", "float16", "float32"]
-    index_dtype: Literal["int64", "int32"]
+    dtype: DType
+    index_dtype: IndexDType
     seed: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)]
 
 
 class Case(_Frozen):
-    """One size: ``n`` rows; ``specials`` plants NaN, +-Inf, +-0.0, subnormals, extremes."""
+    """One size: ``n`` rows; ``specials`` plants NaN, +-Inf, +-0.0, subnormals, extremes.
+
+    ``dtype`` and ``index_dtype`` override the problem's for this case; in a validated
+    :class:`Matrix` both are set (the case's own pair) or both None (the problem's pair),
+    whichever way the file wrote them. ``targets``: the targets whose cells run this case
+    (None: every target of the matrix), for cases too slow for a CPU cell.
+    """
 
     n: Annotated[StrictInt, Field(ge=1)]
     specials: StrictBool = False
+    dtype: DType | None = None
+    index_dtype: IndexDType | None = None
+    targets: _list_of(Target) | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, dump: Any) -> dict[str, Any]:
+        return {k: v for k, v in dump(self).items() if v is not None}
+
+    @property
+    def base_id(self) -> str:
+        """``"257"`` or ``"257-specials"``: the id without the dtypes; it keys the input
+        streams, so a case has the same values (rounded to its dtype) in every dtype."""
+        return f"{self.n}-specials" if self.specials else str(self.n)
 
     @property
     def id(self) -> str:
-        """``"257"`` or ``"257-specials"``: this case's key in reports and ``--case``."""
-        return f"{self.n}-specials" if self.specials else str(self.n)
+        """This case's key in reports and ``--case``: ``"257"``, ``"257-specials"`` in the
+        problem's dtypes, ``"257-float16-int32"``, ``"257-specials-float32-int64"`` in others.
+        """
+        return "-".join([self.base_id, *(v for v in (self.dtype, self.index_dtype) if v)])
+
+    def runs_on(self, target: str) -> bool:
+        """Whether cells of ``target`` run this case."""
+        return self.targets is None or target in self.targets
 
 
 class Timing(_Frozen):
@@ -165,10 +198,23 @@ class TorchSettings(_Frozen):
 
 
 class Mode(_Frozen):
-    """A run mode: ``env`` for the cell process (name -> value) and ``torch`` settings."""
+    """A run mode: ``env`` for the cell process (name -> value) and ``torch`` settings;
+    ``targets``: the targets it has cells on (None: every target of the matrix)."""
 
     env: _map_of(EnvName, EnvValue) = FrozenMap()
     torch: TorchSettings = TorchSettings()
+    targets: _list_of(Target) | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, dump: Any) -> dict[str, Any]:
+        data = dump(self)
+        if data.get("targets") is None:
+            data.pop("targets", None)
+        return data
+
+    def runs_on(self, target: str) -> bool:
+        """Whether this mode has a cell on ``target``."""
+        return self.targets is None or target in self.targets
 
 
 class HostStack(_Frozen):
@@ -281,8 +327,31 @@ class Matrix(_Frozen):
     batch_invariance: BatchInvariance | None = None
     modes: _map_of(Name, Mode, min_length=1)
     stacks: _map_of(Name, Stack, min_length=1)
-    targets: _list_of(Literal["cuda", "cpu"])
+    targets: _list_of(Target)
     pip: PipOptions = PipOptions()  # defaults for every docker stack's image build
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_case_dtypes(cls, data: Any) -> Any:
+        """A case that names ``dtype`` or ``index_dtype`` gets both (the other from
+        ``problem``), or neither when the pair is the problem's: one id per content."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("cases"), list):
+            return data
+        problem = data.get("problem")
+        problem = problem if isinstance(problem, Mapping) else {}
+        defaults = {"dtype": (problem.get("dtype"), DTYPES),
+                    "index_dtype": (problem.get("index_dtype"), INDEX_DTYPES)}
+        if not all(v in allowed for v, allowed in defaults.values()):
+            return data  # the problem's own error is reported; cases are left as written
+        cases = []
+        for case in data["cases"]:
+            if isinstance(case, Mapping) and any(k in case for k in defaults):
+                case = {**case, **{k: v if case.get(k) is None else case[k]
+                                   for k, (v, _) in defaults.items()}}
+                if all(case[k] == v for k, (v, _) in defaults.items()):
+                    case = {k: v for k, v in case.items() if k not in defaults}
+            cases.append(case)
+        return {**data, "cases": cases}
 
     @model_serializer(mode="wrap")
     def _drop_optional(self, dump: Any) -> dict[str, Any]:
@@ -315,6 +384,16 @@ class Matrix(_Frozen):
         """The validated content as plain JSON-ready data, defaults filled in, file order."""
         return self.model_dump(mode="json")
 
+    def case_dtypes(self, case: Case) -> tuple[str, str]:
+        """(storage dtype, index dtype) of ``case``: its own, else the problem's.
+
+        Example::
+
+            >>> m = load_matrix("matrix.yaml"); m.case_dtypes(m.cases[0])
+            ('bfloat16', 'int64')
+        """
+        return (case.dtype or self.problem.dtype, case.index_dtype or self.problem.index_dtype)
+
     def content_hash(self) -> str:
         """sha256 hex of the canonical JSON of :meth:`to_dict` (sorted keys, no spaces).
 
@@ -339,6 +418,14 @@ def _cross_checks(m: Matrix, known: tuple[str, ...]) -> Iterator[tuple[str, str,
     if m.baseline == m.accuracy_reference:
         yield "baseline", "an implementation other than accuracy_reference", _show(m.baseline)
     yield from _duplicates("targets", m.targets, "unique targets")
+    named = [(f"cases[{i}]", c.targets) for i, c in enumerate(m.cases)]
+    named += [(f"modes.{name}", mode.targets) for name, mode in m.modes.items()]
+    for key, targets in named:
+        for j, target in enumerate(targets or ()):
+            if target not in m.targets:
+                yield (f"{key}.targets[{j}]",
+                       f"one of the matrix's targets ({', '.join(m.targets)})", _show(target))
+        yield from _duplicates(f"{key}.targets", targets or (), "unique targets")
     made: dict[str, str] = {}  # "<stack>-<mode>" -> its names; names may contain "-"
     for stack in m.stacks:
         for mode in m.modes:

@@ -47,6 +47,7 @@ TENSORS = ("out", "res", "y", "gate")
 
 CELL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CASE_DTYPES_RE = re.compile(r"^[0-9]+(?:-specials)?-([a-z0-9]+)-(int[0-9]+)$")
 _MAX_MESSAGE = 240
 _NOT_A_REPORT = (
     "not a report: no schema_version and not the reference layout "
@@ -143,9 +144,21 @@ def _cmp_problems(cmp: Mapping[str, Any], path: tuple[Any, ...]) -> Iterator[str
 def _semantic_problems(report: Mapping[str, Any]) -> Iterator[str]:
     """Rules beyond the schema; only called on a schema-valid report."""
     cases = {str(c) for c in report["cases"]}
-    for key in report.get("inputs", {}):
+    g = (report.get("problem") or {}).get("G")
+    for key, given in report.get("inputs", {}).items():
+        where = _path_str(("inputs", key))
         if key not in cases:
-            yield f'{_path_str(("inputs", key))}: case "{key}" is not listed in cases'
+            yield f'{where}: case "{key}" is not listed in cases'
+        counts = given.get("index_counts")
+        if counts is not None and (len(counts) != g if g else False):
+            yield f"{where}.index_counts: {len(counts)} counts for G = {g} gate rows"
+        if counts is not None and sum(counts) != given["n"]:
+            yield f"{where}.index_counts: they sum to {sum(counts)}, not n = {given['n']}"
+        named = _CASE_DTYPES_RE.match(key)
+        if named and any(given.get(k, v) != v for k, v in zip(
+                ("dtype", "index_dtype"), named.groups(), strict=True)):
+            yield (f"{where}: case {key} names {'/'.join(named.groups())} but its inputs are "
+                   f"{given.get('dtype')}/{given.get('index_dtype')}")
     for impl, entry in report["results"].items():
         for vs_key, by_case in entry.items():
             if not vs_key.startswith("vs "):
@@ -196,8 +209,10 @@ def validate(report: dict[str, Any]) -> None:
 
     Checks the JSON Schema (``runner/schema/report.schema.json``), that every value is
     a JSON value (string keys, no NaN/Infinity: infinities are written ``"inf"``), that
-    each CMP has ``equal == (differ == 0)`` and ``differ <= numel``, and that the case
-    keys of ``inputs`` and ``"vs <x>"`` maps are listed in ``cases``.
+    each CMP has ``equal == (differ == 0)`` and ``differ <= numel``, that the case
+    keys of ``inputs`` and ``"vs <x>"`` maps are listed in ``cases``, that a case's
+    ``index_counts`` has G entries summing to its n, and that a case id naming dtypes
+    (``257-float16-int32``) agrees with its inputs' ``dtype`` and ``index_dtype``.
 
     Raises:
         ReportError: one line, ``<path in the document>: <message>``, e.g.

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runner.cells import Cell, expand, select, select_cases
+from runner.cells import Cell, cases_on, expand, select, select_cases
 from runner.config import Matrix, load_matrix, parse_matrix
 from runner.errors import ConfigError, SelectionError
 
@@ -31,8 +31,35 @@ def ids(cells: tuple[Cell, ...]) -> list[str]:
 
 def test_shipped_matrix_expands() -> None:
     matrix = load_matrix(MATRIX)
-    assert ids(expand(matrix))[:2] == ["host-plain-cuda", "host-plain-cpu"]
-    assert ids(expand(matrix)) == [f"{s}-plain-{t}" for s in matrix.stacks for t in ("cuda", "cpu")]
+    modes = ["plain", "deterministic", "tf32", "inference", "vllm_batch_invariant",
+             "sglang_ieee"]
+    per_stack = [f"{m}-{t}" for m in modes for t in ("cuda", "cpu")
+                 if t == "cuda" or m in ("plain", "deterministic")]
+    assert ids(expand(matrix)) == [f"{s}-{c}" for s in matrix.stacks for c in per_stack]
+    assert ids(expand(matrix))[:4] == ["host-plain-cuda", "host-plain-cpu",
+                                       "host-deterministic-cuda", "host-deterministic-cpu"]
+
+
+def test_mode_targets_limit_its_cells(matrix: Matrix) -> None:
+    data = matrix.to_dict()
+    data["modes"]["det"]["targets"] = ["cuda"]
+    data["stacks"] = {"host": {"kind": "host"}}
+    cells = expand(parse_matrix(data))
+    assert ids(cells) == ["host-plain-cpu", "host-plain-cuda", "host-det-cuda",
+                          "host-tf32.on-cpu", "host-tf32.on-cuda"]
+    with pytest.raises(SelectionError,
+                       match="no cell matches --mode det, --target cpu; cells: host-plain-cpu, "):
+        select(cells, modes=["det"], targets=["cpu"])
+
+
+def test_cases_on_a_target(matrix: Matrix) -> None:
+    data = matrix.to_dict()
+    data["cases"] = [{"n": 1}, {"n": 2, "targets": ["cuda"]}, {"n": 3, "dtype": "float16",
+                                                               "targets": ["cpu"]}]
+    m = parse_matrix(data)
+    assert [c.id for c in cases_on(m.cases, "cpu")] == ["1", "3-float16-int64"]
+    assert [c.id for c in cases_on(m.cases, "cuda")] == ["1", "2"]
+    assert [c.id for c in select_cases(m, ["2", "3-float16-int64"])] == ["2", "3-float16-int64"]
 
 
 def test_expansion_order_and_count(matrix: Matrix) -> None:

@@ -12,6 +12,8 @@ import pytest
 import yaml
 
 from runner.config import (
+    DTYPES,
+    INDEX_DTYPES,
     KNOWN_IMPLEMENTATIONS,
     Case,
     FrozenMap,
@@ -34,12 +36,23 @@ def shipped() -> dict[str, Any]:
 def test_shipped_matrix_loads() -> None:
     m = load_matrix(MATRIX)
     assert m.problem.D == 5376 and m.problem.G == 9 and m.problem.dtype == "bfloat16"
-    assert [c.id for c in m.cases] == ["1", "257", "4097", "32768", "257-specials"]
-    assert m.implementations == ("eager", "numba", "fp64")
+    assert [c.id for c in m.cases][:5] == ["1", "257", "4097", "32768", "257-specials"]
+    assert m.implementations[:3] == ("eager", "numba", "fp64")
+    assert set(m.implementations) == set(KNOWN_IMPLEMENTATIONS)  # issue 4: every one
     assert (m.baseline, m.accuracy_reference, m.repeats) == ("eager", "fp64", 3)
     assert (m.timing.warmup, m.timing.iters) == (5, 50)
-    assert list(m.modes) == ["plain"] and dict(m.modes["plain"].env) == {}
-    assert m.modes["plain"].torch.deterministic is None
+    assert m.batch_invariance is not None
+    assert list(m.modes) == ["plain", "deterministic", "tf32", "inference",
+                             "vllm_batch_invariant", "sglang_ieee"]
+    assert dict(m.modes["plain"].env) == {} and m.modes["plain"].torch.deterministic is None
+    assert dict(m.modes["deterministic"].env) == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    assert m.modes["deterministic"].torch.deterministic is True
+    assert m.modes["tf32"].torch.tf32 is True and m.modes["inference"].torch.inference_mode
+    assert dict(m.modes["vllm_batch_invariant"].env) == {"VLLM_BATCH_INVARIANT": "1"}
+    assert dict(m.modes["sglang_ieee"].env) == {"TRITON_F32_DEFAULT": "ieee"}
+    assert [n for n, mode in m.modes.items() if mode.runs_on("cpu")] == ["plain",
+                                                                          "deterministic"]
+    assert all(mode.runs_on("cuda") for mode in m.modes.values())
     kinds = {name: s.kind for name, s in m.stacks.items()}
     assert kinds["host"] == "host" and next(iter(kinds)) == "host"
     assert len([k for k in kinds.values() if k == "docker"]) >= 4  # docs/containers.md
@@ -58,7 +71,73 @@ def test_round_trip() -> None:
     m = load_matrix(MATRIX)
     assert parse_matrix(m.to_dict()) == m
     assert parse_matrix(yaml.safe_load(yaml.safe_dump(m.to_dict()))) == m
-    assert m.to_dict()["modes"] == {"plain": {"env": {}, "torch": {}}}
+    assert m.to_dict()["modes"]["plain"] == {"env": {}, "torch": {}}  # unset targets: absent
+    assert m.to_dict()["modes"]["tf32"] == {"env": {}, "torch": {"tf32": True},
+                                            "targets": ["cuda"]}
+
+
+def test_shipped_cases_cover_every_dtype_pair_with_the_reference_cases() -> None:
+    m = load_matrix(MATRIX)
+    pairs = {(d, i) for d in DTYPES for i in INDEX_DTYPES}
+    for dtype, index_dtype in pairs:
+        mine = [c for c in m.cases if m.case_dtypes(c) == (dtype, index_dtype)]
+        assert sorted(c.n for c in mine if not c.specials) == [1, 257, 4097, 32768]
+        assert [c.n for c in mine if c.specials] == [257]
+        on_cpu = {c.n for c in mine if c.runs_on("cpu")}
+        # the costly sizes run on the CPU in the problem's dtypes only (matrix.yaml says why)
+        expected = {1, 257, 4097, 32768} if dtype == "bfloat16" and index_dtype == "int64" \
+            else {1, 257}
+        assert on_cpu == expected, (dtype, index_dtype)
+        assert all(c.runs_on("cuda") for c in mine)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+@pytest.mark.parametrize("specials", [False, True])
+def test_case_dtypes_and_ids(dtype: str, index_dtype: str, specials: bool) -> None:
+    data = shipped()
+    data["cases"] = [{"n": 3, "specials": specials, "dtype": dtype, "index_dtype": index_dtype}]
+    (case,) = parse_matrix(data).cases
+    base = "3-specials" if specials else "3"
+    assert case.base_id == base
+    assert parse_matrix(data).case_dtypes(case) == (dtype, index_dtype)
+    if (dtype, index_dtype) == ("bfloat16", "int64"):  # the problem's: the id stays as it was
+        assert case.id == base and case.dtype is None and case.index_dtype is None
+        assert parse_matrix(data).to_dict()["cases"] == [{"n": 3, "specials": specials}]
+    else:
+        assert case.id == f"{base}-{dtype}-{index_dtype}"
+        assert (case.dtype, case.index_dtype) == (dtype, index_dtype)
+
+
+def test_a_case_naming_one_dtype_gets_the_other_from_the_problem() -> None:
+    data = shipped()
+    data["problem"]["index_dtype"] = "int32"
+    data["cases"] = [{"n": 5, "dtype": "float32"}, {"n": 5, "index_dtype": "int64"},
+                     {"n": 6, "dtype": None}, {"n": 7, "index_dtype": "int32"}]
+    m = parse_matrix(data)
+    assert [c.id for c in m.cases] == ["5-float32-int32", "5-bfloat16-int64", "6", "7"]
+    assert [m.case_dtypes(c) for c in m.cases] == [("float32", "int32"), ("bfloat16", "int64"),
+                                                  ("bfloat16", "int32"), ("bfloat16", "int32")]
+    assert parse_matrix(m.to_dict()) == m
+
+
+def test_spelled_out_problem_dtypes_do_not_change_the_content() -> None:
+    data = shipped()
+    for case in data["cases"][:5]:
+        case.update(dtype="bfloat16", index_dtype="int64")
+    assert parse_matrix(data).content_hash() == load_matrix(MATRIX).content_hash()
+
+
+def test_case_and_mode_targets() -> None:
+    data = shipped()
+    data["cases"] = [{"n": 1}, {"n": 2, "targets": ["cuda"]}, {"n": 3, "targets": ["cpu"]}]
+    data["modes"] = {"plain": {}, "gpu": {"targets": ["cuda"]}}
+    m = parse_matrix(data)
+    assert [c.runs_on("cpu") for c in m.cases] == [True, False, True]
+    assert [c.runs_on("cuda") for c in m.cases] == [True, True, False]
+    assert m.modes["gpu"].targets == ("cuda",) and m.modes["plain"].targets is None
+    assert m.to_dict()["cases"][1] == {"n": 2, "specials": False, "targets": ["cuda"]}
+    assert parse_matrix(m.to_dict()) == m
 
 
 def test_round_trip_with_env_and_torch_settings() -> None:
@@ -121,6 +200,8 @@ def test_known_implementations_can_be_given() -> None:
 
 def test_case_ids() -> None:
     assert Case(n=257).id == "257" and Case(n=257, specials=True).id == "257-specials"
+    assert Case(n=257, specials=True, dtype="float32", index_dtype="int32").id == \
+        "257-specials-float32-int32"
 
 
 @dataclasses.dataclass
@@ -151,13 +232,43 @@ BAD: list[tuple[str, Callable[[dict[str, Any]], Any], str, str]] = [
      'true or false, got "yes"'),
     ("empty cases", lambda d: d.update(cases=[]), "cases", "a non-empty list, got an empty list"),
     ("cases a mapping", lambda d: d.update(cases={"n": 1}), "cases", "a list, got a mapping"),
-    ("duplicate case", lambda d: d["cases"].append({"n": 4097}), "cases[5]", 'second "4097"'),
+    ("duplicate case", lambda d: d["cases"].append({"n": 4097}), "cases[30]", 'second "4097"'),
     ("duplicate specials case", lambda d: d["cases"].append({"n": 257, "specials": True}),
-     "cases[5]", 'a second "257-specials"'),
+     "cases[30]", 'a second "257-specials"'),
+    ("duplicate case in other dtypes", lambda d: d["cases"].append(
+        {"n": 257, "dtype": "float16", "index_dtype": "int32", "targets": ["cpu"]}),
+     "cases[30]", 'a second "257-float16-int32"'),
+    ("duplicate case spelled in the problem's dtypes", lambda d: d["cases"].append(
+        {"n": 257, "dtype": "bfloat16"}), "cases[30]", 'a second "257"'),
+    ("case dtype unknown", lambda d: d["cases"][1].update(dtype="float8"), "cases[1].dtype",
+     'one of bfloat16, float16, float32, got "float8"'),
+    ("case dtype not a string", lambda d: d["cases"][1].update(dtype=16), "cases[1].dtype",
+     "one of bfloat16, float16, float32, got 16"),
+    ("case index dtype unknown", lambda d: d["cases"][1].update(index_dtype="int16"),
+     "cases[1].index_dtype", 'one of int64, int32, got "int16"'),
+    ("unknown case key", lambda d: d["cases"][1].update(dtypes=["float16"]), "cases[1].dtypes",
+     "one of the keys n, specials, dtype, index_dtype, targets"),
+    ("case target unknown", lambda d: d["cases"][1].update(targets=["gpu"]),
+     "cases[1].targets[0]", 'one of cuda, cpu, got "gpu"'),
+    ("case targets a string", lambda d: d["cases"][1].update(targets="cuda"),
+     "cases[1].targets", 'a list, got "cuda"'),
+    ("case targets empty", lambda d: d["cases"][1].update(targets=[]), "cases[1].targets",
+     "a non-empty list, got an empty list"),
+    ("case target twice", lambda d: d["cases"][1].update(targets=["cuda", "cuda"]),
+     "cases[1].targets[1]", 'unique targets, got a second "cuda"'),
+    ("case target not a matrix target", lambda d: d.update(targets=["cpu"]),
+     "cases[7].targets[0]", "one of the matrix's targets (cpu), got \"cuda\""),
+    ("mode target unknown", lambda d: d["modes"]["plain"].update(targets=["tpu"]),
+     "modes.plain.targets[0]", 'one of cuda, cpu, got "tpu"'),
+    ("mode targets empty", lambda d: d["modes"]["plain"].update(targets=[]),
+     "modes.plain.targets", "a non-empty list"),
+    ("mode target not a matrix target",
+     lambda d: (d.update(targets=["cuda"]), d["modes"]["plain"].update(targets=["cpu"])),
+     "modes.plain.targets[0]", "one of the matrix's targets (cuda), got \"cpu\""),
     ("unknown implementation", lambda d: d["implementations"].append("triton"),
-     "implementations[3]", 'one of eager, numba, fp64, ' + KNOWN_REST + 'got "triton"'),
+     "implementations[11]", 'one of eager, numba, fp64, ' + KNOWN_REST + 'got "triton"'),
     ("duplicate implementation", lambda d: d["implementations"].append("numba"),
-     "implementations[3]", 'unique names, got a second "numba"'),
+     "implementations[11]", 'unique names, got a second "numba"'),
     ("empty implementations", lambda d: d.update(implementations=[]), "implementations",
      "non-empty list"),
     ("baseline not in implementations", lambda d: d.update(implementations=["numba", "fp64"]),

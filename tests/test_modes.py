@@ -80,13 +80,14 @@ def test_across_compares_sha256_per_tensor():
     assert across(one, {"results": {}}) == {"e": {"5": {"out": None, "gate": None}}}
 
 
-def test_matrix_modes_file_declares_the_issue_modes():
+def test_matrix_declares_the_issue_modes():
     from runner import implementations
     from runner.config import load_matrix
 
     root = Path(__file__).resolve().parent.parent
-    m = load_matrix(root / "matrix-modes.yaml", known_implementations=implementations.KNOWN)
+    m = load_matrix(root / "matrix.yaml", known_implementations=implementations.KNOWN)
     assert list(m.modes) == ["plain", "deterministic", "tf32", "inference",
                              "vllm_batch_invariant", "sglang_ieee"]
     assert dict(m.modes["deterministic"].env) == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
     assert m.modes["deterministic"].torch.deterministic is True
+    assert not (root / "matrix-modes.yaml").exists()  # one matrix: the modes live in it
