@@ -1,16 +1,18 @@
 """Render the tables as ``reports/index.html``: one self-contained page, no network assets.
 
 The page holds, in order: the summary, filters by stack, mode, GPU and dtype (client-side:
-checkboxes, "only" buttons, "show all"), a heatmap of pair x case x tensor per cell (green:
-equal bits; red, darker with the share of differing elements; grey: absent), the identical-bits
-tables as a matrix of cells (one column per cell, a letter per group of identical sha256; the
-verdict is recomputed for the cells shown), then every other table of :mod:`runner.tables`
-with colour for equal/differ and status.
+checkboxes, "only" buttons, "show all"), a heatmap of pair x case x tensor per cell and dtype
+(green: equal bits; red, darker with the share of differing elements; grey: absent), the
+identical-bits tables as a matrix of cells (one column per cell, a letter per group of
+identical sha256; the verdict is recomputed for the cells shown), then every other table of
+:mod:`runner.tables` with colour for equal/differ and status.
 
 CSS and JavaScript live in ``runner/assets/`` and are inlined; the cells' facets are embedded
-as JSON. Rows and columns that belong to one cell carry ``data-cell="<index>"``; the script
-hides those whose cell the filters leave out. Everything else is rendered here, so the page
-reads the same with scripts off (unfiltered).
+as JSON (a cell's ``dtype`` is the list of its cases' dtypes). Rows and columns that belong to
+one cell carry ``data-cell="<index>"``, rows about one dtype ``data-dtype="<dtype>"`` (a
+case's own: a table's ``dtype`` column, a heatmap row, a problem of the identical-bits
+tables); the script hides those whose cell or dtype the filters leave out. Everything else is
+rendered here, so the page reads the same with scripts off (unfiltered).
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runner.aggregate import ABSENT, Cell, Table, format_cmp, status_kind, text
+from runner.aggregate import ABSENT, Cell, Table, num, status_kind, text
 from runner.report import TENSORS
-from runner.table_bits import NOTHING_TO_COMPARE, AcrossRow, pair_results
+from runner.table_bits import NOTHING_TO_COMPARE, AcrossRow, format_count, pair_results
+from runner.table_cases import DTYPE_NAMES, base_case, case_dtypes, cell_dtypes, dtype_label
 
 if TYPE_CHECKING:
     from runner.tables import Tables
@@ -55,6 +58,19 @@ def _inline(note: str) -> str:
 
 def _attr_cell(index: int | None) -> str:
     return "" if index is None else f' data-cell="{index}"'
+
+
+def _attr_dtype(dtype: str | None) -> str:
+    """``data-dtype`` for a row about one storage dtype (``bfloat16/int64`` -> bfloat16)."""
+    dtype = (dtype or "").split("/")[0]
+    return f' data-dtype="{_e(dtype)}"' if dtype in DTYPE_NAMES else ""
+
+
+def _facets(cell: Cell) -> dict[str, Any]:
+    """The cell's filter values; ``dtype`` is the list of its cases' dtypes."""
+    out: dict[str, Any] = {f: cell.facet(f) for f in FILTER_FACETS}
+    out["dtype"] = cell_dtypes(cell) or [ABSENT]
+    return out
 
 
 def _badge(cell: Cell) -> str:
@@ -106,11 +122,13 @@ def _table(table: Table, ids: _Ids) -> str:
             out += [f"<th>{_e(h)}</th>" for h in table.headers]
             out.append("</tr></thead><tbody>")
             numeric = _numeric_columns(table)
+            dtype_at = table.headers.index("dtype") if "dtype" in table.headers else None
             for row in table.rows:
                 kinds = row.kinds + ("",) * (len(row.values) - len(row.kinds))
                 tds = "".join(_td(v, k, n) for v, k, n in zip(row.values, kinds, numeric,
                                                                 strict=False))
-                out.append(f"<tr{_attr_cell(row.cell)}>{tds}</tr>")
+                dtype = row.values[dtype_at] if dtype_at is not None else None
+                out.append(f"<tr{_attr_cell(row.cell)}{_attr_dtype(dtype)}>{tds}</tr>")
             out.append("</tbody></table></div>")
         else:
             out.append(f'<p class="empty">{_e(table.empty)}</p>')
@@ -130,13 +148,22 @@ def _heat_class(cmp: dict[str, Any] | None) -> str:
     return f"h{1 + sum(share >= b for b in _BINS)}"
 
 
+def _heat_tip(cmp: dict[str, Any] | None) -> str:
+    """``35088/48384 differ, max |a−b| 0.375, 31258 ULP apart`` (``equal``, ``—``)."""
+    if cmp is None or cmp.get("equal"):
+        return format_count(cmp)
+    ulp = cmp.get("max_ulp")
+    return (f"{format_count(cmp)} differ, max |a−b| {num(cmp.get('max_abs'))}, "
+            f"{'-' if ulp is None else ulp} ULP apart")
+
+
 def _heatmap(cells: Sequence[Cell], filters: Any) -> str:
     results = {c.index: pair_results(c, filters) for c in cells}
-    cases = list(dict.fromkeys(r.case for rs in results.values() for r in rs))
+    cases = list(dict.fromkeys(base_case(r.case) for rs in results.values() for r in rs))
     ncols = len(cases) * len(TENSORS)
     out = ['<section id="heatmap" class="level2"><h2>Heatmap: pair × case × tensor</h2>',
-           '<p class="note">One row per cell and implementation pair, one square per case and '
-           'tensor; hover for the figures. <span class="legend">'
+           '<p class="note">One row per cell, implementation pair and dtypes (storage/index), '
+           'one square per case and tensor; hover for the figures. <span class="legend">'
            '<span class="h h0"></span> equal bits <span class="h h1"></span><span class="h h2">'
            '</span><span class="h h3"></span><span class="h h4"></span><span class="h h5"></span>'
            ' bits differ in &lt;0.1%, &lt;1%, &lt;10%, &lt;50%, ≥50% of elements '
@@ -158,21 +185,25 @@ def _heatmap(cells: Sequence[Cell], filters: Any) -> str:
             out.append(f'<tr data-cell="{cell.index}">{head}<td>{ABSENT}</td>'
                        f'<td colspan="{ncols}" class="nopairs">{_e(reason)}</td></tr>')
             continue
-        by_pair: dict[str, dict[str, dict[str, Any]]] = {}
+        by_pair: dict[tuple[str, str], dict[str, tuple[str, dict[str, Any]]]] = {}
         for r in rows:
-            by_pair.setdefault(r.pair, {})[r.case] = r.tensors
-        for pair, by_case in by_pair.items():
+            key = (r.pair, dtype_label(cell, r.case))
+            by_pair.setdefault(key, {})[base_case(r.case)] = (r.case, r.tensors)
+        for (pair, dtypes), by_case in by_pair.items():
             tds = []
             for case in cases:
                 for tensor in TENSORS:
                     if case not in by_case:
                         tds.append('<td class="h hn" title="case not run"></td>')
                         continue
-                    cmp = by_case[case].get(tensor)
-                    tip = f"{cell.label} · {pair} · {case} · {tensor}: {format_cmp(cmp)}"
+                    own, tensors = by_case[case]
+                    cmp = tensors.get(tensor)
+                    tip = f"{cell.label} · {pair} · {own} · {tensor}: {_heat_tip(cmp)}"
                     tds.append(f'<td class="h {_heat_class(cmp)}" title="{_e(tip)}"></td>')
-            out.append(f'<tr data-cell="{cell.index}">{head}<td class="pair">{_e(pair)}</td>'
-                       + "".join(tds) + "</tr>")
+            dtype = case_dtypes(cell, next(iter(by_case.values()))[0])[0]
+            shown = "" if dtypes == ABSENT else f" <span class=\"dt\">{_e(dtypes)}</span>"
+            out.append(f'<tr data-cell="{cell.index}"{_attr_dtype(dtype)}>{head}'
+                       f'<td class="pair">{_e(pair)}{shown}</td>' + "".join(tds) + "</tr>")
     out.append("</tbody></table></div></section>")
     return "\n".join(out)
 
@@ -211,7 +242,7 @@ def _matrix(title: str, key: str, rows: Sequence[AcrossRow], cells: Sequence[Cel
                        f'title="{_e(tip)}">{letter}</td>')
         kind = r.kind() if (r.void or not inputs) else "eq"
         static = ' data-static="1"' if inputs else ""
-        out.append(f'<tr data-across="1" data-void="{int(r.void)}">'
+        out.append(f'<tr data-across="1" data-void="{int(r.void)}"{_attr_dtype(r.dtype)}>'
                    + "".join(f"<td>{_e(v)}</td>" for v in lead_values)
                    + f'<td class="verdict k-{kind or "none"}"{static}>{_e(verdict)}</td>'
                    + "".join(tds) + "</tr>")
@@ -221,10 +252,12 @@ def _matrix(title: str, key: str, rows: Sequence[AcrossRow], cells: Sequence[Cel
 
 def _filters(cells: Sequence[Cell]) -> str:
     out = ['<form id="filters" class="filters" onsubmit="return false">']
+    facets = [_facets(c) for c in cells]
     for facet in FILTER_FACETS:
         values: dict[str, int] = {}
-        for c in cells:
-            values[c.facet(facet)] = values.get(c.facet(facet), 0) + 1
+        for found in facets:
+            for value in found[facet] if isinstance(found[facet], list) else [found[facet]]:
+                values[value] = values.get(value, 0) + 1
         out.append(f'<fieldset data-dim="{facet}"><legend>{"GPU" if facet == "gpu" else facet}'
                    "</legend>")
         for value, count in values.items():
@@ -275,8 +308,7 @@ def render_html(tables: Tables) -> str:
             if table.level <= 2:
                 nav.append((key if ids.seen[key] == 1 else f"{key}-{ids.seen[key]}",
                             table.title))
-    facets = [{f: c.facet(f) for f in FILTER_FACETS} for c in cells]
-    data = json.dumps(facets, ensure_ascii=False).replace("</", "<\\/")
+    data = json.dumps([_facets(c) for c in cells], ensure_ascii=False).replace("</", "<\\/")
     return "\n".join([
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',

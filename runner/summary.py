@@ -1,10 +1,12 @@
 """The tables for other tools: ``reports/summary.csv`` and ``reports/summary.json``.
 
 ``summary.csv`` is one long table, one row per cell x implementation x case x tensor
-(:data:`COLUMNS`), with the tensor's sha256, its comparison with the cell's baseline (or, in a
+(:data:`COLUMNS`), with the case's dtypes (:mod:`runner.table_cases`) and fewest and most rows
+per gate row, the tensor's sha256, its comparison with the cell's baseline (or, in a
 foreign report, the implementation it was compared with), its accuracy against fp64, the
 determinism verdicts and the case's median times (repeated on each tensor's row). A cell with
-no results has one row with its status and reason and empty implementation columns.
+no results has one row with its status and reason and empty implementation columns (its
+problem's dtypes).
 
 ``summary.json`` holds the same rows (typed: numbers, booleans, null) under ``rows``, plus
 ``cells`` (each with its configuration), ``across`` (cells grouped by identical bits) and
@@ -23,6 +25,7 @@ from runner.aggregate import Cell
 from runner.report import TENSORS
 from runner.table_ab import configuration
 from runner.table_bits import AcrossRow
+from runner.table_cases import CaseFilter, case_dtypes, gate_rows
 
 if TYPE_CHECKING:
     from runner.tables import Tables
@@ -31,8 +34,9 @@ __all__ = ["COLUMNS", "SCHEMA", "render_csv", "render_json", "summary_rows"]
 
 SCHEMA = "gate_residual_tables/1"
 COLUMNS = (
-    "cell", "origin", "op", "stack", "mode", "target", "dtype", "gpu", "status", "reason",
-    "impl", "impl_status", "case", "tensor", "sha256", "vs", "equal", "differ", "numel",
+    "cell", "origin", "op", "stack", "mode", "target", "dtype", "index_dtype", "gpu", "status",
+    "reason", "impl", "impl_status", "case", "gate_rows_min", "gate_rows_max", "tensor",
+    "sha256", "vs", "equal", "differ", "numel",
     "vs_max_abs", "vs_max_ulp", "max_abs", "max_rel", "max_abs_ulps", "rel_l2", "repeatable",
     "repeatable_across_processes", "forward_ms", "forward_backward_ms",
 )
@@ -49,9 +53,11 @@ def _case_of(entry: dict[str, Any], key: str, case: str) -> dict[str, Any]:
     return (entry.get(key) or {}).get(case) or {}
 
 
-def _cell_rows(cell: Cell, keeps_impl: Any) -> Iterator[dict[str, Any]]:
+def _cell_rows(cell: Cell, keeps_impl: Any, by_dtype: CaseFilter) -> Iterator[dict[str, Any]]:
+    problem = cell.data.get("problem") or {}
     base = {"cell": cell.label, "origin": cell.origin, "op": cell.op, "stack": cell.stack,
-            "mode": cell.mode, "target": cell.target, "dtype": cell.dtype, "gpu": cell.gpu,
+            "mode": cell.mode, "target": cell.target, "dtype": problem.get("dtype"),
+            "index_dtype": problem.get("index_dtype"), "gpu": cell.gpu,
             "status": cell.data.get("status"), "reason": cell.reason}
     emitted = False
     for impl, entry in cell.results.items():
@@ -61,7 +67,11 @@ def _cell_rows(cell: Cell, keeps_impl: Any) -> Iterator[dict[str, Any]]:
         compared = entry.get(f"vs {vs}") or {} if vs else {}
         keys = ("sha256", "accuracy", "repeatable", "repeatable_across_processes", "timings")
         cases = list(dict.fromkeys([*(c for k in keys for c in entry.get(k) or {}), *compared]))
-        for case in cases:
+        for case in by_dtype.cases(cell, cases):
+            dtype, index_dtype = case_dtypes(cell, case)
+            rows = gate_rows(cell, case) or (None, None)
+            per_case = {**base, "dtype": dtype, "index_dtype": index_dtype,
+                        "gate_rows_min": rows[0], "gate_rows_max": rows[1]}
             acc = _case_of(entry, "accuracy", case)
             figures = {"out": acc.get("out"), **(acc.get("grads") or {})}
             cmp_case = compared.get(case) or {}
@@ -75,8 +85,8 @@ def _cell_rows(cell: Cell, keeps_impl: Any) -> Iterator[dict[str, Any]]:
                 if not (sha or fig or cmp or rep is not None or across is not None):
                     continue
                 emitted = True
-                yield {**base, "impl": impl, "impl_status": entry.get("status"), "case": case,
-                       "tensor": tensor, "sha256": sha, "vs": vs if cmp else None,
+                yield {**per_case, "impl": impl, "impl_status": entry.get("status"),
+                       "case": case, "tensor": tensor, "sha256": sha, "vs": vs if cmp else None,
                        "equal": cmp.get("equal"), "differ": cmp.get("differ"),
                        "numel": cmp.get("numel"), "vs_max_abs": cmp.get("max_abs"),
                        "vs_max_ulp": cmp.get("max_ulp"), "max_abs": fig.get("max_abs"),
@@ -95,7 +105,8 @@ def summary_rows(tables: Tables) -> list[dict[str, Any]]:
     cached = tables.cache.get("summary_rows")
     if cached is None:
         cached = tables.cache["summary_rows"] = [
-            row for cell in tables.cells for row in _cell_rows(cell, tables.filters.keeps_impl)]
+            row for cell in tables.cells
+            for row in _cell_rows(cell, tables.filters.keeps_impl, CaseFilter.of(tables.filters))]
     return cached
 
 

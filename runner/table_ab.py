@@ -16,6 +16,7 @@ from typing import Any
 
 from runner.aggregate import ABSENT, Cell, Filters, Row, Table, case_order, ms, num, text
 from runner.report import TENSORS
+from runner.table_cases import CaseFilter, case_problem, dtype_label
 
 __all__ = ["ab_tables", "configuration", "default_ab", "image_of"]
 
@@ -71,9 +72,17 @@ def _acc(cell: Cell, impl: str, case: str, tensor: str) -> Mapping[str, Any] | N
 
 
 def _inputs_differ(a: Cell, b: Cell, case: str) -> bool:
+    """Whether case ``case`` ran another problem (the case's own dtypes) or other inputs."""
     ia = ((a.data.get("inputs") or {}).get(case) or {}).get("sha256")
     ib = ((b.data.get("inputs") or {}).get(case) or {}).get("sha256")
-    return a.problem_key != b.problem_key or (ia is not None and ib is not None and ia != ib)
+    return (case_problem(a, case) != case_problem(b, case)
+            or (ia is not None and ib is not None and ia != ib))
+
+
+def _dtypes(a: Cell, b: Cell, case: str) -> str:
+    """The case's dtypes, ``A → B`` where the two cells ran it in different ones."""
+    da, db = dtype_label(a, case), dtype_label(b, case)
+    return da if da == db else f"{da} → {db}"
 
 
 def _yes(value: Any) -> str:
@@ -88,6 +97,7 @@ def _ratio(a: Any, b: Any) -> str:
 def ab_tables(a: Cell, b: Cell, filters: Filters | None = None, why: str = "") -> list[Table]:
     """A/B of two cells: configuration differences, bits and accuracy, time."""
     filters = filters or Filters()
+    by_dtype = CaseFilter.of(filters)
     ca, cb = configuration(a), configuration(b)
     diffs = [Row((k, ca.get(k, ABSENT), cb.get(k, ABSENT)))
              for k in dict.fromkeys([*ca, *cb]) if ca.get(k, ABSENT) != cb.get(k, ABSENT)]
@@ -105,7 +115,7 @@ def ab_tables(a: Cell, b: Cell, filters: Filters | None = None, why: str = "") -
     for impl in both:
         def cases_of(*keys: str, impl: str = impl) -> list[str]:
             ka, kb = ({c for k in keys for c in (x.results[impl].get(k) or {})} for x in (a, b))
-            return case_order(ka & kb)
+            return [c for c in case_order(ka & kb) if by_dtype.keeps(a, c)]
 
         for case in cases_of("sha256", "accuracy"):
             for tensor in TENSORS:
@@ -122,30 +132,32 @@ def ab_tables(a: Cell, b: Cell, filters: Filters | None = None, why: str = "") -
                     verdict, kind = ("same", "eq") if sa == sb else ("CHANGED", "diff")
                 ra = (a.per_case(impl, "repeatable", case) or {}).get(tensor)
                 rb = (b.per_case(impl, "repeatable", case) or {}).get(tensor)
-                bits.append(Row((impl, case, tensor, verdict, num(fa.get("max_abs")),
-                                 num(fb.get("max_abs")), num(fa.get("max_abs_ulps")),
-                                 num(fb.get("max_abs_ulps")), num(ra), num(rb)),
-                                None, ("", "", "", kind, "", "", "", "", _yes(ra), _yes(rb))))
+                bits.append(Row((impl, case, _dtypes(a, b, case), tensor, verdict,
+                                 num(fa.get("max_abs")), num(fb.get("max_abs")),
+                                 num(fa.get("max_abs_ulps")), num(fb.get("max_abs_ulps")),
+                                 num(ra), num(rb)),
+                                None, ("", "", "", "", kind, "", "", "", "", _yes(ra), _yes(rb))))
         for case in cases_of("timings"):
             ta = a.per_case(impl, "timings", case) or {}
             tb = b.per_case(impl, "timings", case) or {}
             fa, fb = ta.get("forward_ms"), tb.get("forward_ms")
             ga, gb = ta.get("forward_backward_ms"), tb.get("forward_backward_ms")
-            times.append(Row((impl, case, ms(fa), ms(fb), _ratio(fa, fb), ms(ga), ms(gb),
-                              _ratio(ga, gb))))
-    changed = sum(r.values[3] == "CHANGED" for r in bits)
-    same = sum(r.values[3] == "same" for r in bits)
+            times.append(Row((impl, case, _dtypes(a, b, case), ms(fa), ms(fb), _ratio(fa, fb),
+                              ms(ga), ms(gb), _ratio(ga, gb))))
+    changed = sum(r.values[4] == "CHANGED" for r in bits)
+    same = sum(r.values[4] == "same" for r in bits)
     return [
         head,
-        Table("ab-bits", "Bits and accuracy", ("impl", "case", "tensor", "bits A→B",
-                                               "max_abs A", "max_abs B", "max ULP A",
-                                               "max ULP B", "repeatable A", "repeatable B"),
+        Table("ab-bits", "Bits and accuracy", ("impl", "case", "dtype", "tensor", "bits A→B",
+                                               "max_abs A", "max_abs B", "err ULP vs fp64 A",
+                                               "err ULP vs fp64 B", "repeatable A",
+                                               "repeatable B"),
               bits, note=f"Bits: {same} tensors the same, {changed} changed (sha256 of the "
-                         "bits; void where the inputs differ). Accuracy against fp64. "
-                         "Implementations and cases both cells have"
-                         + (f" ({'; '.join(only)})." if only else "."),
+                         "bits; void where the inputs differ). Accuracy against fp64 (`err ULP "
+                         "vs fp64`: as in the accuracy table). Implementations and cases both "
+                         "cells have" + (f" ({'; '.join(only)})." if only else "."),
               empty="No implementation has bits or accuracy figures in either cell.", level=3),
-        Table("ab-time", "Time (median ms)", ("impl", "case", "forward A", "forward B", "B/A",
-                                              "fwd+bwd A", "fwd+bwd B", "B/A"), times,
+        Table("ab-time", "Time (median ms)", ("impl", "case", "dtype", "forward A", "forward B",
+                                              "B/A", "fwd+bwd A", "fwd+bwd B", "B/A"), times,
               empty="No timings in either cell.", level=3),
     ]

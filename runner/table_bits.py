@@ -1,10 +1,13 @@
 """The tables about bits: pairwise per cell and identical bits across cells (A/B: table_ab).
 
 * :func:`bitwise_table`: per cell, each unordered implementation pair x case, each tensor
-  ``equal`` or ``differ/numel (max_abs, max_ulp)`` (``results[impl]["vs <other>"][case]``).
+  ``equal`` or ``differ/numel`` (``results[impl]["vs <other>"][case]``), then the largest
+  |a - b| and the largest distance in representable values ("ULP apart") per differing tensor.
 * :func:`across_cells`: per problem (dtype, D, G, index dtype, seed), implementation, case and
   tensor, the cells grouped by the sha256 of the tensor's bits
-  (``results[impl].sha256[case][tensor]``). The inputs' sha256 (``inputs[case].sha256``) must
+  (``results[impl].sha256[case][tensor]``). A case's problem uses the case's own dtypes
+  (:mod:`runner.table_cases`), and its id there drops them (``257-float16-int32`` is case
+  ``257`` of a float16/int32 problem). The inputs' sha256 (``inputs[case].sha256``) must
   agree across the cells of a problem and case; where they do not, every comparison of that
   case is marked void.
 """
@@ -25,22 +28,28 @@ from runner.aggregate import (
     Table,
     case_order,
     cmp_kind,
-    format_cmp,
+    num,
     status_kind,
     text,
 )
 from runner.report import TENSORS, iter_pairs
+from runner.table_cases import CaseFilter, base_case, case_problem, dtype_label
 
 __all__ = ["NOTHING_TO_COMPARE", "Across", "AcrossRow", "PairResult", "across_cells",
            "across_tables", "bitwise_table", "pair_results"]
 
 LEGEND = (
-    "Each tensor: `equal` (every element has the same bits), or `differ/numel (max_abs, "
-    "max_ulp)`: elements whose bits differ, element count, largest |a - b| and largest distance "
-    "in units in the last place of the storage dtype (`-` when the report has none; `nan k`: k of "
-    "the differing elements are NaN on at least one side). `—`: the tensor is absent (no "
-    "backward)."
+    "Each tensor (`res` = grad_residual, `y` = grad_y, `gate` = grad_gate): `equal` (every "
+    "element has the same bits), or `differ/numel`: elements whose bits differ, of the element "
+    "count (`nan k`: k of them are NaN on at least one side). `—`: the tensor is absent (no "
+    "backward). For each differing tensor, `max |a−b|` is the largest difference between the "
+    "two implementations and `max ULP apart` the largest number of representable values of the "
+    "storage dtype between them (+0.0 and −0.0 one apart), over elements that are not NaN: a "
+    "distance between the pair, not an error against fp64 (the accuracy table's `err ULP vs "
+    "fp64` is that)."
 )
+TENSOR_NAMES = {"out": "out", "res": "grad_res", "y": "grad_y", "gate": "grad_gate"}
+"""How the tensors are named in sentences (the verdicts)."""
 _MAX_LISTED = 12
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -76,8 +85,10 @@ def _unordered_pairs(data: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 def pair_results(cell: Cell, filters: Filters | None = None) -> list[PairResult]:
-    """The cell's comparisons, each unordered pair once, cases in the report's order."""
+    """The cell's comparisons, each unordered pair once, cases in the report's order (only
+    those of a dtype the filters keep)."""
     filters = filters or Filters()
+    by_dtype = CaseFilter.of(filters)
     by_direction: dict[tuple[str, str], dict[str, Any]] = {}
     for row in iter_pairs(cell.data):
         by_direction.setdefault((row.impl, row.other), {})[row.case_id] = row.tensors
@@ -90,27 +101,57 @@ def pair_results(cell: Cell, filters: Filters | None = None) -> list[PairResult]
         present = list(forward) + [c for c in mirror if c not in forward]
         cases = [c for c in cell.cases if c in present] + [c for c in present
                                                            if c not in cell.cases]
-        out += [PairResult(cell, a, b, c, forward.get(c, mirror.get(c, {}))) for c in cases]
+        out += [PairResult(cell, a, b, c, forward.get(c, mirror.get(c, {})))
+                for c in by_dtype.cases(cell, cases)]
     return out
 
 
+def format_count(cmp: Mapping[str, Any] | None) -> str:
+    """A CMP as the bitwise table shows it: ``equal``, ``differ/numel`` (``, nan k``), ``—``.
+
+    Example:
+        >>> format_count({"equal": False, "differ": 7, "numel": 9, "nan_differ": 2})
+        '7/9, nan 2'
+    """
+    if cmp is None:
+        return ABSENT
+    if cmp.get("equal"):
+        return "equal"
+    nan = f", nan {cmp['nan_differ']}" if cmp.get("nan_differ") else ""
+    return f"{cmp.get('differ')}/{cmp.get('numel')}{nan}"
+
+
+def _apart(cmps: Mapping[str, Mapping[str, Any] | None], key: str) -> str:
+    """``gate 0.125`` (``out 0.5; gate 2``): ``key`` of each tensor with a differing element
+    that is not NaN, ``-`` where the report has none; :data:`ABSENT` when there is none."""
+    parts = []
+    for tensor, cmp in cmps.items():
+        if cmp is None or cmp.get("equal") or cmp.get("nan_differ", 0) >= cmp.get("differ", 0):
+            continue
+        value = cmp.get(key)
+        parts.append(f"{tensor} {'-' if value is None else num(value)}")
+    return "; ".join(parts) or ABSENT
+
+
 def bitwise_table(cells: Sequence[Cell], filters: Filters | None = None) -> Table:
-    """Per cell x pair x case: each tensor's CMP. A cell without comparisons gets one row
-    with its status, so no cell is dropped."""
+    """Per cell x pair x case: each tensor's CMP, and how far apart the differing tensors are.
+    A cell without comparisons gets one row with its status, so no cell is dropped."""
     rows = []
     for cell in cells:
         results = pair_results(cell, filters)
         for r in results:
-            cmps = [r.tensors.get(t) for t in TENSORS]
-            rows.append(Row((cell.label, cell.status, r.pair, r.case, *map(format_cmp, cmps)),
-                            cell.index, ("", status_kind(cell.status), "", "",
-                                         *map(cmp_kind, cmps))))
+            cmps = {t: r.tensors.get(t) for t in TENSORS}
+            rows.append(Row((cell.label, cell.status, r.pair, r.case, dtype_label(cell, r.case),
+                             *map(format_count, cmps.values()), _apart(cmps, "max_abs"),
+                             _apart(cmps, "max_ulp")),
+                            cell.index, ("", status_kind(cell.status), "", "", "",
+                                         *map(cmp_kind, cmps.values()))))
         if not results and not _unordered_pairs(cell.data):
-            rows.append(Row((cell.label, cell.status, *[ABSENT] * (2 + len(TENSORS))),
+            rows.append(Row((cell.label, cell.status, *[ABSENT] * (5 + len(TENSORS))),
                             cell.index, ("", status_kind(cell.status))))
     return Table("bitwise", "Bitwise comparison per cell",
-                 ("cell", "status", "pair", "case", *TENSORS), rows, note=LEGEND,
-                 empty="No reports.")
+                 ("cell", "status", "pair", "case", "dtype", *TENSORS, "max |a−b|",
+                  "max ULP apart"), rows, note=LEGEND, empty="No reports.")
 
 
 # --------------------------------------------------------------------------- across cells
@@ -127,6 +168,7 @@ class AcrossRow:
     tensor: str
     groups: tuple[tuple[str, tuple[int, ...]], ...]
     void: bool = False
+    dtype: str | None = None  # the problem's storage dtype (the HTML page filters on it)
 
     @property
     def count(self) -> int:
@@ -183,48 +225,58 @@ def across_cells(cells: Sequence[Cell], filters: Filters | None = None) -> Acros
         'identical (2 cells)'
     """
     filters = filters or Filters()
-    problems: dict[tuple[Any, ...], list[Cell]] = {}
+    by_dtype = CaseFilter.of(filters)
+    # problem -> cell index -> base case id -> the cell's own case id
+    problems: dict[tuple[Any, ...], dict[int, dict[str, str]]] = {}
+    by_index = {c.index: c for c in cells}
     without = []
     for cell in cells:
         has_bits = any((e.get("sha256") or {}) for e in cell.results.values())
-        key = cell.problem_key
-        if not has_bits or key is None:
+        if not has_bits or cell.data.get("problem") is None:
             why = ("foreign report: the reference layout has no sha256" if not cell.ours
                    else f"status {cell.status}" + (f": {text(cell.reason)}" if cell.reason
                                                    else ": no sha256 in the report"))
             without.append((cell.index, why))
             continue
-        problems.setdefault(key, []).append(cell)
+        for case in by_dtype.cases(cell, cell.cases):
+            key = case_problem(cell, case)
+            problems.setdefault(key, {}).setdefault(cell.index, {})[base_case(case)] = case
     across = Across([], [], [], without)
     for n, (key, members) in enumerate(problems.items(), 1):
         label = f"P{n}"
         dtype, d, g, index_dtype, seed = key
         across.problems.append((label, f"{dtype}, D={d}, G={g}, index {index_dtype}, seed {seed}",
-                                tuple(c.index for c in members)))
-        cases = case_order(c for cell in members for c in cell.cases)
+                                tuple(members)))
+        cases = case_order(b for own in members.values() for b in own)
         void = set()
+
+        def own(index: int, base: str, members: dict = members) -> str | None:
+            return members[index].get(base)
+
         for case in cases:
-            shas = [(c.index, ((c.data.get("inputs") or {}).get(case) or {}).get("sha256"))
-                    for c in members]
+            shas = [(i, ((by_index[i].data.get("inputs") or {}).get(own(i, case)) or {})
+                     .get("sha256")) for i in members if own(i, case)]
             shas = [(i, s) for i, s in shas if s]
             if not shas:
                 continue
             names = sorted({n for _, s in shas for n in s})
             differing = [n for n in names if len({s.get(n) for _, s in shas}) > 1]
             row = AcrossRow(label, case, "inputs", ", ".join(differing) or "all",
-                            _group([(_inputs_key(s), i) for i, s in shas]), bool(differing))
+                            _group([(_inputs_key(s), i) for i, s in shas]), bool(differing),
+                            dtype)
             across.inputs.append(row)
             if row.void:
                 void.add(case)
-        impls = list(dict.fromkeys(i for cell in members for i in cell.results))
+        impls = list(dict.fromkeys(i for m in members for i in by_index[m].results))
         for impl in filter(filters.keeps_impl, impls):
             for case in cases:
                 for tensor in TENSORS:
-                    found = [(s, c.index) for c in members
-                             if (s := (c.per_case(impl, "sha256", case) or {}).get(tensor))]
+                    found = [(s, i) for i in members if own(i, case)
+                             and (s := (by_index[i].per_case(impl, "sha256", own(i, case))
+                                        or {}).get(tensor))]
                     if found:
                         across.rows.append(AcrossRow(label, case, impl, tensor, _group(found),
-                                                     case in void))
+                                                     case in void, dtype))
     return across
 
 

@@ -3,11 +3,13 @@
 * :func:`accuracy_table`: per cell, implementation, case and tensor: error against fp64
   (``results[impl].accuracy``), repeatable within a process (``repeatable``), across processes
   (``repeatable_across_processes``) and batch-invariant (``batch_invariant``); the last two may
-  be absent from a report and then show ``—``.
+  be absent from a report and then show ``—``. On grad_gate's rows, the fewest and most rows
+  per gate row (``inputs[case].index_counts``).
 * :func:`cells_table`, :func:`environment_table`, :func:`implementations_table`: every
   readable report with its status and reason, versions and image; implementations that did
   not run.
-* :func:`timings_table`: median times (``results[impl].timings``) and effective bandwidth.
+* :func:`timings_table`: median times (``results[impl].timings``) and effective bandwidth, in
+  the bytes per element of each case's own dtype.
 * :func:`bench_tables`: any ``reports/bench/*.json`` of the form ``{"title": ..., "rows":
   [{flat}, ...]}``, rendered as it is.
 """
@@ -23,6 +25,7 @@ from typing import Any
 from runner.aggregate import ABSENT, Cell, Filters, Row, Table, ms, num, status_kind, text
 from runner.report import TENSORS
 from runner.table_ab import image_of
+from runner.table_cases import CaseFilter, case_dtypes, cell_dtypes, dtype_label, gate_rows
 
 __all__ = ["ITEMSIZE", "LIBRARIES", "accuracy_table", "bench_tables", "cells_table",
            "environment_table", "implementations_table", "moved_bytes", "timings_table"]
@@ -74,9 +77,17 @@ def _kind(verdict: str) -> str:
     return "eq" if verdict == "yes" else ("diff" if verdict.startswith("NO") else "")
 
 
+def _gate_rows(cell: Cell, case: str, tensor: str) -> str:
+    """``min–max`` rows per gate row of the case, on grad_gate's rows only."""
+    found = gate_rows(cell, case) if tensor == "gate" else None
+    return ABSENT if found is None else f"{found[0]}–{found[1]}"
+
+
 def accuracy_table(cells: Sequence[Cell], filters: Filters | None = None) -> Table:
-    """Per cell x implementation x case x tensor: error vs fp64 and the determinism checks."""
+    """Per cell x implementation x case x tensor: error vs fp64 and the determinism checks;
+    on grad_gate's rows, the fewest and most rows that one gate row sums."""
     filters = filters or Filters()
+    by_dtype = CaseFilter.of(filters)
     rows, without = [], []
     for cell in cells:
         before = len(rows)
@@ -87,8 +98,8 @@ def accuracy_table(cells: Sequence[Cell], filters: Filters | None = None) -> Tab
             rep = entry.get("repeatable") or {}
             across = entry.get("repeatable_across_processes") or {}
             keys = list(dict.fromkeys([*acc, *rep, *across]))
-            for case in [c for c in cell.cases if c in keys] + [k for k in keys
-                                                                 if k not in cell.cases]:
+            cases = [c for c in cell.cases if c in keys] + [k for k in keys if k not in cell.cases]
+            for case in by_dtype.cases(cell, cases):
                 figures = {"out": (acc.get(case) or {}).get("out"),
                            **((acc.get(case) or {}).get("grads") or {})}
                 for tensor in TENSORS:
@@ -100,20 +111,24 @@ def accuracy_table(cells: Sequence[Cell], filters: Filters | None = None) -> Tab
                         continue
                     ulps = fig.get("max_abs_ulps")
                     over = ulps == "inf" or (isinstance(ulps, (int, float)) and ulps > 1)
-                    rows.append(Row((cell.label, impl, case, tensor, num(fig.get("max_abs")),
-                                     num(fig.get("max_rel")), num(ulps), *verdicts), cell.index,
-                                    ("",) * 6 + ("warn" if over else "",)
+                    rows.append(Row((cell.label, impl, case, dtype_label(cell, case), tensor,
+                                     num(fig.get("max_abs")), num(fig.get("max_rel")), num(ulps),
+                                     _gate_rows(cell, case, tensor), *verdicts), cell.index,
+                                    ("",) * 7 + ("warn" if over else "", "")
                                     + tuple(map(_kind, verdicts))))
         if len(rows) == before and cell.ours:
             without.append(f"{cell.label} ({cell.status})")
     return Table(
         "accuracy", "Accuracy vs fp64 and determinism",
-        ("cell", "impl", "case", "tensor", "max_abs", "max_rel", "max ULP", "repeatable",
-         "across processes", "batch-invariant"), rows,
+        ("cell", "impl", "case", "dtype", "tensor", "max_abs", "max_rel", "err ULP vs fp64",
+         "rows per gate row", "repeatable", "across processes", "batch-invariant"), rows,
         note="Each implementation against the float64 reference: `max_abs`, `max_rel` "
-             "(over elements with a non-zero reference) and `max ULP` (`max_abs_ulps`: max_abs "
-             "in ULPs of the storage dtype at the largest |reference|; above 1 is marked in the "
-             "HTML page). `repeatable`: the same "
+             "(over elements with a non-zero reference) and `err ULP vs fp64` (`max_abs_ulps`: "
+             "max_abs in ULPs of the storage dtype at the largest |reference|; above 1 is marked "
+             "in the HTML page; not the bitwise table's `max ULP apart`, a distance between two "
+             "implementations). `rows per gate row`, on grad_gate: the fewest and most rows "
+             "of the case that share one gate row (`inputs[case].index_counts`), which one "
+             "grad_gate element sums, so its error grows with them. `repeatable`: the same "
              "bits in every repeat within one process; `across processes`: the same bits in "
              "separate processes; `batch-invariant`: rows computed alone, in sub-batches and "
              "in the full batch agree. `—`: the report has no such figure.",
@@ -147,14 +162,15 @@ def _file(cell: Cell, relative_to: Path | None) -> str:
 def cells_table(cells: Sequence[Cell], relative_to: Path | None = None) -> Table:
     """One row per readable report: what it is, its status and reason, commit and file."""
     rows = [Row((c.label, c.origin, c.facet("stack"), c.facet("mode"), c.facet("target"),
-                 c.facet("dtype"), c.status, _short(c.reason or ABSENT), _commit(c),
-                 _file(c, relative_to)), c.index, ("", "", "", "", "", "",
-                                                   status_kind(c.status)))
+                 ", ".join(cell_dtypes(c)) or ABSENT, c.status, _short(c.reason or ABSENT),
+                 _commit(c), _file(c, relative_to)), c.index,
+                ("", "", "", "", "", "", status_kind(c.status)))
             for c in cells]
-    return Table("cells", "Cells", ("cell", "origin", "stack", "mode", "target", "dtype",
+    return Table("cells", "Cells", ("cell", "origin", "stack", "mode", "target", "dtypes",
                                     "status", "reason", "project commit", "file"), rows,
                  note="Every readable report, whatever its status; `foreign`: another "
-                      "project's report (the reference layout), read where it can be.",
+                      "project's report (the reference layout), read where it can be. "
+                      "`dtypes`: the storage dtypes of the cell's cases.",
                  empty="No reports.")
 
 
@@ -231,31 +247,34 @@ def _gbps(nbytes: int | None, ms: Any) -> str:
 def timings_table(cells: Sequence[Cell], filters: Filters | None = None) -> Table:
     """Per cell x implementation x case: median forward and forward+backward times, GB/s."""
     filters = filters or Filters()
+    by_dtype = CaseFilter.of(filters)
     rows, without = [], []
     for cell in cells:
         problem = cell.data.get("problem") or {}
-        size = ITEMSIZE.get(problem.get("dtype", ""))
         before = len(rows)
         for impl, entry in cell.results.items():
             timings = entry.get("timings") or {}
             if not filters.keeps_impl(impl):
                 continue
-            for case in [c for c in cell.cases if c in timings] + [c for c in timings
-                                                                   if c not in cell.cases]:
+            cases = [c for c in cell.cases if c in timings] + [c for c in timings
+                                                               if c not in cell.cases]
+            for case in by_dtype.cases(cell, cases):
                 t = timings[case] or {}
                 n = _rows_of(cell, case)
+                size = ITEMSIZE.get(case_dtypes(cell, case)[0] or "")
                 known = (n and size and "D" in problem and "G" in problem
                          and entry.get("role") != "accuracy_reference")
                 fwd, both = (moved_bytes(n, problem["D"], problem["G"], size) if known
                              else (None, None))
                 f_ms, b_ms = t.get("forward_ms"), t.get("forward_backward_ms")
-                rows.append(Row((cell.label, impl, case, num(n), ms(f_ms), _gbps(fwd, f_ms),
-                                 ms(b_ms), _gbps(both, b_ms)), cell.index))
+                rows.append(Row((cell.label, impl, case, dtype_label(cell, case), num(n),
+                                 ms(f_ms), _gbps(fwd, f_ms), ms(b_ms), _gbps(both, b_ms)),
+                                cell.index))
         if len(rows) == before and cell.ours:
             without.append(f"{cell.label} ({cell.status})")
     return Table(
-        "timings", "Timings", ("cell", "impl", "case", "N", "forward ms", "forward GB/s",
-                               "fwd+bwd ms", "fwd+bwd GB/s"), rows,
+        "timings", "Timings", ("cell", "impl", "case", "dtype", "N", "forward ms",
+                               "forward GB/s", "fwd+bwd ms", "fwd+bwd GB/s"), rows,
         note="Medians over the timed iterations (CUDA events on a GPU). Effective bandwidth = "
              "bytes that must move / median time, GB/s = 1e9 B/s, with s the storage dtype's "
              "bytes per element: forward 3·N·D·s (reads `residual`, `y`; writes `out`); "

@@ -3,6 +3,7 @@
 The last stage of the pipeline. :func:`build_tables` turns the reports (readable or not) into
 an ordered list of :class:`~runner.aggregate.Table` (docs/tables.md lists them):
 
+0. Verdicts: one line per cell and implementation pair (:mod:`runner.table_verdicts`).
 1. Bitwise comparison per cell (pair x case x tensor).
 2. Identical bits across cells: inputs, then each implementation's outputs, grouped by sha256.
 3. A/B of two cells (``--ab``; by default the first two of our cells with results;
@@ -10,6 +11,9 @@ an ordered list of :class:`~runner.aggregate.Table` (docs/tables.md lists them):
 4. Accuracy vs fp64 and determinism.
 5. Cells, implementations that did not run, and the environment inventory.
 6. Timings with effective bandwidth; then ``reports/bench/*.json``; then unreadable files.
+
+A case may have its own dtypes (:mod:`runner.table_cases`): every table shows each case's, and
+``--dtype`` keeps the cases of those dtypes (and the cells that have one).
 
 :func:`render_markdown` writes them as GitHub Markdown (tabulate), :mod:`runner.html` as one
 self-contained page, :mod:`runner.summary` as CSV and JSON. A cell whose status is not ``ok``
@@ -23,7 +27,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +47,7 @@ from runner.aggregate import (
 from runner.report import LoadedReport, read_reports, write_text_atomic
 from runner.table_ab import ab_tables, default_ab
 from runner.table_bits import Across, across_cells, across_tables, bitwise_table
+from runner.table_cases import CaseFilter
 from runner.table_stats import (
     accuracy_table,
     bench_tables,
@@ -51,6 +56,7 @@ from runner.table_stats import (
     implementations_table,
     timings_table,
 )
+from runner.table_verdicts import verdict_table
 
 __all__ = ["OUTPUTS", "Tables", "build_tables", "cell_label", "format_cmp", "render_markdown",
            "write_tables"]
@@ -131,13 +137,16 @@ def build_tables(reports: Sequence[LoadedReport], *, relative_to: Path | None = 
 
     Example:
         >>> t = build_tables(read_reports(Path("reports")), filters=Filters(stack=("host",)))
-        >>> [s.key for s in t.sections][:2]
-        ['bitwise', 'across']
+        >>> [s.key for s in t.sections][:3]
+        ['verdicts', 'bitwise', 'across']
     """
     filters = filters or Filters()
     everything = load_cells(reports)
-    filters.check(everything)
-    cells = filters.select(everything)
+    by_cell, by_dtype = CaseFilter.cell_part(filters), CaseFilter.of(filters)
+    by_cell.check(everything)
+    by_dtype.check(everything)
+    cells = [replace(c, index=i) for i, c in enumerate(
+        c for c in by_cell.select(everything) if by_dtype.keeps_cell(c))]
     if ab is None:
         pairs = [p for p in [default_ab(cells)] if p is not None]
         why = "; the default: the first two of our cells with results"
@@ -145,7 +154,8 @@ def build_tables(reports: Sequence[LoadedReport], *, relative_to: Path | None = 
         pairs = [(find_cell(everything, a), find_cell(everything, b)) for a, b in ab]
         why = "; chosen with `--ab`"
     across = across_cells(cells, filters)
-    sections = [bitwise_table(cells, filters), *across_tables(across, cells)]
+    sections = [verdict_table(cells, filters), bitwise_table(cells, filters),
+                *across_tables(across, cells)]
     for a, b in pairs:
         sections += ab_tables(a, b, filters, why)
     sections += [accuracy_table(cells, filters), cells_table(cells, relative_to),

@@ -214,3 +214,42 @@ def test_only_rows_that_differ(browser: Any, page_path: Path) -> None:
     assert 0 < len(kept) < all_rows
     assert all("variants" in v or v.startswith("void") for v in kept)
     assert page.messages == []
+
+
+def test_dtype_filter_hides_the_rows_of_other_case_dtypes(browser: Any,
+                                                           tmp_path: Path) -> None:
+    """One real cell with cases in two dtypes: the dtype filter acts on rows, not cells."""
+    from runner.cell import run_cell
+    from runner.cells import Cell
+    from runner.config import parse_matrix
+    from runner.report import write_report
+
+    matrix = parse_matrix({
+        "schema_version": 1, "op": "gate_residual",
+        "problem": {"D": 16, "G": 3, "dtype": "bfloat16", "index_dtype": "int64", "seed": 3},
+        "cases": [{"n": 9}, {"n": 9, "dtype": "float16", "index_dtype": "int32"}],
+        "implementations": ["eager", "numba", "fp64"], "baseline": "eager",
+        "accuracy_reference": "fp64", "repeats": 1, "modes": {"plain": {}},
+        "stacks": {"host": {"kind": "host"}}, "targets": ["cpu"]})
+    reports = tmp_path / "reports"
+    write_report(run_cell(matrix, Cell("host", "plain", "cpu"), matrix.cases, timings=False),
+                 reports)
+    write_tables(reports)
+    page = Page(browser, reports / "index.html")
+
+    def dtypes(table: str, column: int) -> list[str]:
+        return page.page.eval_on_selector_all(
+            f"#{table} tbody tr",
+            f"rows => rows.filter(r => !r.hidden).map(r => r.cells[{column}].textContent)")
+
+    assert dtypes("t-bitwise", 4) == ["bfloat16/int64", "float16/int32"]
+    page.click(_box("dtype", "float16"))  # uncheck
+    assert dtypes("t-bitwise", 4) == ["bfloat16/int64"]
+    assert set(dtypes("t-accuracy", 3)) == {"bfloat16/int64"}
+    assert page.text("#shown") == "1 of 1 cells shown"  # the cell stays: it has bf16 cases
+    assert len(dtypes("t-heat", 1)) == 1  # one heatmap row per dtype pair
+    page.click('#filters button.only[data-dim="dtype"][value="float16"]')
+    assert dtypes("t-bitwise", 4) == ["float16/int32"]
+    page.click("#reset")
+    assert len(dtypes("t-bitwise", 4)) == 2 and len(dtypes("t-heat", 1)) == 2
+    assert page.messages == []

@@ -1,7 +1,8 @@
 // Inlined into reports/index.html by runner/html.py: the client-side filters.
 // Elements with data-cell="<i>" belong to cell i of the JSON in #cells-data; a cell is
-// shown when, for every facet, its value is checked. Identical-bits verdicts are
-// recomputed over the cells shown.
+// shown when, for every facet, its value (one of its values, for a list: a cell's dtypes)
+// is checked. Rows with data-dtype="<dtype>" are about one case dtype and are shown only
+// when that dtype is checked. Identical-bits verdicts are recomputed over the cells shown.
 "use strict";
 (function () {
   const cells = JSON.parse(document.getElementById("cells-data").textContent);
@@ -9,14 +10,21 @@
   const boxes = Array.from(form.querySelectorAll("input[type=checkbox]"));
   const dims = Array.from(new Set(boxes.map((b) => b.dataset.dim)));
   const tagged = Array.from(document.querySelectorAll("[data-cell]"));
+  const typed = Array.from(document.querySelectorAll("[data-dtype]"));
   const acrossRows = Array.from(document.querySelectorAll("tr[data-across]"));
   const tables = Array.from(document.querySelectorAll("table.data"));
 
-  function shownCells() {
+  function allowedValues() {
     const allowed = {};
     dims.forEach((d) => { allowed[d] = new Set(); });
     boxes.forEach((b) => { if (b.checked) { allowed[b.dataset.dim].add(b.value); } });
-    return cells.map((c) => dims.every((d) => allowed[d].has(c[d])));
+    return allowed;
+  }
+
+  function shownCells(allowed) {
+    const any = (d, v) => (Array.isArray(v) ? v.some((x) => allowed[d].has(x))
+                                            : allowed[d].has(v));
+    return cells.map((c) => dims.every((d) => any(d, c[d])));
   }
 
   const toggles = Array.from(document.querySelectorAll("input.only-variants"));
@@ -38,21 +46,25 @@
     cell.className = "verdict k-" + kind;
   }
 
-  function onlyVariants() {
+  function onlyVariants(offDtype) {
     toggles.forEach((box) => {
       const table = document.getElementById(box.dataset.table);
       Array.from(table.tBodies[0].rows).forEach((tr) => {
         const kind = tr.querySelector("td.verdict").className;
-        tr.hidden = box.checked && !/k-(diff|void)/.test(kind);
+        tr.hidden = (box.checked && !/k-(diff|void)/.test(kind)) || offDtype(tr);
       });
     });
   }
 
   function apply() {
-    const shown = shownCells();
-    tagged.forEach((el) => { el.hidden = !shown[Number(el.dataset.cell)]; });
+    const allowed = allowedValues();
+    const shown = shownCells(allowed);
+    const offDtype = (el) => Boolean(allowed.dtype && el.dataset.dtype !== undefined
+                                     && !allowed.dtype.has(el.dataset.dtype));
+    tagged.forEach((el) => { el.hidden = !shown[Number(el.dataset.cell)] || offDtype(el); });
+    typed.forEach((el) => { if (el.dataset.cell === undefined) { el.hidden = offDtype(el); } });
     acrossRows.forEach((tr) => verdict(tr, shown));
-    onlyVariants();
+    onlyVariants(offDtype);
     tables.forEach((t) => {
       const rows = t.tBodies.length ? Array.from(t.tBodies[0].rows) : [];
       const out = document.getElementById("count-" + t.id);

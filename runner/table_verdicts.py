@@ -1,0 +1,148 @@
+"""The verdicts: one line per cell and implementation pair, at the top of the tables.
+
+Each line sums up the pair's rows of the bitwise table over the cases shown: the tensors whose
+bits are equal in every case, those that differ (in how many cases, NaN payloads apart), and
+for those whether each side repeated its own bits within a process, e.g.
+
+    numba vs eager: out, grad_res, grad_y bitwise equal in all 5 cases; grad_gate differs in
+    4 of 5 cases (numba repeatable, eager not repeatable in 3 of 4)
+
+Sources: ``results[impl]["vs <other>"][case]`` (:func:`runner.table_bits.pair_results`) and
+``results[impl].repeatable[case][tensor]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from runner.aggregate import ABSENT, Cell, Filters, Row, Table
+from runner.report import TENSORS
+from runner.table_bits import TENSOR_NAMES, PairResult, pair_results
+from runner.table_cases import case_dtypes, short_dtype
+
+__all__ = ["describe_dtypes", "pair_verdict", "verdict_table"]
+
+
+def _repeats(cell: Cell, impl: str, tensor: str, cases: Sequence[str]) -> tuple[int, int]:
+    """(cases with in-process repeats recorded, of which not repeatable) for ``impl``."""
+    values = [(cell.per_case(impl, "repeatable", c) or {}).get(tensor) for c in cases]
+    known = [v for v in values if isinstance(v, bool)]
+    return len(known), known.count(False)
+
+
+def _repeat_clause(cell: Cell, a: str, b: str, tensor: str, cases: Sequence[str]) -> str:
+    """``numba repeatable, eager not repeatable in 3 of 4``, ``both repeatable``; empty when
+    the report has no in-process repeats (a foreign report, one repeat)."""
+    sides = {x: _repeats(cell, x, tensor, cases) for x in (a, b)}
+    words = {}
+    for x, (known, failed) in sides.items():
+        if known:
+            words[x] = ("repeatable" if not failed else "not repeatable" if failed == known
+                        else f"not repeatable in {failed} of {known}")
+    if len(words) == 2 and len(set(words.values())) == 1 and words[a] in ("repeatable",
+                                                                          "not repeatable"):
+        return "both repeatable" if words[a] == "repeatable" else "neither repeatable"
+    return ", ".join(f"{x} {w}" for x, w in words.items())
+
+
+def _count(k: int, m: int) -> str:
+    """``the one case``, ``both cases``, ``all 5 cases``, ``3 of 5 cases``."""
+    if k == m:
+        return {1: "the one case", 2: "both cases"}.get(m, f"all {m} cases")
+    return f"{k} of {m} cases"
+
+
+def _tensor_phrase(cell: Cell, results: Sequence[PairResult], tensor: str) -> tuple[str, str]:
+    """(phrase, "equal" or "differ") for one tensor over the pair's cases; ("", "") when
+    the tensor is absent from every case."""
+    present = [(r.case, r.tensors[tensor]) for r in results if r.tensors.get(tensor)]
+    if not present:
+        return "", ""
+    m = len(present)
+    of = "" if m == len(results) else " that have it"
+    differ = [(c, cmp) for c, cmp in present if not cmp.get("equal")]
+    payload = [c for c, cmp in differ
+               if cmp.get("nan_payload_differ") and cmp["nan_payload_differ"] == cmp["differ"]]
+    real = [c for c, _ in differ if c not in payload]
+    if not differ:
+        return f"bitwise equal in {_count(m, m)}{of}", "equal"
+    if not real:
+        return (f"bitwise equal in {_count(m - len(payload), m)}{of}, NaN payloads apart in "
+                f"{', '.join(payload)}", "equal")
+    phrase = f"{_count(len(real), m)}{of}"
+    if payload:
+        phrase += f", NaN payloads only in {', '.join(payload)}"
+    clause = _repeat_clause(cell, results[0].a, results[0].b, tensor, real)
+    return phrase + (f" ({clause})" if clause else ""), "differ"
+
+
+def pair_verdict(cell: Cell, results: Sequence[PairResult]) -> str:
+    """The verdict sentence for one pair's results in ``cell`` (all for the same pair).
+
+    Example:
+        >>> pair_verdict(cell, pair_results(cell)[:5])
+        'out, grad_res, grad_y bitwise equal in all 5 cases; grad_gate differs in 4 of 5 ...'
+    """
+    groups: dict[tuple[str, str], list[str]] = {}
+    absent = []
+    for tensor in TENSORS:
+        phrase, verb = _tensor_phrase(cell, results, tensor)
+        if not phrase:
+            absent.append(TENSOR_NAMES[tensor])
+            continue
+        groups.setdefault((verb, phrase), []).append(TENSOR_NAMES[tensor])
+    parts = []
+    for (verb, phrase), names in groups.items():
+        if verb == "differ":
+            verb = "differs in" if len(names) == 1 else "differ in"
+            parts.append(f"{', '.join(names)} {verb} {phrase}")
+        else:
+            parts.append(f"{', '.join(names)} {phrase}")
+    if absent and any(TENSOR_NAMES[t] not in absent for t in TENSORS):
+        parts.append(f"no {', '.join(absent)} (no backward)")
+    return "; ".join(parts) or ABSENT
+
+
+def describe_dtypes(pairs: Sequence[tuple[str | None, str | None]]) -> str:
+    """``bf16, fp16, fp32 × int64, int32`` when the pairs are a full product, else
+    ``bf16/int64, fp16/int32``; :data:`ABSENT` when unknown.
+
+    Example:
+        >>> describe_dtypes([("bfloat16", "int64"), ("bfloat16", "int32")])
+        'bf16 × int64, int32'
+    """
+    pairs = list(dict.fromkeys(p for p in pairs if p[0] is not None))
+    if not pairs:
+        return ABSENT
+    dtypes = list(dict.fromkeys(d for d, _ in pairs))
+    indexes = list(dict.fromkeys(i for _, i in pairs))
+    if None not in indexes and len(pairs) == len(dtypes) * len(indexes):
+        return f"{', '.join(map(short_dtype, dtypes))} × {', '.join(map(str, indexes))}"
+    return ", ".join(short_dtype(d) + (f"/{i}" if i else "") for d, i in pairs)
+
+
+def _where(cell: Cell) -> str:
+    if cell.gpu:
+        return cell.gpu
+    return "CPU" if cell.target == "cpu" else ABSENT
+
+
+def verdict_table(cells: Sequence[Cell], filters: Filters | None = None) -> Table:
+    """One row per cell and implementation pair: where it ran, the dtypes, the verdict."""
+    rows = []
+    for cell in cells:
+        by_pair: dict[tuple[str, str], list[PairResult]] = {}
+        for r in pair_results(cell, filters):
+            by_pair.setdefault((r.a, r.b), []).append(r)
+        for (a, b), results in by_pair.items():
+            dtypes = describe_dtypes([case_dtypes(cell, r.case) for r in results])
+            rows.append(Row((cell.label, _where(cell), dtypes, f"{a} vs {b}",
+                             pair_verdict(cell, results)), cell.index))
+    return Table(
+        "verdicts", "Verdicts", ("cell", "on", "dtypes", "pair", "verdict"), rows,
+        note="One line per cell and implementation pair, over the cases shown in the bitwise "
+             "table below: the tensors whose bits are equal in every case, and those that "
+             "differ, in how many cases, and whether each side gave the same bits in every "
+             "repeat within its process (`repeatable`) in the cases where they differ. "
+             "Tensors: `out`, `grad_res` (grad_residual), `grad_y`, `grad_gate`.",
+        empty="No comparisons.")
