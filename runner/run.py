@@ -27,7 +27,7 @@ from runner import implementations, tables
 from runner import report as report_io
 from runner.backends import BACKENDS, DockerBackend, resolve, route
 from runner.cell import fingerprint, skeleton
-from runner.cells import Cell, expand, select, select_cases
+from runner.cells import Cell, cases_on, expand, select, select_cases
 from runner.config import load_matrix
 from runner.environment import project_state, uncommitted_digest
 from runner.errors import ConfigError, ReportError
@@ -176,6 +176,11 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
         cells = tuple(c for c in cells if c.mode != abba)
         if not cells:
             raise ConfigError(f"--abba {abba}: the selection has no cell of another mode")
+        partnerless = sorted({c.target for c in cells}
+                             - {t for t in matrix.targets if matrix.modes[abba].runs_on(t)})
+        if partnerless:
+            raise ConfigError(f"--abba {abba}: mode {abba} has no cells on target "
+                              f"{', '.join(partnerless)}; select another target with --target")
     chosen_cases = select_cases(matrix, cases)
     is_partial = len(chosen_cases) < len(matrix.cases)
     check_case_sizes(matrix, chosen_cases, matrix_path, host_memory_bytes())
@@ -233,8 +238,8 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
             outcomes.append(CellOutcome(cell.id, "ok", "same fingerprint: not run again", path,
                                         reused=True))
             continue
-        print(f"[runner] cell {cell.id}: running {len(chosen_cases)} case(s) on {backend_name}",
-              flush=True)
+        print(f"[runner] cell {cell.id}: running "
+              f"{len(cases_on(chosen_cases, cell.target))} case(s) on {backend_name}", flush=True)
         stage = reports_dir / f".run-{run_id}"
         try:  # the backend writes only here; the report goes in place below, whole
             stage.mkdir()

@@ -91,3 +91,15 @@ def test_matrix_declares_the_issue_modes():
     assert dict(m.modes["deterministic"].env) == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
     assert m.modes["deterministic"].torch.deterministic is True
     assert not (root / "matrix-modes.yaml").exists()  # one matrix: the modes live in it
+
+
+def test_abba_partner_must_have_cells_on_the_target(tmp_path):
+    """A partner mode restricted to cuda cannot pair with cpu cells: refused before any run."""
+    matrix = {**MATRIX, "modes": {**MATRIX["modes"], "gpu_only": {"targets": ["cuda"]}},
+              "targets": ["cuda", "cpu"]}
+    path = tmp_path / "matrix.yaml"
+    path.write_text(yaml.safe_dump(matrix))
+    with pytest.raises(ConfigError, match="mode gpu_only has no cells on target cpu"):
+        run_matrix(path, reports_dir=tmp_path / "r", backend="host", abba="gpu_only",
+                   targets=["cpu"])
+    assert not (tmp_path / "r").exists()
