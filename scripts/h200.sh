@@ -2,6 +2,9 @@
 # Everything this project needs from a GPU machine, in one call (the device tool's H200):
 # GPU tests, the default matrix on target cuda, the SASS/register report and the benchmark.
 # Usage (from the repository root on the GPU machine):  bash scripts/h200.sh [OUT_DIR]
+# STEPS picks steps (default: all); MATRIX_ARGS the cells, e.g. to fit the device tool's
+# 10-minute calls, issue 4's six modes in three calls:
+#   STEPS=matrix MATRIX_ARGS="--target cuda --mode plain --mode deterministic" bash scripts/h200.sh
 # Wheels in .whl/ (numpy<2.5 for numba-cuda, jsonschema, pydantic) are installed to /tmp/site
 # when present, since that machine has no package index.
 set -uo pipefail
@@ -25,8 +28,9 @@ for step in $steps; do
               || { export GATE_RESIDUAL_LAUNCH=core; echo "cuLaunchKernel failed: GATE_RESIDUAL_LAUNCH=core"; rc=1; } ;;
     tests)  python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py 2>&1 | tee "$out/gpu-tests.log" | tail -25 || rc=1 ;;
     sass)   python3 scripts/sass_report.py > "$out/sass-report.txt" 2>&1 || rc=1; tail -30 "$out/sass-report.txt" ;;
-    matrix) python3 -m runner matrix ${MATRIX_ARGS:---stack host --target cuda} 2>&1 | tee "$out/matrix.log" | tail -30 || rc=1
-            cp reports/host-*.json reports/README.md "$out/" 2>/dev/null ;;
+    matrix) # one tarball: the device tool returns few files (six modes make six cuda reports)
+            python3 -m runner matrix ${MATRIX_ARGS:---stack host --target cuda} 2>&1 | tee "$out/matrix.log" | tail -30 || rc=1
+            tar czf "$out/matrix-reports.tgz" reports/*-cuda.json reports/README.md 2>/dev/null ;;
     bench)  python3 -m runner.bench ${BENCH_ARGS:-} --out "$out" 2>&1 | tee "$out/bench.log" | tail -60 || rc=1 ;;
     profile) python3 scripts/profile_host.py 1 > "$out/profile-host.txt" 2>&1 || rc=1; grep "us/call" "$out/profile-host.txt" ;;
   esac
