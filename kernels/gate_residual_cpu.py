@@ -6,8 +6,9 @@ with the same float32 operations in the same order as the numba.cuda kernels (th
 same bits as the GPU's, NaN included: every NaN produced by arithmetic is the canonical
 ``0x7FFFFFFF`` the GPU produces, stored as ``0x7FFF`` in bfloat16/float16. (Eager PyTorch on
 the CPU is not a fixed target for NaN bits: its bfloat16 NaN encoding depends on whether the
-element falls in a vectorised block or the tail; measured with torch 2.13 on AVX512,
-``tests/test_cpu_path.py`` records it.)
+element falls in a vectorised block or the tail; measured with torch 2.13 on AVX512: 0xFFFF
+in the blocks, 0x7FC0 in the tail. ``tests/test_kernels_cpu.py`` therefore compares NaN
+places, not NaN payloads, with eager.)
 
 Storage values are decoded to float32 with numpy (exact) before the loops, and the loops
 round to the storage dtype with integer operations on the float32 bits (round to nearest

@@ -149,8 +149,8 @@ else:  # pragma: no cover - exercised only with NUMBA_ENABLE_CUDASIM=1
 
 
 # ----------------------------------------------------------------------------------------
-# Lane codecs for the word kernels. A kernel loads 8-byte words and splits each into two
-# 32-bit halves; a half holds two bfloat16/float16 lanes or one float32 lane. Everything is
+# Lane codecs for the vector kernels. A kernel loads 16-byte vectors and handles them as four
+# 32-bit words; a word holds two bfloat16/float16 lanes or one float32 lane. Everything is
 # uint32 arithmetic (numba widens + and - to 64 bits, so sums are narrowed explicitly with
 # np.uint32), shared by the GPU and the simulator: only f32_from_u32, u32_from_f32, mul_rn
 # and rint differ between the two.
@@ -268,7 +268,7 @@ def rnd_f32(x):
     return x
 
 
-#: storage dtype name -> (get, put, rnd, lanes per 32-bit half) for the word kernels
+#: storage dtype name -> (get, put, rnd, lanes per 32-bit word) for the vector kernels
 LANE_CODECS = {
     "bfloat16": (get_bf16, put_bf16, rnd_bf16, 2),
     "float16": (get_f16, put_f16, rnd_f16, 2),

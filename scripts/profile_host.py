@@ -18,8 +18,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runner.implementations import get  # noqa: E402
-from runner.inputs import make_inputs  # noqa: E402
+from runner.implementations import get
+from runner.inputs import make_inputs
 
 CALLS = 300
 
