@@ -224,7 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (CI)")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     args = parser.parse_args(argv)
-    device = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
+    if not args.smoke and not torch.cuda.is_available():
+        parser.error("no CUDA device: the benchmark needs a GPU (--smoke runs its code path "
+                     "on tiny CPU shapes, and its figures mean nothing)")
+    device = "cpu" if args.smoke else "cuda"
     d, g = (64, 3) if device == "cpu" else (5376, 9)
     plan = [("bfloat16", n) for n in ((1, 257, 4097, 32768) if device == "cuda" else (1, 257))]
     if device == "cuda":

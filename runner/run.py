@@ -182,6 +182,11 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
             raise ConfigError(f"--abba {abba}: mode {abba} has no cells on target "
                               f"{', '.join(partnerless)}; select another target with --target")
     chosen_cases = select_cases(matrix, cases)
+    targets_run = {c.target for c in cells if cases_on(chosen_cases, c.target)}
+    if cases and not targets_run:
+        raise ConfigError(f"--case: no selected case runs on target "
+                          f"{', '.join(sorted({c.target for c in cells}))} (each case's "
+                          f"targets: {matrix_path.name})")
     is_partial = len(chosen_cases) < len(matrix.cases)
     check_case_sizes(matrix, chosen_cases, matrix_path, host_memory_bytes())
     has_gpu = cuda_available()

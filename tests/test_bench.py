@@ -23,3 +23,14 @@ def test_bench_smoke_writes_rows_for_eager_and_numba(tmp_path, capsys):
             assert row["forward_copy_fraction"] > 0
         assert rows[("bfloat16", n, "eager")]["forward_vs_eager"] == 1.0
     assert "wrote" in capsys.readouterr().out
+
+
+def test_bench_without_a_gpu_refuses_rather_than_writing_cpu_figures(tmp_path):
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(SystemExit) as info:
+        bench.main(["--out", str(tmp_path)])
+    assert info.value.code == 2 and not list(tmp_path.iterdir())

@@ -95,3 +95,19 @@ def test_compile_failure_is_an_error_and_the_cell_goes_on(monkeypatch):
     assert r["results"]["compiled"]["status"] == "error"
     assert "C++ compiler not found" in r["results"]["compiled"]["reason"]
     assert r["results"]["eager"]["status"] == "ok" and r["status"] == "error"
+
+
+@pytest.mark.parametrize(("target", "tool", "env"), [("cpu", "g++", "CXX"), ("cuda", "cc", "CC")])
+def test_compiled_is_unavailable_without_a_compiler(tmp_path, monkeypatch, target, tool, env):
+    """An image without gcc/g++ cannot run torch.compile: the cell says so, not an error."""
+    from runner.implementations import compiled
+
+    monkeypatch.delenv(env, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    for impl in (compiled.COMPILED, compiled.COMPILED_EMULATE):
+        reason = impl.unavailable_reason(target)
+        assert reason and "none is on PATH" in reason and tool in reason, reason
+    fake = tmp_path / tool
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    assert compiled.COMPILED.unavailable_reason(target) is None

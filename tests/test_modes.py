@@ -103,3 +103,15 @@ def test_abba_partner_must_have_cells_on_the_target(tmp_path):
         run_matrix(path, reports_dir=tmp_path / "r", backend="host", abba="gpu_only",
                    targets=["cpu"])
     assert not (tmp_path / "r").exists()
+
+
+def test_a_case_selection_that_runs_nowhere_is_refused(tmp_path):
+    """--case naming only cases of other targets: exit-2 error, nothing built or written."""
+    matrix = {**MATRIX, "cases": [{"n": 5}, {"n": 7, "targets": ["cuda"]}],
+              "targets": ["cuda", "cpu"]}
+    path = tmp_path / "matrix.yaml"
+    path.write_text(yaml.safe_dump(matrix))
+    with pytest.raises(ConfigError, match="no selected case runs on target cpu"):
+        run_matrix(path, reports_dir=tmp_path / "r", backend="host", cases=["7"],
+                   targets=["cpu"])
+    assert not (tmp_path / "r").exists()

@@ -35,7 +35,8 @@ class Implementation:
     ``requires``: modules imported to decide availability (a library's); ``code_path``:
     what a call runs, as the report records it (default: ``run``'s module and name);
     ``not_wired``: the reason it is unavailable even when ``requires`` import (a library
-    whose entry point this runner does not call yet).
+    whose entry point this runner does not call yet). ``prerequisite(target)``: what else
+    this environment lacks for it on ``target`` (e.g. a compiler), or None.
     """
 
     name: str
@@ -50,6 +51,7 @@ class Implementation:
     requires: tuple[str, ...] = ()
     code_path: str | None = None
     not_wired: str | None = None
+    prerequisite: Callable[[str], str | None] | None = None
 
     def unavailable_reason(self, target: str) -> str | None:
         """Why it cannot run on ``target`` here, or None when it can.
@@ -66,6 +68,8 @@ class Implementation:
             except Exception as err:  # ImportError, or a package that fails as it loads
                 first = (str(err).strip().splitlines() or [""])[0]
                 return f"import {module} failed: {type(err).__name__}: {first}"
+        if self.prerequisite is not None and (missing := self.prerequisite(target)):
+            return missing
         return self.not_wired
 
     def available(self, target: str) -> bool:

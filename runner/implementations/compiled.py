@@ -13,8 +13,11 @@ wrap separate function objects, so neither reuses the other's graphs.
 Issue 4 (H200, torch 2.11): ``compiled`` differs from eager in about 23% of forward
 elements for bf16, fp16 and fp32; ``compiled_emulate`` in none.
 
-A compilation failure (no C++ compiler for inductor's CPU backend, a Triton error) raises
-from the call: the cell records the implementation as ``error`` with the reason and goes on.
+Both need a compiler on the machine: inductor's CPU code is C++ (``g++`` or ``CXX``), and
+Triton builds a C launcher for its GPU kernels (``cc``/``gcc`` or ``CC``); where none is
+found the implementation is ``unavailable`` with that reason (:func:`missing_compiler`). Any
+other compilation failure raises from the call: the cell records the implementation as
+``error`` with the reason and goes on.
 Recompiles are allowed up to :data:`RECOMPILE_LIMIT` shapes, and hitting the limit raises
 rather than falling back to eager silently.
 """
@@ -59,6 +62,22 @@ def _settings(emulate: bool):
     return stack
 
 
+def missing_compiler(target: str) -> str | None:
+    """Why torch.compile cannot build on ``target`` here, or None: the C++ compiler inductor
+    uses for CPU code (``$CXX``, ``g++``, ``c++``, ``clang++``) or the C compiler Triton
+    uses for its GPU launchers (``$CC``, ``cc``, ``gcc``, ``clang``)."""
+    import os
+    import shutil
+
+    env, names, what = (("CXX", ("g++", "c++", "clang++"), "a C++ compiler for inductor")
+                        if target == "cpu" else
+                        ("CC", ("cc", "gcc", "clang"), "a C compiler for Triton's launcher"))
+    candidates = [os.environ[env]] if os.environ.get(env) else list(names)
+    if any(shutil.which(c) for c in candidates):
+        return None
+    return f"torch.compile needs {what} and none is on PATH ({', '.join(candidates)})"
+
+
 def _run(inputs, *, backward: bool, emulate: bool) -> dict[str, torch.Tensor]:
     fn = _compiled(emulate)
     index = inputs["index"]
@@ -90,6 +109,7 @@ COMPILED = Implementation(
     has_backward=True,
     run=run,
     code_path="torch.compile(runner.implementations.compiled.expression, dynamic=False)",
+    prerequisite=missing_compiler,
 )
 
 COMPILED_EMULATE = Implementation(
@@ -99,4 +119,5 @@ COMPILED_EMULATE = Implementation(
     run=run_emulate,
     code_path=("torch.compile(runner.implementations.compiled._expression_emulate, "
                "dynamic=False) under inductor emulate_precision_casts=True"),
+    prerequisite=missing_compiler,
 )
