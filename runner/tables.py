@@ -244,7 +244,8 @@ def write_tables(reports_dir: Path, out: Path | None = None, *, filters: Filters
 
     reports_dir = Path(reports_dir)
     out = reports_dir / OUTPUTS[0] if out is None else Path(out)
-    ours = {(out.parent / name).resolve() for name in OUTPUTS}
+    # this tool's outputs, next to ``out`` and in the reports directory, are never reports
+    ours = {(d / name).resolve() for d in (out.parent, reports_dir) for name in OUTPUTS}
     reports = [r for r in read_reports(reports_dir) if r.path.resolve() not in ours]
     tables = build_tables(reports, relative_to=out.parent, filters=filters, ab=ab,
                           bench_dir=reports_dir / "bench")

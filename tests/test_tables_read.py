@@ -76,3 +76,18 @@ def test_values_the_fast_check_cannot_take_fall_back(monkeypatch: pytest.MonkeyP
     doc["status"] = Version("crashed")
     with pytest.raises(report_mod.ReportError, match="status: 'crashed' is not one of"):
         report_mod.validate(doc)
+
+
+def test_tables_elsewhere_do_not_read_the_reports_dirs_own_tables(tmp_path):
+    """``report --out DIR``: summary.json written earlier into the reports directory is this
+    tool's output, not a report (it used to be listed as unreadable, exit 3)."""
+    import shutil
+
+    from runner import tables
+
+    reports = tmp_path / "reports"
+    shutil.copytree(Path(__file__).parent / "data" / "tables" / "reports", reports)
+    tables.write_tables(reports)  # README.md, index.html, summary.* in the reports directory
+    out = tables.write_tables(reports, tmp_path / "elsewhere" / "README.md")
+    text = out.read_text()
+    assert "summary.json" not in text.split("Unreadable", 1)[-1] or "Unreadable" not in text
