@@ -131,18 +131,27 @@ def verdict_table(cells: Sequence[Cell], filters: Filters | None = None) -> Tabl
     """One row per cell and implementation pair: where it ran, the dtypes, the verdict."""
     rows = []
     for cell in cells:
+        status = cell.data.get("status")
+        failed = None
+        if status not in (None, "ok", "skipped"):  # a failed cell says so before its pairs
+            reason = (str(cell.data.get("reason") or "").strip().splitlines() or [""])[0]
+            failed = f"**cell {status}**" + (f": {reason}" if reason else "")
         by_pair: dict[tuple[str, str], list[PairResult]] = {}
         for r in pair_results(cell, filters):
             by_pair.setdefault((r.a, r.b), []).append(r)
+        if failed and not by_pair:
+            rows.append(Row((cell.label, _where(cell), "—", "—", failed), cell.index))
         for (a, b), results in by_pair.items():
             dtypes = describe_dtypes([case_dtypes(cell, r.case) for r in results])
+            verdict = pair_verdict(cell, results)
             rows.append(Row((cell.label, _where(cell), dtypes, f"{a} vs {b}",
-                             pair_verdict(cell, results)), cell.index))
+                             f"{failed}; {verdict}" if failed else verdict), cell.index))
     return Table(
         "verdicts", "Verdicts", ("cell", "on", "dtypes", "pair", "verdict"), rows,
         note="One line per cell and implementation pair, over the cases shown in the bitwise "
              "table below: the tensors whose bits are equal in every case, and those that "
              "differ, in how many cases, and whether each side gave the same bits in every "
              "repeat within its process (`repeatable`) in the cases where they differ. "
-             "Tensors: `out`, `grad_res` (grad_residual), `grad_y`, `grad_gate`.",
+             "Tensors: `out`, `grad_res` (grad_residual), `grad_y`, `grad_gate`. A cell whose "
+             "status is not ok (error, oom, timeout, mismatch, ...) says so first.",
         empty="No comparisons.")

@@ -255,3 +255,15 @@ def test_verdict_of_a_forward_only_pair() -> None:
 ])
 def test_describe_dtypes(pairs: list, expected: str) -> None:
     assert describe_dtypes(pairs) == expected
+
+
+def test_a_failed_cell_says_so_at_the_top(tmp_path) -> None:
+    """A cell whose status is not ok must not read as a clean verdict."""
+    data = json.loads(H200.read_text())
+    data["status"], data["reason"] = "oom", "cell killed: out of memory\nsecond line"
+    path = tmp_path / "host-plain-cuda.json"
+    path.write_text(json.dumps(data))
+    md = render_markdown([read_report(path)], tmp_path)
+    verdicts = {(r[0], r[3]): r[4] for r in rows(section(md, "Verdicts"))}
+    assert verdicts[("host-plain-cuda", "numba vs eager")].startswith(
+        "**cell oom**: cell killed: out of memory; out, grad_res, grad_y bitwise equal")
