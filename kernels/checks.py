@@ -25,6 +25,8 @@ def check_inputs(residual, gate, y, index, *, device: str, check_index: bool = T
         if not isinstance(t, torch.Tensor):
             raise OpInputError(
                 f"gate_residual: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.layout != torch.strided:
+            raise OpInputError(f"gate_residual: {name} must be a dense tensor, got {t.layout}")
     devices = {t.device for t in tensors.values()}
     if len(devices) != 1:
         found = ", ".join(f"{n}={t.device}" for n, t in tensors.items())
@@ -99,6 +101,9 @@ def check_grad_out(grad_out, y):
         raise OpInputError(
             f"gate_residual backward: grad_out must be a torch.Tensor, got "
             f"{type(grad_out).__name__}")
+    if grad_out.layout != torch.strided:
+        raise OpInputError(
+            f"gate_residual backward: grad_out must be a dense tensor, got {grad_out.layout}")
     if grad_out.device != y.device:
         raise OpInputError(
             f"gate_residual backward: grad_out is on {grad_out.device} but y is on {y.device}")

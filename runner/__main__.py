@@ -90,7 +90,8 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("report", help="render README.md, index.html, summary.csv|json from "
                        "every report (options: docs/tables.md)")
-    r.add_argument("--reports", type=Path, default=DEFAULT_REPORTS)
+    r.add_argument("--reports", type=Path, default=DEFAULT_REPORTS,
+                   help="directory of the JSON reports to read (default: %(default)s)")
     r.add_argument("--out", type=Path, help="write the outputs here (default: --reports)")
     for facet in ("op", "stack", "mode", "target", "dtype", "gpu", "impl"):
         r.add_argument(f"--{facet}", action="append", help=f"show only this {facet} (repeatable)")
