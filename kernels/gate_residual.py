@@ -178,15 +178,16 @@ def _make_kernels(load, store):
     return forward, backward_chunks, reduce_chunks, backward_chunks_global
 
 
-def _make_vec_kernels(get, put, rnd, word_lanes, rows_per_step):
+def _make_vec_kernels(get, put, rnd, word_lanes):
     """The vectorised kernels: each thread moves 16-byte vectors (kernels/vector.py).
 
     Same operations in the same order as :func:`_make_kernels`. Arrays are uint32 views of
     the tensors' bytes: (N, D * itemsize / 4). A 32-bit word holds ``word_lanes`` lanes
     (kernels/rounding.py: two bfloat16/float16, one float32); vector ``q`` of a row is words
-    ``4q .. 4q + 3``, columns ``q * vec_lanes ..``. The forward handles ``rows_per_step``
-    (1 or 2) rows per loop step, issuing all their loads before any store, so more bytes
-    are in flight per thread. Needs D * itemsize % 16 == 0 and 16-byte aligned storage.
+    ``4q .. 4q + 3``, columns ``q * vec_lanes ..``. The forward handles two rows per loop
+    step (:data:`FORWARD_ROWS_PER_STEP`), issuing all their loads before any store, so more
+    bytes are in flight per thread (one row per step measured slower: docs/performance.md).
+    Needs D * itemsize % 16 == 0 and 16-byte aligned storage.
 
     ``flag`` (uint8, 1 element) is set to 0 by any thread that meets an index outside
     [0, G); that row's output is NaN and ``gate`` is read at row 0 instead (never outside).
@@ -220,48 +221,30 @@ def _make_vec_kernels(get, put, rnd, word_lanes, rows_per_step):
             return 0, True
         return k, False
 
-    if rows_per_step == 1:
-        @cuda.jit
-        def forward(out, residual, gate, y, index, flag):
-            # grid: x over 16-byte vectors of a row, y over rows (strided)
-            q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-            if q >= (out.shape[1] >> 2):
-                return
-            n_rows = out.shape[0]
-            n_gate = gate.shape[0]
-            row = cuda.blockIdx.y
-            while row < n_rows:
-                k, bad = gate_row(index, row, n_gate, flag)
-                r = load_vec(residual, row, q)
-                yv = load_vec(y, row, q)
-                g = load_vec(gate, k, q)
-                forward_store(out, row, q, r, g, yv, bad)
-                row += cuda.gridDim.y
-    else:
-        @cuda.jit
-        def forward(out, residual, gate, y, index, flag):
-            # grid: x over 16-byte vectors of a row, y over pairs of rows (strided)
-            q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-            if q >= (out.shape[1] >> 2):
-                return
-            n_rows = out.shape[0]
-            n_gate = gate.shape[0]
-            row = 2 * cuda.blockIdx.y
-            while row < n_rows:
-                has_b = row + 1 < n_rows
-                row_b = row + 1 if has_b else row
-                ka, bad_a = gate_row(index, row, n_gate, flag)
-                kb, bad_b = gate_row(index, row_b, n_gate, flag)
-                ra = load_vec(residual, row, q)
-                ya = load_vec(y, row, q)
-                ga = load_vec(gate, ka, q)
-                rb = load_vec(residual, row_b, q)
-                yb = load_vec(y, row_b, q)
-                gb = load_vec(gate, kb, q)
-                forward_store(out, row, q, ra, ga, ya, bad_a)
-                if has_b:
-                    forward_store(out, row_b, q, rb, gb, yb, bad_b)
-                row += 2 * cuda.gridDim.y
+    @cuda.jit
+    def forward(out, residual, gate, y, index, flag):
+        # grid: x over 16-byte vectors of a row, y over pairs of rows (strided)
+        q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if q >= (out.shape[1] >> 2):
+            return
+        n_rows = out.shape[0]
+        n_gate = gate.shape[0]
+        row = 2 * cuda.blockIdx.y
+        while row < n_rows:
+            has_b = row + 1 < n_rows
+            row_b = row + 1 if has_b else row
+            ka, bad_a = gate_row(index, row, n_gate, flag)
+            kb, bad_b = gate_row(index, row_b, n_gate, flag)
+            ra = load_vec(residual, row, q)
+            ya = load_vec(y, row, q)
+            ga = load_vec(gate, ka, q)
+            rb = load_vec(residual, row_b, q)
+            yb = load_vec(y, row_b, q)
+            gb = load_vec(gate, kb, q)
+            forward_store(out, row, q, ra, ga, ya, bad_a)
+            if has_b:
+                forward_store(out, row_b, q, rb, gb, yb, bad_b)
+            row += 2 * cuda.gridDim.y
 
     @cuda.jit(device=True, inline="always")
     def backward_word(goh, gh, yh, acc, base, width, tx):
@@ -336,25 +319,22 @@ def _make_vec_kernels(get, put, rnd, word_lanes, rows_per_step):
 
 
 _KERNELS: dict[str, tuple] = {}
-_VEC_KERNELS: dict[tuple, tuple] = {}
+_VEC_KERNELS: dict[str, tuple] = {}
 
-#: Rows per loop step of the vectorised forward (1 or 2); launch shape only, never bits.
+#: Rows per loop step of the vectorised forward (its loop body is written for two).
 FORWARD_ROWS_PER_STEP = 2
 #: grid.y cap of the vectorised forward: a block walks N / (cap * rows per step) steps.
 FORWARD_MAX_GRID_Y = 8192
 
 
-def vec_kernels_for(dtype: str, rows_per_step: int = FORWARD_ROWS_PER_STEP):
+def vec_kernels_for(dtype: str):
     """The (forward, backward_chunks) 16-byte-vector numba.cuda kernels for a storage dtype.
 
-    ``rows_per_step`` (1 or 2) selects the forward's loop body; the backward is the same for
-    both. Raises ``KeyError`` for an unknown dtype.
+    Raises ``KeyError`` for an unknown dtype.
     """
-    key = (dtype, rows_per_step)
-    if key not in _VEC_KERNELS:
-        get, put, rnd, word_lanes = LANE_CODECS[dtype]
-        _VEC_KERNELS[key] = _make_vec_kernels(get, put, rnd, word_lanes, rows_per_step)
-    return _VEC_KERNELS[key]
+    if dtype not in _VEC_KERNELS:
+        _VEC_KERNELS[dtype] = _make_vec_kernels(*LANE_CODECS[dtype])
+    return _VEC_KERNELS[dtype]
 
 
 def pick_width(units: int, cap: int) -> int:
@@ -409,12 +389,11 @@ def block_cols_for(n_gate: int) -> int:
 
 
 def forward_vec_geometry(n_rows: int, vectors: int, block_cols: int | None = None,
-                         max_grid_y: int = FORWARD_MAX_GRID_Y,
-                         rows_per_step: int = FORWARD_ROWS_PER_STEP) -> tuple[tuple, int]:
+                         max_grid_y: int = FORWARD_MAX_GRID_Y) -> tuple[tuple, int]:
     """(grid, block) of the vectorised forward: one 16-byte vector per thread, a block of
-    ``rows_per_step`` rows per grid.y step. ``vectors``: 16-byte vectors per row."""
+    :data:`FORWARD_ROWS_PER_STEP` rows per grid.y step. ``vectors``: 16-byte vectors per row."""
     width = block_cols or pick_width(vectors, 256)
-    steps = -(-n_rows // rows_per_step)
+    steps = -(-n_rows // FORWARD_ROWS_PER_STEP)
     return (math.ceil(vectors / width), max(1, min(steps, max_grid_y))), width
 
 
@@ -459,18 +438,17 @@ def _flag_array():
 
 
 def launch_forward_vec(out, residual, gate, y, index, dtype: str, stream=0, *, flag=None,
-                       block_cols: int | None = None, max_grid_y: int = FORWARD_MAX_GRID_Y,
-                       rows_per_step: int = FORWARD_ROWS_PER_STEP) -> None:
+                       block_cols: int | None = None,
+                       max_grid_y: int = FORWARD_MAX_GRID_Y) -> None:
     """Vectorised forward on uint32 views: ``out``/``residual``/``y`` (N, W), ``gate`` (G,
     W), W = D * itemsize / 4 (a multiple of 4). ``flag``: uint8 (1,), set to 0 on an index
-    outside [0, G). ``block_cols``/``max_grid_y``/``rows_per_step`` change the launch only."""
+    outside [0, G). ``block_cols``/``max_grid_y`` change the launch only."""
     if out.shape[0] == 0 or out.shape[1] == 0:
         return
     grid, block = forward_vec_geometry(out.shape[0], out.shape[1] // 4, block_cols,
-                                       max_grid_y, rows_per_step)
+                                       max_grid_y)
     flag = _flag_array() if flag is None else flag
-    vec_kernels_for(dtype, rows_per_step)[0][grid, block, stream](out, residual, gate, y,
-                                                                   index, flag)
+    vec_kernels_for(dtype)[0][grid, block, stream](out, residual, gate, y, index, flag)
 
 
 def launch_backward_vec(grad_y, grad_gate, partial, grad_out, gate, y, index, dtype: str,
@@ -542,18 +520,17 @@ _LAUNCHERS: dict[tuple, Launcher] = {}
 _FLAGS: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _launcher(kind: str, which: int, dtype: torch.dtype, index_dtype: torch.dtype,
-              rows_per_step: int = FORWARD_ROWS_PER_STEP) -> Launcher:
+def _launcher(kind: str, which: int, dtype: torch.dtype, index_dtype: torch.dtype) -> Launcher:
     """The launcher of one kernel and signature. ``kind``: "vec" or "elements"; ``which``:
     0 forward, 1 backward_chunks, 2 reduce_chunks, 3 backward_chunks_global (elements only)."""
-    key = (kind, which, dtype, index_dtype, rows_per_step)
+    key = (kind, which, dtype, index_dtype)
     launcher = _LAUNCHERS.get(key)
     if launcher is None:
         name = str(dtype).removeprefix("torch.")
         element = array_type(_ELEMENT_TYPES[dtype], 2)
         index = array_type(_INDEX_TYPES[index_dtype], 1)
         if kind == "vec":
-            kernel = vec_kernels_for(name, rows_per_step)[which]
+            kernel = vec_kernels_for(name)[which]
             argtypes = ((_U32_2D,) * 4 + (index, _FLAG_TYPE) if which == 0 else
                         (_U32_2D, _F32_3D, _U32_2D, _U32_2D, _U32_2D, index, _FLAG_TYPE))
         else:
@@ -601,7 +578,6 @@ def _p3(ptr: int, a: int, b: int, c: int) -> tuple:  # float32
 
 
 def _launch_forward(out, residual, gate, y, index, flag, *,
-                    rows_per_step: int = FORWARD_ROWS_PER_STEP,
                     max_grid_y: int = FORWARD_MAX_GRID_Y) -> None:
     """Launch the forward on contiguous CUDA tensors of one device (no checks): the
     vectorised kernel when :func:`_vec_ok`, else the element kernel."""
@@ -611,9 +587,8 @@ def _launch_forward(out, residual, gate, y, index, flag, *,
     tail = (*_p1(index.data_ptr(), n_rows, index.element_size()), *_p1(flag.data_ptr(), 1, 1))
     if _vec_ok(out, residual, gate, y):
         words = width * itemsize // 4
-        grid, block = forward_vec_geometry(n_rows, words // 4, max_grid_y=max_grid_y,
-                                           rows_per_step=rows_per_step)
-        launcher = _launcher("vec", 0, out.dtype, index.dtype, rows_per_step)
+        grid, block = forward_vec_geometry(n_rows, words // 4, max_grid_y=max_grid_y)
+        launcher = _launcher("vec", 0, out.dtype, index.dtype)
         params = [*_p2(out.data_ptr(), n_rows, words, 4),
                   *_p2(residual.data_ptr(), n_rows, words, 4),
                   *_p2(gate.data_ptr(), n_gate, words, 4),

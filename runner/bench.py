@@ -122,9 +122,9 @@ def host_overhead_us(sets: list[dict], calls: int = 300) -> dict:
 
 def forward_launch_sweep(n: int, d: int, g: int, dtype: str, device: str, *, iters: int,
                          warmup: int, caps=(65535, 8192, 2048)) -> list[dict]:
-    """The vectorised forward kernel alone (no checks, no allocation) for each rows per step
-    and grid.y cap: a block then walks ceil(N / (cap * rows)) steps. Launch shape only; the
-    bits do not move (tests/test_kernels_gpu.py)."""
+    """The vectorised forward kernel alone (no checks, no allocation) for each grid.y cap: a
+    block then walks ceil(N / (2 * cap)) steps of two rows. Launch shape only; the bits do
+    not move (tests/test_kernels_gpu.py)."""
     from kernels import gate_residual as K
 
     sets = input_sets(n, d, g, dtype, device, 1)
@@ -132,18 +132,16 @@ def forward_launch_sweep(n: int, d: int, g: int, dtype: str, device: str, *, ite
     sink = K._flags(outs[0].device)[1]
     itemsize = outs[0].element_size()
     rows = []
-    for rows_per_step in (1, 2):
-        for cap in caps:
-            def call(i, cap=cap, rows_per_step=rows_per_step):
-                x, out = sets[i % len(sets)], outs[i % len(sets)]
-                K._launch_forward(out, x["residual"], x["gate"], x["y"], x["index"], sink,
-                                  rows_per_step=rows_per_step, max_grid_y=cap)
+    for cap in caps:
+        def call(i, cap=cap):
+            x, out = sets[i % len(sets)], outs[i % len(sets)]
+            K._launch_forward(out, x["residual"], x["gate"], x["y"], x["index"], sink,
+                              max_grid_y=cap)
 
-            t = median_ms(call, device=device, warmup=warmup, iters=iters)
-            rows.append({"dtype": dtype, "N": n,
-                         "impl": f"numba fwd kernel, {rows_per_step} row(s)/step, grid.y<={cap}",
-                         "forward_ms": t["median_ms"],
-                         "forward_GBps": 3 * n * d * itemsize / t["median_ms"] / 1e6})
+        t = median_ms(call, device=device, warmup=warmup, iters=iters)
+        rows.append({"dtype": dtype, "N": n, "impl": f"numba fwd kernel, grid.y<={cap}",
+                     "forward_ms": t["median_ms"],
+                     "forward_GBps": 3 * n * d * itemsize / t["median_ms"] / 1e6})
     return rows
 
 

@@ -25,15 +25,10 @@ def main() -> None:
                                                   index_dtype="int64", seed=1).tensors.items()}
         r, g, y = (x[k].requires_grad_() for k in ("residual", "gate", "y"))
         K.gate_residual(r, g, y, x["index"]).backward(x["grad_out"])  # the vector kernels
-        for rows_per_step in (1, 2):  # both forward loop bodies
-            K._launch_forward(torch.empty_like(x["residual"]), x["residual"], x["gate"], x["y"],
-                              x["index"], K._flags(x["y"].device)[1], rows_per_step=rows_per_step)
         torch.cuda.synchronize()
         named = [*zip(("forward", "backward_chunks", "reduce_chunks"), K.kernels_for(dtype)[:3],
                       strict=True),
-                 ("vec_forward_1row", K.vec_kernels_for(dtype, 1)[0]),
-                 *zip(("vec_forward_2rows", "vec_backward"), K.vec_kernels_for(dtype, 2),
-                      strict=True)]
+                 *zip(("vec_forward", "vec_backward"), K.vec_kernels_for(dtype), strict=True)]
         for name, kern in named:
             for sig, sass in kern.inspect_sass().items():
                 ffma = len(re.findall(r"\bFFMA\b", sass))
@@ -48,7 +43,7 @@ def main() -> None:
                 print(f"{dtype:9s} {name:16s} regs={regs:3d} static_smem={shared:5d}B "
                       f"local={local_bytes}B "
                       f"FFMA={ffma} FMUL={fmul} FADD={fadd} local_ld_st={local} sig={sig}")
-                if dtype == "bfloat16" and name == "vec_forward_2rows":
+                if dtype == "bfloat16" and name == "vec_forward":
                     print(sass)
 
 

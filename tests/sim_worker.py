@@ -31,9 +31,9 @@ CASES = [  # (n, d, g, dtype, index_dtype): d * itemsize % 16 == 0 also runs the
 ]
 LAUNCHES = [dict(block_cols=128, max_grid_y=65535), dict(block_cols=32, max_grid_y=2)]
 VEC_LAUNCHES = [  # (forward launch, backward launch)
-    (dict(block_cols=None, max_grid_y=65535, rows_per_step=2), dict(block_cols=None)),
-    (dict(block_cols=32, max_grid_y=3, rows_per_step=1), dict(block_cols=32, max_grid_y=3)),
-    (dict(block_cols=32, max_grid_y=2, rows_per_step=2), dict(block_cols=32, max_grid_y=1)),
+    (dict(block_cols=None, max_grid_y=65535), dict(block_cols=None)),
+    (dict(block_cols=32, max_grid_y=3), dict(block_cols=32, max_grid_y=3)),
+    (dict(block_cols=32, max_grid_y=2), dict(block_cols=32, max_grid_y=1)),
 ]
 
 

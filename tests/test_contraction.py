@@ -65,8 +65,7 @@ def test_kernels_have_no_fma(dtype, index):
 
 @pytest.mark.parametrize("dtype", sorted(STORAGE))
 @pytest.mark.parametrize("index", ["int64", "int32"])
-@pytest.mark.parametrize("rows_per_step", [1, 2])
-def test_vector_kernels_have_no_fma_and_no_local_memory(dtype, index, rows_per_step):
+def test_vector_kernels_have_no_fma_and_no_local_memory(dtype, index):
     """The 16-byte kernels: explicit-rounding arithmetic, 16-byte loads and stores, no local
     memory; float16 converts with the hardware instructions eager uses."""
     w = "uint32[:, ::1]"
@@ -75,11 +74,11 @@ def test_vector_kernels_have_no_fma_and_no_local_memory(dtype, index, rows_per_s
         "backward_chunks": (f"void({w}, float32[:, :, ::1], {w}, {w}, {w}, {index}[::1], "
                             "uint8[::1])"),
     }
-    kernels = dict(zip(("forward", "backward_chunks"), K.vec_kernels_for(dtype, rows_per_step),
+    kernels = dict(zip(("forward", "backward_chunks"), K.vec_kernels_for(dtype),
                        strict=True))
     for name, sig in sigs.items():
         ptx = ptx_of(kernels[name], sig)
-        where = f"vector {name}[{dtype}, {index}, rows_per_step={rows_per_step}]"
+        where = f"vector {name}[{dtype}, {index}]"
         assert not FMA.search(ptx), f"{where} contains an FMA"
         assert "mul.rn.f32" in ptx and "add.rn.f32" in ptx, where
         assert VEC_LOAD.search(ptx), f"{where}: no 16-byte loads"
