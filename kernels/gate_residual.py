@@ -562,7 +562,7 @@ def _vec_ok(*tensors) -> bool:
         x.data_ptr() % 16 == 0 for x in tensors)
 
 
-# numba's array ABI for C-contiguous arrays (kernels/launch.py: array_params), unrolled for
+# numba's array ABI for C-contiguous arrays (what numba-cuda's _Kernel._prepare_args passes), for
 # the ranks used here: 0, 0, size, itemsize, pointer, *shape, *strides in bytes.
 
 def _p1(ptr: int, n: int, itemsize: int) -> tuple:

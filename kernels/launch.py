@@ -35,16 +35,6 @@ def array_type(dtype: types.Type, ndim: int) -> types.Array:
     return types.Array(dtype, ndim, "C")
 
 
-def array_params(ptr: int, shape: tuple[int, ...], itemsize: int) -> list[int]:
-    """The kernel parameters of a C-contiguous array at device address ``ptr``, in numba's
-    array ABI order: ``0, 0, size, itemsize, ptr, *shape, *strides`` (strides in bytes)."""
-    strides, step = [], itemsize
-    for extent in reversed(shape):
-        strides.append(step)
-        step *= extent
-    return [0, 0, step // itemsize, itemsize, ptr, *shape, *reversed(strides)]
-
-
 class Launcher:
     """Launches one numba.cuda dispatcher with one signature:
     ``launcher(device, grid, block, shared, params)``.
@@ -53,8 +43,8 @@ class Launcher:
     the first launch (numba caches it for the process) and its driver handle kept. ``device``:
     the CUDA device index of the tensors (``t.get_device()``); the launch goes to torch's
     current stream on it. ``params``: the flat list of 8-byte kernel parameters
-    (:func:`array_params` per array). ``grid``: (x, y); ``block``: threads in x;
-    ``shared``: dynamic shared memory in bytes. Raises ``RuntimeError`` naming the CUDA
+    (numba's array ABI per array: ``_p1``/``_p2``/``_p3`` in ``kernels/gate_residual.py``).
+    ``grid``: (x, y); ``block``: threads in x; ``shared``: dynamic shared memory in bytes. Raises ``RuntimeError`` naming the CUDA
     error when the driver refuses the launch.
     """
 
