@@ -44,8 +44,8 @@ class Launcher:
     the CUDA device index of the tensors (``t.get_device()``); the launch goes to torch's
     current stream on it. ``params``: the flat list of 8-byte kernel parameters
     (numba's array ABI per array: ``_p1``/``_p2``/``_p3`` in ``kernels/gate_residual.py``).
-    ``grid``: (x, y); ``block``: threads in x; ``shared``: dynamic shared memory in bytes. Raises ``RuntimeError`` naming the CUDA
-    error when the driver refuses the launch.
+    ``grid``: (x, y); ``block``: threads in x; ``shared``: dynamic shared memory in bytes.
+    Raises ``RuntimeError`` naming the CUDA error when the driver refuses the launch.
     """
 
     def __init__(self, dispatcher, argtypes: tuple) -> None:
