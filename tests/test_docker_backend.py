@@ -59,6 +59,8 @@ def test_container_is_locked_down() -> None:
     assert c.host["security_opt"] == ["no-new-privileges"]
     assert c.host["read_only"] is True  # the root file system, baked-in project included
     assert list(c.host["tmpfs"]) == ["/tmp"]
+    # exec (torch.compile loads what it builds there), but no setuid and no device files
+    assert {"rw", "exec", "nosuid", "nodev"} <= set(c.host["tmpfs"]["/tmp"].split(","))
 
 
 def test_only_the_staging_directory_is_writable() -> None:

@@ -63,7 +63,7 @@ def small_matrix(tmp_path_factory) -> Path:
     }
     data.update(cases=[{"n": 257}], targets=["cpu"], repeats=2,
                 timing={"warmup": 1, "iters": 2}, modes={"plain": {}},
-                implementations=["eager", "numba", "fp64"])
+                implementations=["eager", "numba", "fp64", "compiled"])
     data.pop("batch_invariance", None)
     path = tmp_path_factory.mktemp("matrix") / "matrix.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -94,6 +94,10 @@ def test_cpu_cell_runs_in_its_image(run) -> None:
     assert out["equal"] is True and out["differ"] == 0 and out["numel"] == 257 * 5376
     sha = {impl: report["results"][impl]["sha256"]["257"]["out"] for impl in ("numba", "eager")}
     assert sha["numba"] == sha["eager"]
+    # The image carries gcc, g++ and Python.h, so torch.compile builds and runs in it.
+    compiled = report["results"]["compiled"]
+    assert compiled["status"] == "ok", compiled["reason"]
+    assert compiled["vs eager"]["257"]["grads"]["y"]["equal"] is True
 
 
 def test_failed_builds_are_reported_and_the_matrix_goes_on(run) -> None:

@@ -3,8 +3,9 @@
 One container per cell, running the same ``python -m runner cell ...`` as the host backend,
 with the arguments of :func:`container_config`: no network, user 10001 (not root), not
 privileged, every capability dropped, read-only root file system (the baked-in project
-included) with a tmpfs ``/tmp``, the matrix file bound read-only and one fresh staging
-directory bound as the only writable path ``/reports``; ``target: cuda`` adds a GPU device
+included) with a tmpfs ``/tmp`` mounted exec (torch.compile loads the libraries it builds
+there), the matrix file bound read-only and one fresh staging directory bound as the only
+writable path ``/reports``; ``target: cuda`` adds a GPU device
 request (all GPUs or the ids given). The container is killed at the cell timeout and removed
 in every case, Ctrl-C and SIGTERM to the runner included (its staging directory too). The
 cell's report is then read from the staging directory, stamped with the
@@ -113,7 +114,9 @@ def container_config(image: str, command: Sequence[str], *, cell, run_id: str,
         "network_mode": "none",
         "privileged": False,
         "read_only": True,
-        "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={TMPFS_SIZE}"},
+        # exec: torch.compile loads the .so files inductor and Triton build under /tmp (HOME);
+        # Docker mounts a tmpfs noexec unless told, and then `compiled` fails to load them.
+        "tmpfs": {"/tmp": f"rw,exec,nosuid,nodev,size={TMPFS_SIZE}"},
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],
         "init": True,
