@@ -16,7 +16,6 @@ site-packages, so a GPU machine's existing torch is used as is; where no torch i
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import nox
@@ -34,9 +33,17 @@ STOP = {"interrupt_timeout": 60.0, "terminate_timeout": 30.0}
 
 
 def install_project(session: nox.Session, *extras: str) -> None:
-    """This project (editable) with ``extras``, and torch unless one is already importable."""
+    """This project (editable) with ``extras``, and torch unless the session's virtualenv can
+    already import one (its own, or the base interpreter's through --system-site-packages).
+
+    Asked of the session's interpreter, not nox's: nox may live in a virtualenv of its own
+    whose torch the session does not see. Under ``--no-install`` nothing is asked or installed.
+    """
     spec = f".[{','.join(extras)}]" if extras else "."
-    if importlib.util.find_spec("torch") is None:
+    found = session.run_install(
+        "python", "-c", "import importlib.util as u; print(u.find_spec('torch') is not None)",
+        silent=True)
+    if found is not None and found.strip().splitlines()[-1:] != ["True"]:
         session.install(TORCH_FALLBACK)
     session.install("-e", spec)
 
