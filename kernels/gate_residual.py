@@ -33,10 +33,11 @@ import torch
 from numba import cuda, float32
 from numba.cuda import types
 
-from kernels.checks import check_grad_out, check_inputs
+from kernels.checks import check_backward_inputs, check_grad_out, check_inputs
 from kernels.launch import Launcher, array_type
 from kernels.rounding import CODECS, LANE_CODECS, add_rn, mul_rn
 from kernels.vector import load_vec, store_vec
+from runner.errors import OpInputError
 
 #: Rows per chunk of the grad_gate reduction. Part of the algorithm (it fixes the summation
 #: order), not a launch parameter.
@@ -603,15 +604,36 @@ def _launch_forward(out, residual, gate, y, index, flag, *,
     launcher(out.get_device(), grid, block, 0, params)
 
 
+def _index_mode(check_index) -> bool | str:
+    """``check_index`` if it is ``True``, ``False`` or ``"sync"``; else a one-line
+    :class:`OpInputError` (a typo must not turn the check off)."""
+    if isinstance(check_index, bool) or (isinstance(check_index, str) and check_index == "sync"):
+        return check_index
+    raise OpInputError(f'gate_residual: check_index must be True, False or "sync", '
+                       f"got {check_index!r}")
+
+
+def _device_flag(device: torch.device, check_index) -> torch.Tensor:
+    """The flag the kernels set on an out-of-range index: the checked one for
+    ``check_index=True`` (see :func:`_assert_index`), else the sink nobody reads."""
+    checked, sink = _flags(device)
+    return checked if check_index is True else sink
+
+
+def _assert_index(device: torch.device, check_index) -> None:
+    """For ``check_index=True``: fail at the next synchronisation if a kernel set the flag."""
+    if check_index is True:
+        torch._assert_async(_flags(device)[0],
+                            "gate_residual: index holds a value outside [0, G)")
+
+
 def _forward(residual, gate, y, index, check_index) -> torch.Tensor:
     """The forward on inputs :func:`check_inputs` accepted (contiguous, one device)."""
     out = torch.empty_like(residual)
     if out.shape[0] == 0 or out.shape[1] == 0:
         return out
-    checked, sink = _flags(out.device)
-    _launch_forward(out, residual, gate, y, index, checked if check_index is True else sink)
-    if check_index is True:
-        torch._assert_async(checked, "gate_residual: index holds a value outside [0, G)")
+    _launch_forward(out, residual, gate, y, index, _device_flag(out.device, check_index))
+    _assert_index(out.device, check_index)
     return out
 
 
@@ -630,19 +652,35 @@ def gate_residual_forward(residual, gate, y, index, *, check_index: bool | str =
     raises ``OpInputError`` at once (one synchronisation). ``False`` checks nothing: rows
     with an out-of-range index come out NaN, and ``gate`` is never read outside its rows.
     """
+    check_index = _index_mode(check_index)
     residual, gate, y, index = check_inputs(residual, gate, y, index, device="cuda",
                                             check_index=check_index == "sync")
     return _forward(residual, gate, y, index, check_index)
 
 
-def gate_residual_backward(grad_out, gate, y, index):
+def gate_residual_backward(grad_out, gate, y, index, *, check_index: bool | str = True):
     """(grad_y, grad_gate) for upstream ``grad_out`` (N, D), with the numba.cuda kernels.
 
-    ``grad_gate`` (G, D) is deterministic: :data:`SUMMATION_ORDER`. Scratch: one float32
-    buffer of n_chunks(N) * G * D elements. Inputs as saved by :class:`GateResidual`
-    (contiguous, checked, one device); rows with an out-of-range index give NaN ``grad_y``
-    rows and add nothing to ``grad_gate``.
+    Args: ``grad_out``, ``y``: (N, D) CUDA tensors of one floating dtype (bfloat16, float16
+    or float32), ``gate``: (G, D) of that dtype, ``index``: (N,) int64 or int32 in [0, G).
+    Returns ``grad_y`` (N, D), bitwise equal to eager's, and ``grad_gate`` (G, D),
+    deterministic: float32 sums in :data:`SUMMATION_ORDER`, rounded once. Scratch: one
+    float32 buffer of n_chunks(N) * G * D elements. Raises :class:`runner.errors.OpInputError`
+    (one line) for bad input. ``check_index`` as in :func:`gate_residual_forward`; with
+    ``False``, rows with an out-of-range index give NaN ``grad_y`` rows and add nothing to
+    ``grad_gate``.
     """
+    check_index = _index_mode(check_index)
+    grad_out, gate, y, index = check_backward_inputs(grad_out, gate, y, index, device="cuda",
+                                                     check_index=check_index == "sync")
+    grads = _backward(grad_out, gate, y, index, _device_flag(grad_out.device, check_index))
+    _assert_index(grad_out.device, check_index)
+    return grads
+
+
+def _backward(grad_out, gate, y, index, flag):
+    """The backward on inputs :func:`check_backward_inputs` accepted (contiguous, one
+    device); ``flag``: the uint8 flag the kernel sets on an out-of-range index."""
     n_rows, width = grad_out.shape
     n_gate = gate.shape[0]
     grad_y = torch.empty_like(grad_out)
@@ -656,9 +694,8 @@ def gate_residual_backward(grad_out, gate, y, index):
     itemsize = grad_out.element_size()
     partial_params = _p3(partial.data_ptr(), chunks, n_gate, width)
     if chunks:
-        sink = _flags(grad_out.device)[1]
         tail = (*_p1(index.data_ptr(), n_rows, index.element_size()),
-                *_p1(sink.data_ptr(), 1, 1))
+                *_p1(flag.data_ptr(), 1, 1))
         lanes = 4 * LANE_CODECS[_dtype_name(grad_out)][3]
         if shared_fits(n_gate * lanes) and _vec_ok(grad_y, grad_out, gate, y):
             words = width * itemsize // 4
@@ -697,6 +734,7 @@ class GateResidual(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, residual, gate, y, index, check_index=True):
+        check_index = _index_mode(check_index)
         residual, gate, y, index = check_inputs(residual, gate, y, index, device="cuda",
                                                 check_index=check_index == "sync")
         ctx.save_for_backward(gate, y, index)
@@ -706,7 +744,8 @@ class GateResidual(torch.autograd.Function):
     def backward(ctx, grad_out):
         gate, y, index = ctx.saved_tensors
         grad_out = check_grad_out(grad_out, y)
-        grad_y, grad_gate = gate_residual_backward(grad_out, gate, y, index)
+        # The forward checked the index (or was told not to): the sink flag, no check.
+        grad_y, grad_gate = _backward(grad_out, gate, y, index, _flags(grad_out.device)[1])
         return grad_out, grad_gate, grad_y, None, None
 
 

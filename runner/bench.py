@@ -147,7 +147,8 @@ def forward_launch_sweep(n: int, d: int, g: int, dtype: str, device: str, *, ite
 
 def backward_alone(n: int, d: int, g: int, dtype: str, device: str, *, iters: int,
                    warmup: int) -> dict:
-    """``gate_residual_backward`` alone (both kernels, the partials' allocation, no autograd):
+    """``gate_residual_backward`` alone (both kernels, the partials' allocation, no autograd;
+    ``check_index=False``, as autograd's backward runs it: the forward checked the index):
     its time and bandwidth over the 3*N*D elements it must move."""
     from kernels import gate_residual as K
 
@@ -156,7 +157,8 @@ def backward_alone(n: int, d: int, g: int, dtype: str, device: str, *, iters: in
 
     def call(i):
         x = sets[i % len(sets)]
-        K.gate_residual_backward(x["grad_out"], x["gate"], x["y"], x["index"])
+        K.gate_residual_backward(x["grad_out"], x["gate"], x["y"], x["index"],
+                                 check_index=False)
 
     t = median_ms(call, device=device, warmup=warmup, iters=iters)
     return {"dtype": dtype, "N": n, "impl": "numba backward alone", "backward_ms": t["median_ms"],

@@ -31,12 +31,13 @@ def entry_points(device):
         )
 
         return gate_residual_cpu, GateResidualCPU.apply, gate_residual_backward_cpu
-    from kernels.gate_residual import gate_residual, gate_residual_forward
+    from kernels.gate_residual import gate_residual, gate_residual_backward, gate_residual_forward
 
     # check_index="sync": an index outside [0, G) raises OpInputError at once, as on the CPU
     # (the default checks on the device: tests/test_kernels_gpu.py, in a subprocess)
     return (lambda *a: gate_residual_forward(*a, check_index="sync"),
-            lambda *a: gate_residual(*a, check_index="sync"), None)
+            lambda *a: gate_residual(*a, check_index="sync"),
+            lambda *a: gate_residual_backward(*a, check_index="sync"))
 
 
 def eager(r, g, y, idx, go):
@@ -163,7 +164,7 @@ BAD_BACKWARD = [
     ("grad_out float32", lambda x: x.update(grad_out=x["grad_out"].float()),
      "grad_out is torch.float32 but y is torch.bfloat16"),
     ("grad_out on meta", lambda x: x.update(grad_out=x["grad_out"].to("meta")),
-     "grad_out is on meta but y is on cpu"),
+     "grad_out is on meta but y is on {device}"),
     ("grad_out sparse", lambda x: x.update(grad_out=x["grad_out"].to_sparse()),
      "grad_out must be a dense tensor, got torch.sparse_coo"),
     ("grad_out a list", lambda x: x.update(grad_out=[[1.0] * 8] * 4),
@@ -176,18 +177,49 @@ BAD_BACKWARD = [
 ]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("change", "fragment"), [b[1:] for b in BAD_BACKWARD],
                          ids=[b[0] for b in BAD_BACKWARD])
-def test_bad_backward_input_is_rejected_before_the_loops(change, fragment):
-    """The loops index without bounds checks: unchecked, these used to crash the process."""
-    from kernels.gate_residual_cpu import gate_residual_backward_cpu
-
-    x = good("cpu")
-    x["grad_out"] = _t((4, 8))
+def test_bad_backward_input_is_rejected_before_the_loops(device, change, fragment):
+    """The loops index without bounds checks: unchecked, these used to crash the process
+    (the CPU loops) or launch with the wrong sizes (the public CUDA backward)."""
+    x = good(device)
+    x["grad_out"] = _t((4, 8)).to(device)
     change(x)
     with pytest.raises(OpInputError) as info:
-        gate_residual_backward_cpu(x["grad_out"], x["gate"], x["y"], x["index"])
-    assert fragment in str(info.value) and "\n" not in str(info.value), str(info.value)
+        entry_points(device)[2](x["grad_out"], x["gate"], x["y"], x["index"])
+    expected = fragment.format(device=x["y"].device)
+    assert expected in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("value", ["Sync", "yes", 1, 0, None, "True"])
+def test_check_index_takes_only_true_false_or_sync(value):
+    """A typo must not turn the index check off: refused before anything else is looked at
+    (so on this CPU machine too, with the CUDA entry points)."""
+    from kernels.gate_residual import (
+        GateResidual,
+        gate_residual,
+        gate_residual_backward,
+        gate_residual_forward,
+    )
+
+    x = good("cpu")
+    for entry in (gate_residual_forward, gate_residual, gate_residual_backward):
+        with pytest.raises(OpInputError, match=r'^gate_residual: check_index must be True, '
+                                               r'False or "sync", got '):
+            entry(x["residual"], x["gate"], x["y"], x["index"], check_index=value)
+    with pytest.raises(OpInputError, match="check_index must be"):
+        GateResidual.apply(x["residual"], x["gate"], x["y"], x["index"], value)
+
+
+def test_public_cuda_backward_checks_its_inputs():
+    """The public CUDA backward refuses CPU tensors with the one-line error the forward gives
+    (it used to launch unchecked; torch then failed with an assertion about CUDA)."""
+    from kernels.gate_residual import gate_residual_backward
+
+    x = good("cpu")
+    with pytest.raises(OpInputError, match=r"^gate_residual: expected cuda tensors, got cpu$"):
+        gate_residual_backward(_t((4, 8)), x["gate"], x["y"], x["index"])
 
 
 # ------------------------------------------------------------------ accepted, like eager
