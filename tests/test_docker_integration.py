@@ -20,6 +20,7 @@ import yaml
 
 from runner import base_image
 from runner.backends.docker import DockerBackend
+from runner.backends.docker.engine import build_stacks
 from runner.report import read_report
 from runner.run import run_matrix
 
@@ -75,6 +76,9 @@ def run(engine: DockerBackend, small_matrix: Path, tmp_path_factory):
     reports = tmp_path_factory.mktemp("reports")
     outcomes = run_matrix(small_matrix, reports_dir=reports, backend="docker", render=False,
                           timeout_s=900)
+    # Every commit changes the project layer, so each run tags a new image of the stack: keep
+    # only this one (its layers stay), or a CI machine's disk fills run after run.
+    build_stacks(small_matrix, stacks=[STACK], prune=True, engine=engine)
     return {o.cell: o for o in outcomes}, reports
 
 
