@@ -326,4 +326,5 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
     report["finished_at"] = _now()
     report["duration_s"] = round(time.perf_counter() - t0, 3)
     report["exit_code"] = 0
+    env["load_average"]["end"] = environment.load_average()
     return report

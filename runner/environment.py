@@ -8,6 +8,7 @@ A library that is not installed is ``None``.
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import socket
@@ -80,11 +81,31 @@ def project_state(root: Path = PROJECT_ROOT) -> dict:
     return {"commit": commit, "dirty": bool(status.stdout.strip()) if commit else None}
 
 
+def available_cpus() -> int | None:
+    """CPUs this process may run on (its affinity mask, which a container's cpuset limits),
+    or ``os.cpu_count()`` where the OS has no affinity call; None if neither says."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
+def load_average() -> float | None:
+    """The host's 1-minute load average (runnable processes, ``os.getloadavg``), rounded to
+    0.01, or None where the OS does not give one. CPU timings taken while it exceeds
+    :func:`available_cpus` shared the cores with other work (docs/tables.md, Timings)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
 def capture(target: str, mode_environment: dict) -> dict:
     """The environment dict for a report (see module docstring).
 
     ``target`` "cuda" fills gpu/capability from device 0; "cpu" records the processor and
     torch's CPU capability instead. ``mode_environment`` is ``{mode: {VAR: value}}``.
+    ``load_average.start`` is read here; the cell runner fills ``end`` when the cell ends.
     """
     env: dict = {
         "gpu": None,
@@ -100,6 +121,9 @@ def capture(target: str, mode_environment: dict) -> dict:
         "platform": platform.platform(),
         "cpu": platform.processor() or platform.machine(),
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_threads": torch.get_num_threads(),
+        "cpus_available": available_cpus(),
+        "load_average": {"start": load_average(), "end": None},
         "project": project_state(),
     }
     if target == "cuda" and torch.cuda.is_available():

@@ -118,6 +118,11 @@ def accuracy_table(cells: Sequence[Cell], filters: Filters | None = None) -> Tab
                                     + tuple(map(_kind, verdicts))))
         if len(rows) == before and cell.ours:
             without.append(f"{cell.label} ({cell.status})")
+    footer = [f"Cells without timings: {'; '.join(without)}."] if without else []
+    shared = [f"{cell.label} ({why})" for cell in cells if (why := _shared_cores(cell))]
+    if shared:
+        footer.append("Timed on shared cores (1-minute load average above the CPUs the cell "
+                      f"could use), so their times are not comparable: {'; '.join(shared)}.")
     return Table(
         "accuracy", "Accuracy vs fp64 and determinism",
         ("cell", "impl", "case", "dtype", "tensor", "max_abs", "max_rel", "err ULP vs fp64",
@@ -272,6 +277,11 @@ def timings_table(cells: Sequence[Cell], filters: Filters | None = None) -> Tabl
                                 cell.index))
         if len(rows) == before and cell.ours:
             without.append(f"{cell.label} ({cell.status})")
+    footer = [f"Cells without timings: {'; '.join(without)}."] if without else []
+    shared = [f"{cell.label} ({why})" for cell in cells if (why := _shared_cores(cell))]
+    if shared:
+        footer.append("Timed on shared cores (1-minute load average above the CPUs the cell "
+                      f"could use), so their times are not comparable: {'; '.join(shared)}.")
     return Table(
         "timings", "Timings", ("cell", "impl", "case", "dtype", "N", "forward ms",
                                "forward GB/s", "fwd+bwd ms", "fwd+bwd GB/s"), rows,
@@ -282,7 +292,19 @@ def timings_table(cells: Sequence[Cell], filters: Filters | None = None) -> Tabl
              "2·G·D·s (reads `gate`; writes `grad_gate`). `gate`/`index` reads of the forward "
              "are not counted.",
         empty="No timings.",
-        footer=f"Cells without timings: {'; '.join(without)}." if without else "")
+        footer=" ".join(footer))
+
+
+def _shared_cores(cell: Cell) -> str:
+    """"load 2.7 on 2 CPUs" where the cell's recorded load average (start or end) exceeded
+    the CPUs it could use, else "". Reports without these fields (older ones, foreign ones)
+    give ""."""
+    env = cell.data.get("environment") or {}
+    cpus, load = env.get("cpus_available"), env.get("load_average") or {}
+    peaks = [v for v in (load.get("start"), load.get("end")) if isinstance(v, (int, float))]
+    if not isinstance(cpus, int) or not peaks or max(peaks) <= cpus:
+        return ""
+    return f"load {max(peaks):g} on {cpus} CPUs"
 
 
 def _bench_value(value: Any) -> str:

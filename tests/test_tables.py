@@ -228,6 +228,27 @@ def test_timings_and_bandwidth() -> None:
                                                                          "max ULP apart"]
 
 
+def test_timings_on_shared_cores_are_flagged(tmp_path: Path) -> None:
+    """A cell whose load average exceeded its CPUs is named under the timings, with both
+    figures; one within its CPUs, and one without the fields (older reports), is not."""
+    data = json.loads(H200.read_text())
+    paths = []
+    for name, cpus, load in (("busy", 2, {"start": 0.4, "end": 2.73}),
+                             ("quiet", 16, {"start": 1.0, "end": 0.5}), ("old", None, None)):
+        report = json.loads(json.dumps(data))
+        report["cell"]["id"] = f"host-{name}-cuda"
+        report["cell"]["mode"] = name
+        if cpus:
+            report["environment"].update(cpus_available=cpus, load_average=load)
+        paths.append(tmp_path / f"host-{name}-cuda.json")
+        paths[-1].write_text(json.dumps(report))
+    timings = section(render_markdown([read_report(p) for p in paths]), "Timings")
+    assert ("Timed on shared cores (1-minute load average above the CPUs the cell could "
+            "use), so their times are not comparable: host-busy-cuda (load 2.73 on 2 CPUs)."
+            in timings)
+    assert "host-quiet-cuda (" not in timings and "host-old-cuda (" not in timings
+
+
 def test_bench_json_is_shown_and_bad_bench_files_listed(md: str) -> None:
     bench = rows(section(md, "Forward, N=32768, bf16 (synthetic)"))
     assert bench == [["impl", "ms", "GB/s", "of copy", "note"],
