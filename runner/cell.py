@@ -241,6 +241,7 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
         if why:
             results[impl.name].update(status="unavailable", reason=why)
     broken: list[str] = []
+    no_baseline: list[str] = []  # cases where the baseline gave nothing to compare with
     p = matrix.problem
     asked, cases = cases, cases_on(cases, cell.target)
     if asked and not cases:
@@ -291,6 +292,8 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
             entry["repeatable"][key] = same if repeats > 1 else {k: None for k in same}
         ref = outputs.get(matrix.accuracy_reference) if matrix.accuracy_reference else None
         base = outputs.get(matrix.baseline)
+        if base is None:
+            no_baseline.append(key)
         for impl in impls:
             mine = outputs.get(impl.name)
             if mine is None or impl.role == "accuracy_reference":
@@ -320,6 +323,13 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
         tracebacks = "\n".join(f"{n}: {r['traceback']}" for n, r in results.items()
                                if r.get("traceback"))
         report["log_tail"] = tracebacks[-6000:] or None
+    elif no_baseline:  # nothing in those cases was compared: not an ok cell
+        base = results[matrix.baseline]
+        why = base["reason"] or "; ".join(sorted(set((base.get("unsupported") or {}).values())))
+        report["status"] = "error"
+        report["reason"] = (f"baseline {matrix.baseline} gave no result in case(s) "
+                            f"{', '.join(no_baseline)} ({why or 'no output'}), so nothing "
+                            "there was compared with it")
     elif broken:
         report["status"] = "mismatch"
         report["reason"] = "bitwise claim broken: " + ", ".join(broken)

@@ -70,6 +70,20 @@ def test_library_cells_go_on_and_record_the_reason_and_code_path():
         "sglang.kernels.kda_kernels.residual_gate_add_jit:residual_gate_add_cuda")
 
 
+def test_a_baseline_that_cannot_run_on_the_target_makes_the_cell_an_error():
+    """With nothing to compare against, the cell is not ok (it used to be, its tables
+    saying only "No comparisons"): it says which baseline gave nothing, where, and why."""
+    name = LIBRARY_NAMES[0]
+    m = small_matrix(["eager", "numba", "fp64", name], baseline=name)
+    r = run_cell(m, Cell("host", "plain", "cpu"), select_cases(m), timings=False)
+    assert r["status"] == "error"
+    assert r["reason"].startswith(f"baseline {name} gave no result in case(s) "
+                                  f"{', '.join(r['inputs'])} (")
+    assert r["results"][name]["reason"] in r["reason"]
+    assert r["reason"].endswith("so nothing there was compared with it")
+    assert r["results"]["eager"]["status"] == "ok" and "vs eager" not in r["results"]["numba"]
+
+
 def test_compiled_emulate_runs_on_the_cpu_and_does_not_leak_its_setting():
     from runner.inputs import make_inputs
 
