@@ -100,8 +100,22 @@ def select(cells: Iterable[Cell], *, stacks: Collection[str] | None = None,
         asked = ", ".join(f"--{field} {' '.join(names) or '(none)'}"
                           for field, names in wanted.items() if names is not None)
         raise SelectionError(f"no cell matches {asked or 'the selection'}; "
-                             f"cells: {', '.join(c.id for c in cells) or 'none'}")
+                             + _what_there_is(cells, wanted))
     return chosen
+
+
+def _what_there_is(cells: tuple[Cell, ...], wanted: dict) -> str:
+    """Why a selection matched nothing: the targets each named mode and stack has cells on
+    (a mode's ``targets``: tf32 is cuda only), else the cells themselves."""
+    if wanted["target"] is not None:
+        have = []
+        for field in ("mode", "stack"):
+            for name in wanted[field] or ():
+                on = dict.fromkeys(c.target for c in cells if getattr(c, field) == name)
+                have.append(f"{field} {name} runs on {'/'.join(on)}")
+        if have:
+            return "; ".join(have)
+    return f"cells: {', '.join(c.id for c in cells) or 'none'}"
 
 
 def select_cases(matrix: Matrix, case_ids: Iterable[str | int] | None = None,

@@ -47,9 +47,13 @@ def test_mode_targets_limit_its_cells(matrix: Matrix) -> None:
     cells = expand(parse_matrix(data))
     assert ids(cells) == ["host-plain-cpu", "host-plain-cuda", "host-det-cuda",
                           "host-tf32.on-cpu", "host-tf32.on-cuda"]
+    # says why, not all the cells: the mode's targets
     with pytest.raises(SelectionError,
-                       match="no cell matches --mode det, --target cpu; cells: host-plain-cpu, "):
+                       match="^no cell matches --mode det, --target cpu; mode det runs on cuda$"):
         select(cells, modes=["det"], targets=["cpu"])
+    with pytest.raises(SelectionError, match="; mode det runs on cuda; stack host runs on "
+                                             "cpu/cuda$"):
+        select(cells, modes=["det"], stacks=["host"], targets=["cpu"])
 
 
 def test_cases_on_a_target(matrix: Matrix) -> None:
