@@ -189,6 +189,9 @@ def _cmd_report(args) -> int:
         found = "not a directory" if args.reports.exists() else "no such directory"
         raise ConfigError(f"--reports: expected a directory of reports, got {args.reports} "
                           f"({found})")
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        raise ConfigError(f"--out: expected a directory for the tables, got {args.out} "
+                          "(not a directory)")
     filters = Filters.from_lists(**{f: getattr(args, f) for f in (*FACETS, "impl")})
     out = None if args.out is None else args.out / tables.OUTPUTS[0]
     try:

@@ -101,8 +101,10 @@ class CaseFilter:
 
     @classmethod
     def of(cls, filters: Filters | None) -> CaseFilter:
-        """The dtype part of ``filters``."""
-        return cls(tuple(filters.dtype) if filters else ())
+        """The dtype part of ``filters``; the tables' short names (bf16, fp16, fp32) stand
+        for the dtypes they show."""
+        long = {short: name for name, short in _SHORT.items()}
+        return cls(tuple(long.get(d, d) for d in filters.dtype) if filters else ())
 
     @staticmethod
     def cell_part(filters: Filters) -> Filters:

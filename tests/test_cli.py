@@ -176,6 +176,11 @@ def test_report_on_a_missing_directory_exits_2_naming_it(tmp_path, capsys):
     a_file.write_text("{}")
     assert main(["report", "--reports", str(a_file)]) == 2
     assert "(not a directory)" in capsys.readouterr().err
+    # --out names a directory too: a file there is a bad option (2), left as it was
+    assert main(["report", "--reports", str(tmp_path), "--out", str(a_file)]) == 2
+    assert capsys.readouterr().err == (f"error: --out: expected a directory for the tables, "
+                                       f"got {a_file} (not a directory)\n")
+    assert a_file.read_text() == "{}"
 
 
 def test_report_warns_per_unreadable_file_writes_the_tables_and_exits_3(reports, capsys):
