@@ -11,7 +11,7 @@ INDEX_DTYPES = (torch.int64, torch.int32)
 
 
 def check_inputs(residual, gate, y, index, *, device: str, check_index: bool = True):
-    """Validate gate_residual's inputs and return them contiguous.
+    """Validate gate_residual's inputs and return them contiguous, lazy negations applied.
 
     Rejects what eager PyTorch rejects (a float ``index``, an index out of [0, G)) and what
     the kernels do not support (broadcasting, mixed float dtypes), each with a one-line
@@ -65,7 +65,13 @@ def check_inputs(residual, gate, y, index, *, device: str, check_index: bool = T
             raise OpInputError(
                 f"gate_residual: index holds {bad}, outside [0, G={gate.shape[0]})"
             )
-    return residual.contiguous(), gate.contiguous(), y.contiguous(), index.contiguous()
+    return (_dense(residual), _dense(gate), _dense(y), index.contiguous())
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous, with a lazy negation (``torch._neg_view``, as autograd makes) applied:
+    the kernels read the storage through ``data_ptr()``, which holds the values before it."""
+    return t.resolve_neg().contiguous()
 
 
 def check_backward_inputs(grad_out, gate, y, index, *, device: str, check_index: bool = True):
@@ -114,4 +120,4 @@ def check_grad_out(grad_out, y):
         raise OpInputError(
             f"gate_residual backward: grad_out must be (N, D) = {tuple(y.shape)} like y, "
             f"got {tuple(grad_out.shape)}")
-    return grad_out.contiguous()
+    return _dense(grad_out)

@@ -250,10 +250,15 @@ def _views(x, how):
         return {**x, "index": both[:, 0]}
     if how == "expanded":  # one gate row broadcast (stride 0), one upstream gradient row
         return {**x, "gate": g[:1].expand(g.shape[0], d), "grad_out": go[:1].expand(n, d)}
+    if how == "negated view":  # a lazy negation (as autograd makes): the storage holds -t
+        def lazy(t):
+            return torch._neg_view(-t)
+        return {**x, "residual": lazy(r), "y": lazy(y), "gate": lazy(g), "grad_out": lazy(go)}
     raise AssertionError(how)
 
 
-LAYOUTS = ["transposed", "column slices", "storage offset", "strided index", "expanded"]
+LAYOUTS = ["transposed", "column slices", "storage offset", "strided index", "expanded",
+           "negated view"]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -262,7 +267,8 @@ LAYOUTS = ["transposed", "column slices", "storage offset", "strided index", "ex
 def test_non_contiguous_inputs_give_eager_bits(device, dtype, how, fresh_seed):
     x = {k: v.to(device) for k, v in inputs(37, 24, 3, dtype, "int64", fresh_seed).items()}
     v = _views(x, how)
-    assert any(not t.is_contiguous() or t.storage_offset() for t in v.values()), how
+    assert any(not t.is_contiguous() or t.storage_offset() or t.is_neg()
+               for t in v.values()), how
     want = eager(*(v[k] for k in ("residual", "gate", "y", "index", "grad_out")))
     got = ours(device, *(v[k] for k in ("residual", "gate", "y", "index", "grad_out")))
     assert_like_eager(device, got, want)
