@@ -46,7 +46,10 @@ LEGEND = (
     "two implementations and `max ULP apart` the largest number of representable values of the "
     "storage dtype between them (+0.0 and −0.0 one apart), over elements that are not NaN: a "
     "distance between the pair, not an error against fp64 (the accuracy table's `err ULP vs "
-    "fp64` is that)."
+    "fp64` is that). Representable values crowd near zero, so where a sum cancels to almost "
+    "nothing a small `max |a−b|` can be tens of thousands of ULPs apart (bf16 has 16,256 "
+    "values in [0, 1), as many in (−1, −0]; a sign change crosses them all): read the two "
+    "together."
 )
 TENSOR_NAMES = {"out": "out", "res": "grad_res", "y": "grad_y", "gate": "grad_gate"}
 """How the tensors are named in sentences (the verdicts)."""
