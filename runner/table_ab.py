@@ -4,8 +4,8 @@
 versions, GPU, driver, mode, image, problem), then per implementation, case and tensor both
 cells have whether the bits changed (sha256; void where the inputs differ), max_abs and max ULP
 against fp64 and in-process repeatability on each side, then the median times and their ratio.
-``python -m runner report --ab A B`` picks the cells; :func:`default_ab` picks the first two of
-our cells with results otherwise.
+``python -m runner report --ab A B`` picks the cells; otherwise :func:`default_ab` picks two of
+our cells with results that differ in one facet (stack, mode or target).
 """
 
 from __future__ import annotations
@@ -18,16 +18,24 @@ from runner.aggregate import ABSENT, Cell, Filters, Row, Table, case_order, ms, 
 from runner.report import TENSORS
 from runner.table_cases import CaseFilter, case_problem, dtype_label
 
-__all__ = ["ab_tables", "configuration", "default_ab", "image_of"]
+__all__ = ["DEFAULT_WHY", "ab_tables", "configuration", "default_ab", "image_of"]
+
+
+DEFAULT_WHY = ("the default: the first two of our cells with results that differ in one of "
+               "stack, mode and target alone (else the first two with results)")
 
 
 def default_ab(cells: Sequence[Cell]) -> tuple[Cell, Cell] | None:
-    """The first two of our cells that have results, else the first two of ours; None if
-    there are fewer than two of ours."""
-    ours = [c for c in cells if c.ours]
-    with_results = [c for c in ours if c.results]
-    chosen = with_results if len(with_results) >= 2 else ours
-    return (chosen[0], chosen[1]) if len(chosen) >= 2 else None
+    """Two of our cells with results, as comparable as they come: the first pair, in the
+    cells' order, that differs in one of stack, mode and target alone (what changed is then
+    that one facet), else the first two with results; None when fewer than two of ours have
+    results (a skipped or failed cell has nothing to compare)."""
+    ready = [c for c in cells if c.ours and c.results]
+    for i, a in enumerate(ready):
+        for b in ready[i + 1:]:
+            if sum(getattr(a, f) != getattr(b, f) for f in ("stack", "mode", "target")) == 1:
+                return a, b
+    return (ready[0], ready[1]) if len(ready) >= 2 else None
 
 
 def image_of(data: Mapping[str, Any]) -> tuple[str | None, str | None]:

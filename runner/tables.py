@@ -6,7 +6,7 @@ an ordered list of :class:`~runner.aggregate.Table` (docs/tables.md lists them):
 0. Verdicts: one line per cell and implementation pair (:mod:`runner.table_verdicts`).
 1. Bitwise comparison per cell (pair x case x tensor).
 2. Identical bits across cells: inputs, then each implementation's outputs, grouped by sha256.
-3. A/B of two cells (``--ab``; by default the first two of our cells with results;
+3. A/B of two cells (``--ab``; by default two of our cells with results differing in one facet;
    :mod:`runner.table_ab`).
 4. Accuracy vs fp64 and determinism.
 5. Cells, implementations that did not run, and the environment inventory.
@@ -45,7 +45,7 @@ from runner.aggregate import (
     load_cells,
 )
 from runner.report import LoadedReport, read_reports, write_text_atomic
-from runner.table_ab import ab_tables, default_ab
+from runner.table_ab import DEFAULT_WHY, ab_tables, default_ab
 from runner.table_bits import Across, across_cells, across_tables, bitwise_table
 from runner.table_cases import CaseFilter
 from runner.table_stats import (
@@ -149,7 +149,7 @@ def build_tables(reports: Sequence[LoadedReport], *, relative_to: Path | None = 
         c for c in by_cell.select(everything) if by_dtype.keeps_cell(c))]
     if ab is None:
         pairs = [p for p in [default_ab(cells)] if p is not None]
-        why = "; the default: the first two of our cells with results"
+        why = f"; {DEFAULT_WHY}"
     else:
         pairs = [(find_cell(everything, a), find_cell(everything, b)) for a, b in ab]
         why = "; chosen with `--ab`"

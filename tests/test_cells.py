@@ -49,10 +49,10 @@ def test_mode_targets_limit_its_cells(matrix: Matrix) -> None:
                           "host-tf32.on-cpu", "host-tf32.on-cuda"]
     # says why, not all the cells: the mode's targets
     with pytest.raises(SelectionError,
-                       match="^no cell matches --mode det, --target cpu; mode det runs on cuda$"):
+                       match=r"^no cell matches --mode det, --target cpu; mode det runs on cuda$"):
         select(cells, modes=["det"], targets=["cpu"])
-    with pytest.raises(SelectionError, match="; mode det runs on cuda; stack host runs on "
-                                             "cpu/cuda$"):
+    with pytest.raises(SelectionError, match=r"; mode det runs on cuda; stack host runs on "
+                                             r"cpu/cuda$"):
         select(cells, modes=["det"], stacks=["host"], targets=["cpu"])
 
 

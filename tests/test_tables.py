@@ -20,7 +20,7 @@ from runner.aggregate import Filters, format_cmp, load_cells
 from runner.errors import SelectionError
 from runner.report import LoadedReport, read_report, read_reports
 from runner.summary import COLUMNS
-from runner.tables import OUTPUTS, build_tables, render_markdown, slug, write_tables
+from runner.tables import OUTPUTS, build_tables, markdown, render_markdown, slug, write_tables
 
 DATA = Path(__file__).parent / "data"
 REPORTS = DATA / "reports"
@@ -160,20 +160,37 @@ def test_across_cells_groups_by_sha256_and_voids_differing_inputs(md: str) -> No
     assert "P1 = bfloat16, D=8, G=3, index int64, seed 20261129 (3 cells)" in md
 
 
-def test_default_ab_is_first_two_cells_with_results(md: str) -> None:
-    assert "## A/B: docker-torch213-plain-cuda vs host-compile-cpu" in md
-    config = keyed(section(md, "A/B: docker-torch213-plain-cuda vs host-compile-cpu"))
+def test_default_ab_is_the_first_pair_with_results_differing_in_one_facet(md: str) -> None:
+    # docker-torch213-plain-cuda and host-compile-cpu (the first two with results) differ in
+    # stack, mode and target at once; with host-plain-cuda only the stack differs
+    assert "## A/B: docker-torch213-plain-cuda vs host-plain-cuda" in md
+    config = keyed(section(md, "A/B: docker-torch213-plain-cuda vs host-plain-cuda"))
+    assert config[("stack",)] == ["docker-torch213", "host"]
     assert config[("torch",)] == ["2.13.0+cu130", "2.11.0+cu130"]
-    assert config[("mode",)] == ["plain", "compile"]
-    assert ("python",) not in config  # only what differs
+    assert ("mode",) not in config and ("target",) not in config and ("python",) not in config
     bits = keyed(section(md, "Bits and accuracy"), 4)
     bf16 = "bfloat16/int64"
-    assert bits[("eager", "257", bf16, "gate")] == ["CHANGED", "0.5", "0", "4", "0", "NO", "yes"]
-    assert bits[("eager", "257", bf16, "out")][0] == "CHANGED"
-    assert bits[("numba", "257", bf16, "out")][0] == "same"
-    assert ("numba", "1", bf16, "out") not in bits  # case 1 only in A
-    assert "Bits: 4 tensors the same, 4 changed" in md
-    assert "(1, 257-specials only in A" not in md and "1 only in A; 257-specials only in B" in md
+    assert bits[("eager", "257", bf16, "gate")] == ["CHANGED", "0.5", "0.25", "4", "2", "NO",
+                                                   "NO"]
+    assert bits[("eager", "257", bf16, "out")][0] == "same"
+    assert bits[("numba", "257", bf16, "gate")][0] == "same"
+    assert bits[("numba", "1", bf16, "out")][0] == "void: inputs differ"
+    assert "Bits: 7 tensors the same, 1 changed" in md
+
+
+def test_default_ab_needs_two_cells_with_results() -> None:
+    """A skipped or failed cell has nothing to compare: with one cell of results, no A/B."""
+    reports = [read_report(TABLES / "reports" / f"{name}.json")
+               for name in ("docker-sglang-plain-cuda", "docker-vllm-plain-cuda",
+                            "host-plain-cuda")]
+    assert [s.key for s in build_tables(reports).sections if s.key.startswith("ab")] == []
+
+
+def test_ab_names_what_only_one_side_has() -> None:
+    reports = [*read_reports(TABLES / "reports")]
+    md = markdown(build_tables(reports, ab=[("docker-torch213-plain-cuda", "host-compile-cpu")]))
+    assert "(1 only in A; 257-specials only in B; fp64, sglang only in A; fwdonly only in B)" in md
+    assert "chosen with `--ab`" in md
 
 
 def test_ab_from_the_command_line(golden: Path, tmp_path: Path) -> None:
