@@ -4,14 +4,16 @@ Usage::
 
     python scripts/bench_tables.py            # 1,000 reports
     python scripts/bench_tables.py --cells 200 --keep /tmp/many
+    python scripts/bench_tables.py --cells 200 --template reports/host-plain-cpu.json
 
-The reports are copies of a real H200 report (tests/data/h200/host-plain-cuda.json, five
-cases, three implementations) with their cell ids, stacks, modes, torch versions and some
-hashes changed; one in twenty has status ``error`` and no results. They are written to a
-temporary directory, then timed: reading and validating (:func:`runner.report.read_reports`),
-building the tables, rendering each output, and :func:`runner.tables.write_tables` end to
-end. Prints one line per phase (seconds) and the output sizes. A benchmark, not a test; the
-figure is quoted in docs/tables.md.
+The reports are copies of a real report (by default the H200 one in
+tests/data/h200/host-plain-cuda.json: five cases, three implementations; ``--template`` takes
+another, e.g. a cell of today's default matrix) with their cell ids, stacks, modes, torch
+versions and some hashes changed; one in twenty has status ``error`` and no results. They are
+written to a temporary directory, then timed: reading and validating
+(:func:`runner.report.read_reports`), building the tables, rendering each output, and
+:func:`runner.tables.write_tables` end to end. Prints one line per phase (seconds) and the
+output sizes. A benchmark, not a test; the figures are quoted in docs/tables.md.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import copy
 import hashlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -37,9 +40,9 @@ TORCH = ("2.11.0", "2.12.1", "2.13.0", "2.14.0")
 MODES = ("plain", "deterministic", "tf32", "compile", "inference")
 
 
-def synthesise(directory: Path, count: int) -> None:
-    """Write ``count`` reports derived from :data:`TEMPLATE` into ``directory``."""
-    template = json.loads(TEMPLATE.read_text(encoding="utf-8"))
+def synthesise(directory: Path, count: int, source: Path = TEMPLATE) -> None:
+    """Write ``count`` reports derived from the report ``source`` into ``directory``."""
+    template = json.loads(source.read_text(encoding="utf-8"))
     for i in range(count):
         report = copy.deepcopy(template)
         stack, mode = f"stack{i // (2 * len(MODES)):03d}", MODES[i % len(MODES)]
@@ -64,13 +67,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", type=int, default=1000, help="reports to synthesise")
     parser.add_argument("--keep", type=Path, help="write them here and keep them")
+    parser.add_argument("--template", type=Path, default=TEMPLATE,
+                        help="the report to copy (default: %(default)s)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         directory = args.keep or Path(tmp) / "reports"
         directory.mkdir(parents=True, exist_ok=True)
-        synthesise(directory, args.cells)
+        synthesise(directory, args.cells, args.template)
         size = sum(p.stat().st_size for p in directory.glob("*.json"))
-        print(f"{args.cells} reports, {size / 1e6:.1f} MB, in {directory}")
+        print(f"{args.cells} reports of {args.template.name}, {size / 1e6:.1f} MB, "
+              f"in {directory}; load average {os.getloadavg()[0]:.2f}")
         timings = {}
         start = time.perf_counter()
         reports = read_reports(directory)
