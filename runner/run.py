@@ -207,7 +207,7 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
     for cell in cells:
         path = reports_dir / f"{cell.id}.json"
         run_id = uuid.uuid4().hex
-        backend_name, why_not = route(matrix.stacks[cell.stack].kind, chosen)
+        backend_name, why_not = route(matrix.stacks[cell.stack].kind, chosen, note)
         if why_not is None and cell.target == "cuda" and not has_gpu:
             why_not = "target cuda: torch sees no CUDA device on this host"
         if why_not is None and backend_name == "docker" and backend == "auto":

@@ -296,6 +296,23 @@ def test_auto_without_an_engine_says_so_and_skips(tmp_path: Path, monkeypatch,
     assert [o.status for o in outcomes] == ["skipped"]
     assert "[runner] --backend auto: host, since no Docker engine answers (test)" in \
         capsys.readouterr().out
+    # the cell's reason says what is missing and how to get it (README: "Two commands")
+    assert outcomes[0].reason == (
+        "stack kind docker runs only in a container: --backend auto: host, since no Docker "
+        "engine answers (test); start a Docker engine (e.g. bash .ci/install-docker.sh, as "
+        "root) and make the base image once (nox -s base_image)")
+
+
+def test_an_engine_error_is_named_once() -> None:
+    """docker-py's own failure is wrapped once, not twice ("no Docker engine answers (no
+    Docker engine answers (...))", as a fresh user saw)."""
+    class Broken(DockerBackend):
+        def _api(self):
+            raise BackendError("no Docker engine answers (Error while fetching server API "
+                               "version: connection refused)")
+
+    assert Broken().available() == ("no Docker engine answers (Error while fetching server "
+                                    "API version: connection refused)")
 
 
 def test_prune_removes_only_this_stacks_older_tags(tmp_path: Path) -> None:

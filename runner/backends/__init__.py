@@ -45,9 +45,11 @@ def resolve(name: str, docker: DockerBackend | None = None) -> tuple[str, str | 
     return "docker", None
 
 
-def route(stack_kind: str, backend: str) -> tuple[str | None, str | None]:
+def route(stack_kind: str, backend: str, fallback: str | None = None,
+          ) -> tuple[str | None, str | None]:
     """(backend name, None) for a cell of a ``stack_kind`` stack in a ``backend`` run,
-    or (None, why it is skipped).
+    or (None, why it is skipped). ``fallback``: why ``--backend auto`` chose the host
+    (:func:`resolve`'s note), which then heads the reason with what to do about it.
 
     Example::
 
@@ -58,5 +60,9 @@ def route(stack_kind: str, backend: str) -> tuple[str | None, str | None]:
         return "host", None
     if backend == "docker":
         return "docker", None
+    if fallback:
+        return None, (f"stack kind {stack_kind} runs only in a container: {fallback}; start "
+                      "a Docker engine (e.g. bash .ci/install-docker.sh, as root) and make "
+                      "the base image once (nox -s base_image)")
     return None, (f"stack kind {stack_kind} runs only in a container: this run uses the "
                   "host backend (--backend docker or auto with a Docker engine)")

@@ -94,8 +94,9 @@ class Engine:
             return "docker-py is not installed (pip install '.[docker]')"
         try:
             self._api().ping()
-        except (BackendError, docker_errors.DockerException,
-                requests.exceptions.RequestException) as err:
+        except BackendError as err:  # already says what is missing
+            return str(err)
+        except (docker_errors.DockerException, requests.exceptions.RequestException) as err:
             return f"no Docker engine answers ({_first_line(err)})"
         return None
 
