@@ -70,10 +70,11 @@ def _tensor_phrase(cell: Cell, results: Sequence[PairResult], tensor: str) -> tu
         return (f"bitwise equal in {_count(m - len(payload), m)}{of}, NaN payloads apart in "
                 f"{', '.join(payload)}", "equal")
     phrase = f"{_count(len(real), m)}{of}"
-    if payload:
-        phrase += f", NaN payloads only in {', '.join(payload)}"
     clause = _repeat_clause(cell, results[0].a, results[0].b, tensor, real)
-    return phrase + (f" ({clause})" if clause else ""), "differ"
+    phrase += f" ({clause})" if clause else ""
+    if payload:  # besides those: cases where only NaN payloads differ
+        phrase += f", and in NaN payloads only in {', '.join(payload)}"
+    return phrase, "differ"
 
 
 def pair_verdict(cell: Cell, results: Sequence[PairResult]) -> str:

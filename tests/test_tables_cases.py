@@ -239,6 +239,11 @@ def test_verdict_sentences_name_counts_nan_payloads_and_repeatability(fresh_seed
     cases[ids[0]]["gate"] = cmp(0)
     assert verdict_of(synthetic(cases, reps)).endswith(
         f"grad_gate differs in {total - 1} of {total} cases (both repeatable)")
+    # a case whose only differences are NaN payloads is named apart from the real ones
+    cases["7-specials"]["gate"] = cmp(3, nan=3, payload=3)
+    assert verdict_of(synthetic(cases, reps)).endswith(
+        f"grad_gate differs in {total - 2} of {total} cases (both repeatable), and in NaN "
+        "payloads only in 7-specials")
 
 
 def test_verdict_of_a_forward_only_pair() -> None:
