@@ -11,7 +11,7 @@ the command exits 128 + the signal: 130 or 143. A second signal while that happe
 Examples::
 
     python -m runner matrix --target cpu --case 257
-    python -m runner matrix --backend docker --stack cpu-torch2.13 --target cpu
+    python -m runner matrix --backend docker --build --stack cpu-torch2.13 --target cpu
     python -m runner build --stack cpu-torch2.13
     python -m runner base-image          # root: debootstrap + docker import
     python -m runner report
@@ -64,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
                    "when an engine answers, else host; docker stacks are skipped on host)")
     m.add_argument("--gpus", default="all", help='GPUs for docker cuda cells: "all" or ids "0,1"')
     m.add_argument("--force", action="store_true", help="re-run cells whose report is current")
+    m.add_argument("--build", action="store_true", help="build the missing images of the "
+                   "selected docker stacks first (without it none is built: those stacks are "
+                   "skipped, or with --backend docker the run stops, exit 4)")
     m.add_argument("--timeout", type=float, default=3600.0, help="seconds per cell")
     m.add_argument("--abba", metavar="MODE_B", help="run each cell's process in A-B-B-A order "
                    "against this mode and record repeatable_across_processes")
@@ -106,7 +109,7 @@ def _cmd_matrix(args) -> int:
     outcomes = run.run_matrix(args.matrix, reports_dir=args.reports, stacks=args.stack,
                               modes=args.mode, targets=args.target, cases=args.case,
                               backend=args.backend, force=args.force, timeout_s=args.timeout,
-                              gpus=args.gpus, abba=args.abba)
+                              gpus=args.gpus, abba=args.abba, build=args.build)
     print(run.summary(outcomes))
     print(f"[runner] tables: {args.reports / 'README.md'}")
     _warn_unreadable(args.reports / "README.md")

@@ -22,6 +22,7 @@ import math
 import os
 import re
 import secrets
+import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -132,13 +133,85 @@ def _json_problems(value: Any, path: tuple[Any, ...] = ()) -> Iterator[str]:
 
 
 def _cmp_problems(cmp: Mapping[str, Any], path: tuple[Any, ...]) -> Iterator[str]:
+    """A CMP's counts against each other: ``equal`` against ``differ``, every count against
+    ``numel``, ``max_abs`` of equal bits."""
     where = _path_str(path)
-    if cmp["equal"] != (cmp["differ"] == 0):
-        yield f"{where}: equal is {cmp['equal']} but differ is {cmp['differ']}"
-    if cmp["differ"] > cmp["numel"]:
-        yield f"{where}: differ {cmp['differ']} exceeds numel {cmp['numel']}"
-    if cmp.get("nan_differ", 0) > cmp["differ"]:
-        yield f"{where}: nan_differ {cmp['nan_differ']} exceeds differ {cmp['differ']}"
+    equal, differ, numel = cmp["equal"], cmp["differ"], cmp["numel"]
+    if equal != (differ == 0):
+        yield f"{where}: equal is {equal} but differ is {differ}"
+    if differ > numel:
+        yield f"{where}: differ {differ} exceeds numel {numel}"
+    for key in ("nan_differ", "nan_payload_differ"):
+        if cmp.get(key, 0) > differ:
+            yield f"{where}: {key} {cmp[key]} exceeds differ {differ}"
+    first = cmp.get("first_differ")
+    if first is not None and (equal or first >= numel):
+        yield f"{where}: first_differ {first} with equal {equal} and numel {numel}"
+    if equal and cmp["max_abs"] != 0:
+        yield f"{where}: equal bits but max_abs is {cmp['max_abs']}"
+
+
+_SYMMETRIC = ("equal", "differ", "numel", "max_abs", "max_ulp", "nan_differ",
+              "nan_payload_differ", "first_differ")
+"""CMP figures that do not depend on the direction of the comparison."""
+
+
+def _comparison_tensors(comparison: Mapping[str, Any]) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """``(path below the case, CMP)`` for every CMP of one ``results[a]["vs b"][case]``."""
+    for i, cmp in enumerate(comparison.get("out", [])):
+        yield ("out", i), cmp
+    for name, cmp in comparison.get("grads", {}).items():
+        yield ("grads", name), cmp
+
+
+def _comparison_problems(report: Mapping[str, Any], cases: set[str]) -> Iterator[str]:
+    """Every ``"vs <x>"`` map (ours and foreign): case keys listed, each CMP consistent, and
+    both directions of a pair (``results[a]["vs b"]``, ``results[b]["vs a"]``) agreeing."""
+    results = report["results"]
+    for impl, entry in results.items():
+        for vs_key, by_case in entry.items():
+            if not vs_key.startswith("vs "):
+                continue
+            mirror = (results.get(vs_key[3:]) or {}).get(f"vs {impl}") or {}
+            for case, comparison in by_case.items():
+                here = ("results", impl, vs_key, case)
+                if case not in cases:
+                    yield f'{_path_str(here)}: case "{case}" is not listed in cases'
+                other = dict(_comparison_tensors(mirror.get(case) or {}))
+                for sub, cmp in _comparison_tensors(comparison):
+                    yield from _cmp_problems(cmp, (*here, *sub))
+                    back = other.get(sub)
+                    if back is None or impl > vs_key[3:]:
+                        continue  # each pair is compared once, from its first name
+                    for key in _SYMMETRIC:
+                        if key in cmp and key in back and cmp[key] != back[key]:
+                            there = ("results", vs_key[3:], f"vs {impl}", case, *sub)
+                            yield (f"{_path_str((*here, *sub))}: {key} is {cmp[key]} but "
+                                   f"{_path_str(there)} says {back[key]}")
+                            break
+
+
+def _numel_problems(report: Mapping[str, Any]) -> Iterator[str]:
+    """Our reports say N, D and G: each CMP's ``numel`` must be N x D (``out`` and the
+    gradients of ``residual`` and ``y``) or G x D (``gate``)."""
+    problem, inputs = report.get("problem"), report.get("inputs") or {}
+    if not problem:
+        return
+    d, g = problem["D"], problem["G"]
+    for impl, entry in report["results"].items():
+        for vs_key, by_case in entry.items():
+            if not vs_key.startswith("vs "):
+                continue
+            for case, comparison in by_case.items():
+                n = (inputs.get(case) or {}).get("n")
+                if n is None:
+                    continue
+                for sub, cmp in _comparison_tensors(comparison):
+                    want = g * d if sub[-1] == "gate" else n * d
+                    if cmp["numel"] != want:
+                        where = _path_str(("results", impl, vs_key, case, *sub))
+                        rows = "G" if sub[-1] == "gate" else "N"
+                        yield f"{where}: numel is {cmp['numel']}, not {rows} x D = {want}"
 
 
 def _semantic_problems(report: Mapping[str, Any]) -> Iterator[str]:
@@ -159,18 +232,8 @@ def _semantic_problems(report: Mapping[str, Any]) -> Iterator[str]:
                 ("dtype", "index_dtype"), named.groups(), strict=True)):
             yield (f"{where}: case {key} names {'/'.join(named.groups())} but its inputs are "
                    f"{given.get('dtype')}/{given.get('index_dtype')}")
-    for impl, entry in report["results"].items():
-        for vs_key, by_case in entry.items():
-            if not vs_key.startswith("vs "):
-                continue
-            for case, comparison in by_case.items():
-                here = ("results", impl, vs_key, case)
-                if case not in cases:
-                    yield f'{_path_str(here)}: case "{case}" is not listed in cases'
-                for i, cmp in enumerate(comparison.get("out", [])):
-                    yield from _cmp_problems(cmp, (*here, "out", i))
-                for name, cmp in comparison.get("grads", {}).items():
-                    yield from _cmp_problems(cmp, (*here, "grads", name))
+    yield from _numel_problems(report)
+    yield from _comparison_problems(report, cases)
 
 
 def _fast_valid(report: Any) -> bool:
@@ -184,8 +247,14 @@ def _fast_valid(report: Any) -> bool:
         return False
 
 
+def _foreign_semantic_problems(report: Mapping[str, Any]) -> Iterator[str]:
+    """The rules beyond the schema that a foreign report's comparisons must keep."""
+    yield from _comparison_problems(report, {str(c) for c in report["cases"]})
+
+
 def _first_problem(
-    report: Any, validator: jsonschema.Draft202012Validator, semantic: bool = False
+    report: Any, validator: jsonschema.Draft202012Validator,
+    semantic: Callable[[Mapping[str, Any]], Iterator[str]] | None = None,
 ) -> str | None:
     """One line naming the worst problem and how many others there are, or None."""
     problems = list(_json_problems(report))
@@ -195,8 +264,8 @@ def _first_problem(
         if errors:
             worst = best_match(errors)
             first, count = f"{_path_str(worst.absolute_path)}: {worst.message}", len(errors)
-    if first is None and semantic:
-        problems = list(_semantic_problems(report))
+    if first is None and semantic is not None:
+        problems = list(semantic(report))
         first, count = (problems[0], len(problems)) if problems else (None, 0)
     if first is None:
         return None
@@ -223,7 +292,7 @@ def validate(report: dict[str, Any]) -> None:
         Traceback (most recent call last):
         ReportError: invalid report: (root): 'kind' is a required property (and 6 more)
     """
-    problem = _first_problem(report, _validator(), semantic=True)
+    problem = _first_problem(report, _validator(), semantic=_semantic_problems)
     if problem is not None:
         raise ReportError(f"invalid report: {problem}")
 
@@ -393,6 +462,44 @@ def _decode_problem(text: str, err: json.JSONDecodeError) -> str:
     return f"corrupt JSON: {err.msg} at line {err.lineno} column {err.colno}"
 
 
+MAX_REPORT_BYTES = 256 * 2**20
+"""The largest report file read (a report of today's matrix is about 340 KB)."""
+
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+               (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"))
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """The bytes of ``path`` if it is a regular file (through symlinks) of at most
+    :data:`MAX_REPORT_BYTES`; never blocks on a FIFO or device.
+
+    The file is opened non-blocking and its type taken from the open descriptor, so a FIFO
+    is refused without waiting for a writer and nothing can swap the file in between.
+
+    Raises:
+        ReportError: not a regular file, or too large (one line).
+        OSError: cannot be opened or read (a symlink loop: ``ELOOP``).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = next((name for test, name in _FILE_KINDS if test(info.st_mode)),
+                        "not a regular file")
+            raise ReportError(f"not a report: {kind}, not a regular file")
+        if info.st_size > MAX_REPORT_BYTES:
+            raise ReportError(f"not read: {info.st_size} bytes, more than the "
+                              f"{MAX_REPORT_BYTES} a report may have")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            return f.read(MAX_REPORT_BYTES + 1)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 def read_report(path: Path) -> LoadedReport:
     """Read one report file; never raises for a bad file (see :class:`LoadedReport`).
 
@@ -406,9 +513,11 @@ def read_report(path: Path) -> LoadedReport:
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_regular_file(path).decode("utf-8")
     except UnicodeDecodeError as err:
         return LoadedReport(path, None, None, f"corrupt: not UTF-8 text ({err.reason})")
+    except ReportError as err:
+        return LoadedReport(path, None, None, str(err))
     except OSError as err:
         return LoadedReport(path, None, None, f"cannot read: {err.strerror or err}")
     try:
@@ -429,7 +538,7 @@ def read_report(path: Path) -> LoadedReport:
             return LoadedReport(path, None, "ours", str(err))
         return LoadedReport(path, data, "ours")
     if _is_foreign_layout(data):
-        problem = _first_problem(data, _foreign_validator())
+        problem = _first_problem(data, _foreign_validator(), _foreign_semantic_problems)
         if problem is not None:
             return LoadedReport(path, None, "foreign", f"unreadable foreign report: {problem}")
         return LoadedReport(path, data, "foreign")
@@ -442,7 +551,9 @@ def read_reports(directory: Path) -> list[LoadedReport]:
     Files under a ``bench/`` directory (below ``directory``) are skipped, and so is every
     hidden path (a name starting with ``.``): the temporary files of an interrupted
     :func:`write_text_atomic` and a backend's staging directories are never reports. A bad
-    file does not stop the others: it comes back with ``problem`` set.
+    file does not stop the others: it comes back with ``problem`` set. So does a second
+    report of one cell (the same ``cell.id``): the file named ``<cell id>.json``, or else the
+    first by path, is read, and each other is flagged as a duplicate and left out.
 
     Raises:
         ReportError: ``directory`` is not a directory.
@@ -459,7 +570,30 @@ def read_reports(directory: Path) -> list[LoadedReport]:
         if "bench" not in (parts := p.relative_to(directory).parts)[:-1]
         and not any(part.startswith(".") for part in parts)
     )
-    return [read_report(p) for p in paths]
+    return _flag_duplicates([read_report(p) for p in paths], directory)
+
+
+def _flag_duplicates(reports: list[LoadedReport], directory: Path) -> list[LoadedReport]:
+    """``reports`` with every second report of a cell id turned into a problem naming the
+    one kept (relative to ``directory``)."""
+    by_id: dict[str, list[int]] = {}
+    for i, r in enumerate(reports):
+        if r.ok and r.origin == "ours":
+            by_id.setdefault(str(r.data["cell"]["id"]), []).append(i)
+    out = list(reports)
+    for cell_id, indices in by_id.items():
+        if len(indices) < 2:
+            continue
+        named = [i for i in indices if reports[i].path.name == f"{cell_id}.json"]
+        kept = (named or indices)[0]
+        for i in indices:
+            if i != kept:
+                out[i] = LoadedReport(
+                    reports[i].path, None, "ours",
+                    f'duplicate cell id "{cell_id}": '
+                    f"{reports[kept].path.relative_to(directory).as_posix()} is that cell's "
+                    f"report; this one is left out")
+    return out
 
 
 class PairRow(NamedTuple):

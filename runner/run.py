@@ -25,7 +25,7 @@ from tabulate import tabulate
 
 from runner import implementations, tables
 from runner import report as report_io
-from runner.backends import BACKENDS, DockerBackend, resolve, route
+from runner.backends import BACKENDS, DockerBackend, prepare_stacks, resolve, route
 from runner.cell import fingerprint, skeleton
 from runner.cells import Cell, cases_on, expand, select, select_cases
 from runner.config import load_matrix
@@ -33,6 +33,9 @@ from runner.environment import project_state, uncommitted_digest
 from runner.errors import ConfigError, ReportError
 
 DEFAULT_TIMEOUT_S = 3600.0
+STACK_SKIPPED = "its docker stack is skipped: see `skipped docker stack(s)` at the start"
+"""The summary's reason for a cell of a skipped docker stack: the stack, why and what to do
+were named once when the run started (:func:`runner.backends.prepare_stacks`)."""
 BYTES_PER_ELEMENT_AT_LEAST = 3 * 2 + 8
 """A lower bound on a case's host memory per element of (N, D): the inputs ``residual``,
 ``y`` and the upstream gradient in the narrowest dtype (2 bytes each) and the float64
@@ -139,15 +142,19 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
                modes: Sequence[str] | None = None, targets: Sequence[str] | None = None,
                cases: Sequence[str] | None = None, backend: str = "host", force: bool = False,
                timeout_s: float = DEFAULT_TIMEOUT_S, render: bool = True,
-               gpus: str = "all", abba: str | None = None) -> list[CellOutcome]:
+               gpus: str = "all", abba: str | None = None, build: bool = False,
+               ) -> list[CellOutcome]:
     """Run the selected cells and write one report per cell, then the tables.
 
     ``backend`` is host, docker or auto (docker when an engine answers); a cell of a
     ``kind: docker`` stack in a host run is ``skipped`` with the reason, a ``kind: host``
-    stack always runs on the host (:func:`runner.backends.route`). Under ``auto`` a docker
-    stack whose image this host cannot make (no base image, no wheelhouse or CA bundle it
-    names: :meth:`DockerBackend.missing_prerequisite`) is ``skipped`` too; under ``docker``
-    it is tried and ends ``build_error``. ``gpus`` ("all" or ids like "0,1") is the docker
+    stack always runs on the host (:func:`runner.backends.route`). No image is built unless
+    ``build`` (``--build``: the missing ones first, before any cell): under ``auto`` a
+    docker stack without its image, or lacking what its build needs (base image,
+    wheelhouse, CA bundle), is ``skipped``, and the skipped stacks are named once with the
+    command that builds them (:func:`runner.backends.prepare_stacks`); under ``docker`` a
+    missing image is a :class:`BackendError` before anything runs, and a stack lacking
+    anything else ends ``build_error``. ``gpus`` ("all" or ids like "0,1") is the docker
     backend's GPU request for ``cuda`` cells. ``cases`` naming fewer than all the cases is a
     partial run: its cases are merged into each cell's existing report
     (:func:`plan_partial`). ``abba`` (a mode name): each selected cell runs in A-B-B-A
@@ -166,7 +173,8 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
         raise ConfigError(f"--timeout: expected a number of seconds > 0, got {timeout_s!r}")
     matrix_path, reports_dir = Path(matrix_path).resolve(), Path(reports_dir).resolve()
     matrix = load_matrix(matrix_path, known_implementations=implementations.KNOWN)
-    made = {"docker": DockerBackend(gpus=gpus, matrix_dir=Path(matrix_path).parent)}
+    made = {"docker": DockerBackend(gpus=gpus, matrix_dir=Path(matrix_path).parent,
+                                    build=build)}
     chosen, note = resolve(backend, made["docker"])  # ConfigError, BackendError
     cells = select(expand(matrix), stacks=stacks, modes=modes, targets=targets)
     if abba is not None:
@@ -194,6 +202,9 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
         raise ConfigError("--target: cuda was requested but torch sees no CUDA device here")
     if note:
         print(f"[runner] {note}", flush=True)
+    skipped_stacks = prepare_stacks(  # BackendError; with --build, builds what is missing
+        matrix, [c for c in cells if c.target != "cuda" or has_gpu], backend, chosen, note,
+        made["docker"])
     try:
         reports_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -207,17 +218,19 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
     for cell in cells:
         path = reports_dir / f"{cell.id}.json"
         run_id = uuid.uuid4().hex
-        backend_name, why_not = route(matrix.stacks[cell.stack].kind, chosen, note)
+        backend_name, _ = route(matrix.stacks[cell.stack].kind, chosen, note)
+        why_not = skipped_stacks.get(cell.stack)
         if why_not is None and cell.target == "cuda" and not has_gpu:
             why_not = "target cuda: torch sees no CUDA device on this host"
-        if why_not is None and backend_name == "docker" and backend == "auto":
-            why_not = made["docker"].missing_prerequisite(matrix, cell)  # may build the image
         if why_not:
             skipped = skeleton(matrix, cell, chosen_cases, backend=backend_name or chosen,
                                run_id=run_id, status="skipped", reason=why_not)
-            why_not = _write_skipped(skipped, path, reports_dir)
-            print(f"[runner] cell {cell.id}: skipped: {why_not}", flush=True)
-            outcomes.append(CellOutcome(cell.id, "skipped", why_not, path))
+            shown = _write_skipped(skipped, path, reports_dir)
+            if cell.stack in skipped_stacks:  # its stack was named once, above
+                shown = shown.replace(why_not, STACK_SKIPPED, 1)
+            else:
+                print(f"[runner] cell {cell.id}: skipped: {shown}", flush=True)
+            outcomes.append(CellOutcome(cell.id, "skipped", shown, path))
             continue
         if backend_name not in made:
             made[backend_name] = BACKENDS[backend_name]()

@@ -283,7 +283,10 @@ def test_docker_stacks_are_skipped_with_a_report_on_the_host_backend(
     assert report["status"] == "skipped" and "runs only in a container" in report["reason"]
     assert report["cell"]["backend"] == "host"
     out = capsys.readouterr().out
-    assert "[runner] cell cpu-torch2.13-plain-cpu: skipped: stack kind docker" in out
+    # the stacks are named once, not a line per cell
+    assert ("[runner] skipped docker stack(s) torch2.14-vllm0.33, cpu-torch2.13: stack kind "
+            "docker runs only in a container") in out
+    assert "[runner] cell cpu-torch2.13-plain-cpu: skipped" not in out
 
 
 def test_auto_without_an_engine_says_so_and_skips(tmp_path: Path, monkeypatch,
@@ -297,10 +300,11 @@ def test_auto_without_an_engine_says_so_and_skips(tmp_path: Path, monkeypatch,
     assert "[runner] --backend auto: host, since no Docker engine answers (test)" in \
         capsys.readouterr().out
     # the cell's reason says what is missing and how to get it (README: "Two commands")
-    assert outcomes[0].reason == (
+    assert read_report(outcomes[0].path).data["reason"] == (
         "stack kind docker runs only in a container: --backend auto: host, since no Docker "
         "engine answers (test); start a Docker engine (e.g. bash .ci/install-docker.sh, as "
         "root) and make the base image once (nox -s base_image)")
+    assert outcomes[0].reason == run.STACK_SKIPPED  # the summary points at the one line
 
 
 def test_an_engine_error_is_named_once() -> None:
@@ -374,6 +378,11 @@ def empty_engine(monkeypatch, tmp_path: Path) -> FakeAPI:
     return api
 
 
+NOBASE = ("base image gate-residual/base:bookworm-py3.11 is not on this Docker engine and is "
+          "never pulled: `docker pull gate-residual/base:bookworm-py3.11` where a registry is "
+          "reachable, or make one with `nox -s base_image`")
+
+
 def test_auto_skips_docker_stacks_this_host_cannot_make_and_exits_0(
         tmp_path: Path, empty_engine: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
     """The regression: on a fresh machine with an engine but no base image, `nox -s matrix`
@@ -387,27 +396,101 @@ def test_auto_skips_docker_stacks_this_host_cannot_make_and_exits_0(
     assert code == 0, err
     nobase = read_report(reports / "cpu-torch2.13-plain-cpu.json").data
     assert nobase["status"] == "skipped" and nobase["cell"]["backend"] == "docker"
-    assert nobase["reason"] == (
-        "base image gate-residual/base:bookworm-py3.11 is not on this Docker engine and is "
-        "never pulled: `docker pull gate-residual/base:bookworm-py3.11` where a registry is "
-        "reachable, or make one with `nox -s base_image`")
+    assert nobase["reason"].startswith("image gate-residual-matrix:cpu-torch2.13-")
+    assert nobase["reason"].endswith(
+        " is not built, and the matrix never builds one: `nox -s build -- --stack "
+        f"cpu-torch2.13`, or add --build to the matrix command; first, its {NOBASE}")
     wheelless = read_report(reports / "wheelless-plain-cpu.json").data
     assert wheelless["status"] == "skipped"
     assert wheelless["reason"] == (f'stack "wheelless": pip.find_links {tmp_path / "wheels"}: '
                                    "this host has no such wheelhouse (a directory of wheels), "
                                    "which the image build needs (docs/containers.md)")
-    assert "[runner] cell cpu-torch2.13-plain-cpu: skipped: base image" in out
+    assert ("[runner] skipped docker stack(s) cpu-torch2.13: no image, and the matrix never "
+            "builds one: `nox -s build -- --stack cpu-torch2.13`, or add --build; first, "
+            f"their {NOBASE}") in out.splitlines()
     assert "build" not in empty_engine.names()  # nothing was pulled or built
 
 
-def test_explicit_docker_backend_reports_the_same_as_build_error_and_exits_5(
+def _two_cells_matrix(tmp_path: Path) -> Path:
+    """The CPU stack (no host paths) and the host stack, two modes: two cells a stack."""
+    data = yaml.safe_load(_no_base_matrix(tmp_path).read_text())
+    data["stacks"].pop("wheelless")
+    data["modes"] = {"plain": {}, "deterministic": {"torch": {"deterministic": True}}}
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def base_only_engine(empty_engine: FakeAPI) -> FakeAPI:
+    """An engine with the base image but no stack image: everything a build needs."""
+    empty_engine.present.add("gate-residual/base:bookworm-py3.11")
+    return empty_engine
+
+
+def test_matrix_never_builds_a_missing_image_and_names_the_stack_once(
+        tmp_path: Path, base_only_engine: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 11: `nox -s matrix` builds nothing on its own. The stack's two cells are
+    skipped; the stack and the command that builds it are named once on the console."""
+    from runner.__main__ import main
+
+    reports = tmp_path / "reports"
+    code = main(["matrix", "--matrix", str(_two_cells_matrix(tmp_path)), "--reports",
+                 str(reports), "--stack", "cpu-torch2.13"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "build" not in base_only_engine.names() and "create" not in base_only_engine.names()
+    command = "`nox -s build -- --stack cpu-torch2.13`, or add --build"
+    assert (out + err).count(command) == 1, out
+    assert ("[runner] skipped docker stack(s) cpu-torch2.13: no image, and the matrix never "
+            f"builds one: {command}") in out.splitlines()
+    for mode in ("plain", "deterministic"):
+        report = read_report(reports / f"cpu-torch2.13-{mode}-cpu.json").data
+        assert report["status"] == "skipped"
+        assert "is not built, and the matrix never builds one: `nox -s build -- --stack " \
+               "cpu-torch2.13`, or add --build to the matrix command" == \
+               report["reason"].split(" ", 2)[2]
+
+
+def test_build_option_builds_the_missing_image_first(
+        tmp_path: Path, base_only_engine: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--build`: the image is built once, before the first container, and then used."""
+    from runner.__main__ import main
+
+    reports = tmp_path / "reports"
+    main(["matrix", "--matrix", str(_two_cells_matrix(tmp_path)), "--reports", str(reports),
+          "--stack", "cpu-torch2.13", "--build"])
+    names = base_only_engine.names()
+    assert names.count("build") == 1 and names.index("build") < names.index("create")
+    assert names.count("create") == 2  # both cells ran in the image just built
+    assert "skipped docker stack" not in capsys.readouterr().out
+
+
+def test_explicit_docker_backend_without_an_image_stops_before_anything_runs(
+        tmp_path: Path, base_only_engine: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--backend docker` asks for containers: a missing image is exit 4 (a backend cannot
+    run), nothing run or written, with the command that builds it; not a silent skip."""
+    from runner.__main__ import main
+
+    reports = tmp_path / "reports"
+    code = main(["matrix", "--matrix", str(_two_cells_matrix(tmp_path)), "--reports",
+                 str(reports), "--backend", "docker"])
+    err = capsys.readouterr().err
+    assert code == 4
+    assert err.splitlines() == [
+        "error: --backend docker: no image for docker stack(s) cpu-torch2.13 (the matrix never "
+        "builds one): `nox -s build -- --stack cpu-torch2.13`, or add --build"]
+    assert not reports.exists() and "build" not in base_only_engine.names()
+
+
+def test_explicit_docker_backend_with_build_reports_a_missing_base_as_build_error(
         tmp_path: Path, empty_engine: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
     from runner.__main__ import main
 
     reports = tmp_path / "reports"
     code = main(["matrix", "--matrix", str(_no_base_matrix(tmp_path)), "--reports",
                  str(reports), "--stack", "cpu-torch2.13", "--stack", "wheelless",
-                 "--backend", "docker"])
+                 "--backend", "docker", "--build"])
     err = capsys.readouterr().err
     assert code == 5
     assert err.splitlines()[-1] == ("error: 2 of 2 cells did not end ok: "
@@ -415,6 +498,21 @@ def test_explicit_docker_backend_reports_the_same_as_build_error_and_exits_5(
                                     "wheelless-plain-cpu (build_error)")
     nobase = read_report(reports / "cpu-torch2.13-plain-cpu.json").data
     assert "make one with `nox -s base_image`" in nobase["reason"]
+    assert "build" not in empty_engine.names()  # never pulled, nothing to build from
+
+
+def test_a_backend_that_may_not_build_never_builds(tmp_path: Path) -> None:
+    """The backend's own guard: a cell that reaches run() without its image ends
+    build_error with the build command, and nothing is built."""
+    m = _cell_matrix()
+    spec = render(m, "cpu-torch2.13", matrix_dir=ROOT)
+    api = FakeAPI(images={spec.base_image})
+    report = backend_on(api, tmp_path).run(m, Cell("cpu-torch2.13", "plain", "cpu"),
+                                           m.cases[:1], matrix_path=MATRIX, reports_dir=tmp_path,
+                                           run_id="ab" * 16, timeout_s=60)
+    assert report["status"] == "build_error" and "nox -s build -- --stack cpu-torch2.13" in \
+        report["reason"]
+    assert "build" not in api.names() and "create" not in api.names()
 
 
 def test_auto_keeps_a_report_of_a_stack_it_cannot_make(tmp_path: Path,

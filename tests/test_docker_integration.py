@@ -75,7 +75,7 @@ def small_matrix(tmp_path_factory) -> Path:
 def run(engine: DockerBackend, small_matrix: Path, tmp_path_factory):
     reports = tmp_path_factory.mktemp("reports")
     outcomes = run_matrix(small_matrix, reports_dir=reports, backend="docker", render=False,
-                          timeout_s=900)
+                          timeout_s=900, build=True)
     # Every commit changes the project layer, so each run tags a new image of the stack: keep
     # only this one (its layers stay), or a CI machine's disk fills run after run.
     build_stacks(small_matrix, stacks=[STACK], prune=True, engine=engine)
@@ -176,7 +176,7 @@ def test_sigterm_stops_and_removes_the_cell_container(run, small_matrix: Path,
     assert _containers(label) == []
     runner = subprocess.Popen(
         [sys.executable, "-m", "runner", "matrix", "--matrix", str(matrix), "--reports",
-         str(reports), "--backend", "docker", "--timeout", "600"],
+         str(reports), "--backend", "docker", "--build", "--timeout", "600"],
         cwd=ROOT, env={**os.environ, "GATE_RESIDUAL_FAULTS": "1"}, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 900  # the image may be built first

@@ -1,10 +1,11 @@
-"""The docker backend: build each docker stack's image, run each cell in its own container.
+"""The docker backend: each docker stack's image, each cell in its own container.
 
 Every docker-py call of the project lives in this package, in two modules with one job each:
 :mod:`~runner.backends.docker.engine` (is an engine there; build images with a progress
 display, never pulling; prune; import a root file system) and
 :mod:`~runner.backends.docker.cells` (:class:`DockerBackend`: one locked-down container per
-cell, its report stamped with the image). The images themselves are rendered, with no
+cell, its report stamped with the image; it builds a missing image only when told to,
+``matrix --build``). The images themselves are rendered, with no
 docker-py call, by :mod:`runner.images`. docker-py is optional (``pip install '.[docker]'``):
 without it :meth:`DockerBackend.available` says so and ``--backend auto`` uses the host.
 """
@@ -16,6 +17,8 @@ from runner.backends.docker.cells import (
     CONTAINER_REPORTS,
     ContainerConfig,
     DockerBackend,
+    Unready,
+    build_command,
     cell_command,
     container_config,
     gpu_request,
@@ -24,5 +27,5 @@ from runner.backends.docker.cells import (
 from runner.backends.docker.engine import BuildResult, Engine, build_stacks, docker_errors
 
 __all__ = ["CONTAINER_MATRIX", "CONTAINER_REPORTS", "BuildResult", "ContainerConfig",
-           "DockerBackend", "Engine", "build_stacks", "cell_command", "container_config",
-           "docker_errors", "gpu_request", "image_record"]
+           "DockerBackend", "Engine", "Unready", "build_command", "build_stacks",
+           "cell_command", "container_config", "docker_errors", "gpu_request", "image_record"]

@@ -29,6 +29,7 @@ from runner import images
 from runner import report as report_io
 from runner.backends.docker.engine import (
     DEFAULT_LOGS_DIR,
+    BuildResult,
     DeviceRequest,
     Engine,
     _tail,
@@ -42,7 +43,8 @@ from runner.environment import project_state
 from runner.errors import ConfigError, ImageError
 
 __all__ = ["CONTAINER_MATRIX", "CONTAINER_REPORTS", "ContainerConfig", "DockerBackend",
-           "cell_command", "container_config", "gpu_request", "image_record"]
+           "Unready", "build_command", "cell_command", "container_config", "gpu_request",
+           "image_record"]
 
 CONTAINER_MATRIX = "/run/gate-residual/matrix.yaml"
 CONTAINER_REPORTS = "/reports"
@@ -144,21 +146,52 @@ def image_record(spec: images.ImageSpec, *, image_id: str | None = None,
             "base_id": base_id, "pins": dict(spec.pins)}
 
 
+def build_command(stacks: Sequence[str]) -> str:
+    """The command that builds the images of ``stacks``.
+
+    Example::
+
+        >>> build_command(["a", "b"])
+        'nox -s build -- --stack a --stack b'
+    """
+    return "nox -s build -- " + " ".join(f"--stack {s}" for s in stacks)
+
+
+@dataclass(frozen=True)
+class Unready:
+    """Why the cells of one docker stack cannot run here as things are.
+
+    ``reason``: one line saying what is missing and what to do, for each cell's report.
+    ``unbuilt``: the stack's image is not on the engine and this run may not build it (the
+    matrix builds only with ``--build``); ``base``: then also the line saying its base image
+    is missing (:meth:`Engine.base_image_missing`), else None.
+    """
+
+    reason: str
+    unbuilt: bool = False
+    base: str | None = None
+
+
 class DockerBackend(Engine):
-    """Runs each cell in a container of its stack's image, building images as needed.
+    """Runs each cell in a container of its stack's image.
 
     ``gpus``: ``"all"`` or device ids for ``target: cuda`` cells; ``matrix_dir`` resolves
-    relative wheelhouse / CA bundle paths; ``logs_dir`` and ``progress``: see :class:`Engine`.
+    relative wheelhouse / CA bundle paths; ``build``: whether this backend may build an
+    image the engine lacks (``matrix --build``); without it a missing image is never built
+    (:meth:`unready` says so) and a cell that reaches :meth:`run` anyway ends
+    ``build_error``. ``logs_dir`` and ``progress``: see :class:`Engine`.
     """
 
     name = "docker"
 
     def __init__(self, *, gpus: str = "all", matrix_dir: Path | None = None,
-                 logs_dir: Path = DEFAULT_LOGS_DIR, progress: bool | None = None) -> None:
+                 build: bool = False, logs_dir: Path = DEFAULT_LOGS_DIR,
+                 progress: bool | None = None) -> None:
         gpu_request(gpus)  # refuse a malformed value now, not at the first cuda cell
         super().__init__(logs_dir=logs_dir, progress=progress)
         self.gpus = gpus
         self.matrix_dir = matrix_dir
+        self.build = build
         self._specs: dict[tuple[int, str], images.ImageSpec | ImageError] = {}
         self._project: dict | None = None
 
@@ -179,9 +212,10 @@ class DockerBackend(Engine):
     def fingerprint_extra(self, matrix, cell) -> dict:
         """The image tag (content hash) and id of the cell's stack; {} for host stacks.
 
-        The image is built here when the engine lacks it (once a run, see
+        With ``build`` the image is built here when the engine lacks it (once a run, see
         :meth:`ensure_image`), so the id is that of the image the cell will run in: a
-        report is reused only for the very same image. A failed build gives id None.
+        report is reused only for the very same image. A missing image or a failed build
+        gives id None.
         """
         if not isinstance(matrix.stacks[cell.stack], DockerStack):
             return {}
@@ -189,22 +223,30 @@ class DockerBackend(Engine):
             spec = self.spec(matrix, cell.stack)
         except ImageError as err:
             return {"image_error": str(err)}
-        return {"image": spec.tag, "image_id": self.ensure_image(spec).image_id}
+        return {"image": spec.tag, "image_id": self._image(spec).image_id}
 
-    def missing_prerequisite(self, matrix, cell) -> str | None:
-        """What this host lacks to make the image of ``cell``'s stack, or None.
+    def _image(self, spec: images.ImageSpec) -> BuildResult:
+        """The image of ``spec``: built when missing only if this backend may build."""
+        if self.build:
+            return self.ensure_image(spec)
+        return self.find_image(spec) or BuildResult(spec.stack, spec, False, reason=(
+            f"image {spec.tag} is not built, and the matrix never builds one: "
+            f"`{build_command([spec.stack])}`, or add --build to the matrix command"))
 
-        Missing means a thing only the host's owner can provide, as opposed to a build that
-        failed: the stack's wheelhouse (``pip.find_links``) or CA bundle (``pip.ca_bundle``)
-        is not on this host, or the base image is not on the engine (it is never pulled).
-        The line says how to get it. ``--backend auto`` reports such cells ``skipped``;
-        ``--backend docker`` runs them, and they end ``build_error``. Getting the answer may
-        build the image (when everything it needs is there), once a run.
+    def unready(self, matrix, stack: str) -> Unready | None:
+        """Why the cells of ``stack`` cannot run here as things are, or None. Never builds.
+
+        In this order: a wheelhouse (``pip.find_links``) or CA bundle (``pip.ca_bundle``)
+        the stack names is not on this host; the engine lacks the stack's image and this
+        backend may not build (``unbuilt``: ``nox -s build -- --stack NAME`` or ``matrix
+        --build`` makes it; its base image may be missing too); with ``build``, the image
+        is missing and so is its base image (never pulled). Each line says how to get what
+        is missing. None for a ``kind: host`` stack, an image the engine has, and a stack
+        that cannot be rendered (its cells end ``build_error``).
         """
-        stack = matrix.stacks[cell.stack]
-        if not isinstance(stack, DockerStack):
+        if not isinstance(matrix.stacks[stack], DockerStack):
             return None
-        options = stack.pip.over(matrix.pip)
+        options = matrix.stacks[stack].pip.over(matrix.pip)
         for key, value, is_file in (("pip.find_links", options.find_links, False),
                                     ("pip.ca_bundle", options.ca_bundle, True)):
             if value is None:
@@ -215,14 +257,20 @@ class DockerBackend(Engine):
                 p.is_file() and not p.name.startswith(".") for p in path.iterdir()))
             if not there:
                 what = "CA bundle" if is_file else "wheelhouse (a directory of wheels)"
-                return (f'stack "{cell.stack}": {key} {path}: this host has no such {what}, '
-                        "which the image build needs (docs/containers.md)")
+                return Unready(f'stack "{stack}": {key} {path}: this host has no such {what}, '
+                               "which the image build needs (docs/containers.md)")
         try:
-            spec = self.spec(matrix, cell.stack)
+            spec = self.spec(matrix, stack)
         except ImageError:
             return None  # a stack that cannot be rendered is a build_error, not this host's lack
-        built = self.ensure_image(spec)
-        return built.reason if built.missing_base else None
+        if self.find_image(spec) is not None:
+            return None
+        no_base = self.base_image_missing(spec)
+        if self.build:
+            return Unready(no_base) if no_base else None
+        reason = self._image(spec).reason or ""
+        return Unready(reason + (f"; first, its {no_base}" if no_base else ""),
+                       unbuilt=True, base=no_base)
 
     def run(self, matrix, cell, cases, *, matrix_path: Path, reports_dir: Path, run_id: str,
             timeout_s: float) -> dict:
@@ -233,7 +281,7 @@ class DockerBackend(Engine):
         except ImageError as err:
             return self._failed(matrix, cell, cases, run_id, reports_dir, "build_error",
                                 str(err), image=None, started=started)
-        built = self.ensure_image(spec)
+        built = self._image(spec)
         if not built.ok:
             log = f"(full log: {built.log_path})\n{built.log_tail}" if built.log_path else None
             return self._failed(matrix, cell, cases, run_id, reports_dir, "build_error",

@@ -121,22 +121,38 @@ class Engine:
             raise
 
     # --- images ---------------------------------------------------------------------
+    def find_image(self, spec: images.ImageSpec) -> BuildResult | None:
+        """The engine's image of ``spec`` (``cached``), this run's attempt at building it,
+        or None when neither exists. Never builds: see :meth:`ensure_image` for that."""
+        if spec.tag in self._builds:
+            return self._builds[spec.tag]
+        found = self._inspect(spec.tag)
+        if found is None:
+            return None
+        self._builds[spec.tag] = BuildResult(spec.stack, spec, True, cached=True,
+                                             **self._facts(found, spec))
+        return self._builds[spec.tag]
+
+    def base_image_missing(self, spec: images.ImageSpec) -> str | None:
+        """One line saying that ``spec``'s base image is not on the engine and how to get
+        it (it is never pulled), or None when it is there."""
+        if self._inspect(spec.base_image) is not None:
+            return None
+        return (f"base image {spec.base_image} is not on this Docker engine and is never "
+                f"pulled: `docker pull {spec.base_image}` where a registry is reachable, "
+                "or make one with `nox -s base_image`")
+
     def ensure_image(self, spec: images.ImageSpec, *, force: bool = False) -> BuildResult:
         """Build ``spec`` unless the engine has its tag (``force``: build anyway, no cache).
 
         One attempt per tag and run: a failed build is remembered, not retried for each
         cell of the stack. Never raises for a failed build: see :class:`BuildResult`.
         """
-        if spec.tag in self._builds and not force:
-            return self._builds[spec.tag]
-        found = None if force else self._inspect(spec.tag)
+        found = None if force else self.find_image(spec)
         if found is not None:
-            result = BuildResult(spec.stack, spec, True, cached=True,
-                                 **self._facts(found, spec))
-        else:
-            result = self._build(spec, nocache=force)
-        self._builds[spec.tag] = result
-        return result
+            return found
+        self._builds[spec.tag] = self._build(spec, nocache=force)
+        return self._builds[spec.tag]
 
     def _facts(self, found: dict, spec: images.ImageSpec) -> dict:
         base = self._inspect(spec.base_image)
@@ -146,11 +162,9 @@ class Engine:
 
     def _build(self, spec: images.ImageSpec, *, nocache: bool) -> BuildResult:
         started = time.perf_counter()
-        if self._inspect(spec.base_image) is None:
-            return BuildResult(spec.stack, spec, False, missing_base=True, reason=(
-                f"base image {spec.base_image} is not on this Docker engine and is never "
-                f"pulled: `docker pull {spec.base_image}` where a registry is reachable, "
-                "or make one with `nox -s base_image`"))
+        no_base = self.base_image_missing(spec)
+        if no_base:
+            return BuildResult(spec.stack, spec, False, missing_base=True, reason=no_base)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.logs_dir / f"{spec.stack}.build.log"
         tail: collections.deque[str] = collections.deque(maxlen=400)

@@ -1,0 +1,213 @@
+"""Issue 16: hostile input finds no traceback, no hang and no silently wrong row.
+
+Each test builds its bad input here (a report broken in one way, a matrix with one size too
+big, a report string made to break a renderer) and checks the one-line outcome that
+docs/reliability.md lists for its class:
+
+1. report files: validated completely and for consistency; a bad file is flagged with one
+   line and left out, the tables are written from the rest (ours and foreign reports);
+3. sizes: refused at validation with exit 2 and one line naming the key;
+4. validation gaps: the key named is the right one;
+5. escaping: HTML data block, Markdown cells, CSV formula prefixes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner import report as report_mod
+from runner.report import read_report, read_reports
+
+ROOT = Path(__file__).parent.parent
+DATA = Path(__file__).parent / "data"
+GOOD = DATA / "reports" / "host-plain-cuda.json"
+REFERENCE = ROOT / "reports" / "reference" / "gate_residual_b200.json"
+
+
+def _good() -> dict[str, Any]:
+    return json.loads(GOOD.read_text(encoding="utf-8"))
+
+
+def _reference() -> dict[str, Any]:
+    return json.loads(REFERENCE.read_text(encoding="utf-8"))
+
+
+def _cmp(doc: dict[str, Any], impl: str = "numba", other: str = "eager", case: str = "257",
+         tensor: str = "gate") -> dict[str, Any]:
+    by_case = doc["results"][impl][f"vs {other}"][case]
+    return by_case["out"][0] if tensor == "out" else by_case["grads"][tensor]
+
+
+def _report_cli(reports: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runner", "report", "--reports", str(reports)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+# --------------------------------------------------------------------------- class 1: reports
+
+def _set_vs(key: str, value: Any):
+    def change(doc: dict[str, Any]) -> None:
+        doc["results"]["numba"][key] = value
+    return change
+
+
+def _set_cmp(**values: Any):
+    def change(doc: dict[str, Any]) -> None:
+        _cmp(doc).update(values)
+    return change
+
+
+BROKEN_OURS = {
+    # any key starting with "vs " is a comparison map, whatever follows
+    "vs key with a list": (_set_vs("vs eager!", []), "'vs eager!' does not match"),
+    "vs key with a mapping of lists": (_set_vs("vs e ager", {"257": {"out": {"a": []}}}),
+                                       "does not match"),
+    "vs key strings for numbers": (
+        _set_vs("vs eager2", {"257": {"out": [{"equal": "yes", "differ": -5, "numel": -1,
+                                               "max_abs": "lots"}]}}),
+        'results.numba["vs eager2"]'),
+    # counts against each other (the test report: D = 8, G = 3, every comparison equal)
+    "equal with differ > 0": (_set_cmp(differ=3), "equal is True but differ is 3"),
+    "differ > numel": (_set_cmp(equal=False, differ=100, max_abs=1.0),
+                       "differ 100 exceeds numel 24"),
+    "nan_differ > differ": (_set_cmp(equal=False, differ=2, nan_differ=5, max_abs=1.0),
+                            "nan_differ 5 exceeds differ 2"),
+    "numel not G x D": (_set_cmp(numel=5), "numel is 5, not G x D = 24"),
+    "equal bits with max_abs": (_set_cmp(max_abs=1.0), "equal bits but max_abs is 1.0"),
+    # the two directions of one pair
+    "directions disagree": (
+        lambda d: _cmp(d, "eager", "numba").update(equal=False, differ=2, max_abs=0.5),
+        'results.eager["vs numba"]["257"].grads.gate: equal is False but '
+        'results.numba["vs eager"]["257"].grads.gate says True'),
+}
+
+
+@pytest.mark.parametrize("name", list(BROKEN_OURS))
+def test_bad_report_is_flagged_with_one_line(tmp_path: Path, name: str) -> None:
+    change, expected = BROKEN_OURS[name]
+    doc = _good()
+    change(doc)
+    (tmp_path / "x.json").write_text(json.dumps(doc))
+    loaded = read_report(tmp_path / "x.json")
+    assert loaded.data is None and loaded.problem is not None
+    assert expected in loaded.problem
+    assert "\n" not in loaded.problem
+
+
+def test_every_report_here_passes_the_consistency_checks() -> None:
+    """The checks are not stricter than what the runner writes: every committed report and
+    every test report meant to be good is still read."""
+    paths = [*ROOT.glob("reports/*.json"), REFERENCE, *DATA.glob("tables/reports/*.json"),
+             GOOD, DATA / "reports" / "host-compile-cpu.json"]
+    for path in paths:
+        if path.name == "summary.json":
+            continue
+        loaded = read_report(path)
+        assert loaded.ok, (path, loaded.problem)
+
+
+BROKEN_FOREIGN = {
+    "differ > numel": (lambda d: _cmp(d, "diffusers", "rl_kernel").update(differ=10**12),
+                       "exceeds numel"),
+    "equal with differ > 0": (lambda d: _cmp(d, "diffusers", "rl_kernel").update(equal=True),
+                              "equal is True but differ is 35402"),
+    "vs key with a list": (lambda d: d["results"]["diffusers"].update({"vs x y": [1]}),
+                           "does not match"),
+    "environment gpu a mapping": (lambda d: d["environment"].update(gpu={"a": []}),
+                                  "environment.gpu"),
+}
+
+
+@pytest.mark.parametrize("name", list(BROKEN_FOREIGN))
+def test_bad_foreign_report_is_flagged(tmp_path: Path, name: str) -> None:
+    change, expected = BROKEN_FOREIGN[name]
+    doc = _reference()
+    change(doc)
+    (tmp_path / "ref.json").write_text(json.dumps(doc))
+    loaded = read_report(tmp_path / "ref.json")
+    assert loaded.origin == "foreign" and loaded.data is None
+    assert loaded.problem.startswith("unreadable foreign report: ") and expected in loaded.problem
+
+
+def test_foreign_pair_directions_must_agree(tmp_path: Path) -> None:
+    doc = _reference()
+    mirror = copy.deepcopy(doc["results"]["diffusers"]["vs rl_kernel"])
+    mirror["257"]["grads"]["gate"]["differ"] = 1
+    doc["results"].setdefault("rl_kernel", {})["vs diffusers"] = mirror
+    (tmp_path / "ref.json").write_text(json.dumps(doc))
+    problem = read_report(tmp_path / "ref.json").problem
+    assert problem is not None and "differ is 35402 but" in problem and "says 1" in problem
+
+
+def test_duplicate_cell_ids_keep_the_file_named_after_the_cell(tmp_path: Path) -> None:
+    text = GOOD.read_text()
+    (tmp_path / "host-plain-cuda.json").write_text(text)
+    (tmp_path / "a-copy.json").write_text(text)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "host-plain-cuda.json").write_text(text)
+    loaded = {r.path.relative_to(tmp_path).as_posix(): r for r in read_reports(tmp_path)}
+    assert loaded["host-plain-cuda.json"].ok
+    for name in ("a-copy.json", "sub/host-plain-cuda.json"):
+        assert loaded[name].problem == ('duplicate cell id "host-plain-cuda": host-plain-cuda.json'
+                                        " is that cell's report; this one is left out")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_symlink_loop_fifo_and_directory_named_json(tmp_path: Path) -> None:
+    (tmp_path / "loop.json").symlink_to("loop.json")
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "dir.json").mkdir()
+    (tmp_path / "host-plain-cuda.json").write_text(GOOD.read_text())
+    done: list[Any] = []
+    reader = threading.Thread(target=lambda: done.append(read_reports(tmp_path)), daemon=True)
+    reader.start()
+    reader.join(20)
+    if not done:  # unblock the reader before failing
+        fd = os.open(tmp_path / "fifo.json", os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
+        pytest.fail("reading a FIFO named *.json blocked")
+    problems = {r.path.name: r.problem for r in done[0]}
+    assert problems["host-plain-cuda.json"] is None
+    assert problems["fifo.json"] == "not a report: a FIFO, not a regular file"
+    assert problems["loop.json"].startswith("cannot read: Too many levels of symbolic links")
+    assert problems.get("dir.json") in (None, "not a report: a directory, not a regular file")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_report_command_writes_tables_beside_every_bad_file(tmp_path: Path) -> None:
+    """The issue's examples together: exit 3, one warning line each, tables written."""
+    (tmp_path / "host-plain-cuda.json").write_text(GOOD.read_text())
+    for name, (change, _) in BROKEN_OURS.items():
+        doc = _good()
+        change(doc)
+        doc["cell"]["id"] = "x" + str(abs(hash(name)))  # not a duplicate: its own problem
+        (tmp_path / f"bad-{len(name)}-{name[:5].replace(' ', '_')}.json").write_text(
+            json.dumps(doc))
+    (tmp_path / "loop.json").symlink_to("loop.json")
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "copy.json").write_text(GOOD.read_text())
+    result = _report_cli(tmp_path)
+    assert result.returncode == 3, result.stderr
+    assert "Traceback" not in result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == len(BROKEN_OURS) + 3
+    readme = (tmp_path / "README.md").read_text()
+    assert "1 cell reports: 1 ours (1 ok)" in readme
+    for name in ("index.html", "summary.csv", "summary.json"):
+        assert (tmp_path / name).is_file()
+
+
+def test_oversized_report_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(report_mod, "MAX_REPORT_BYTES", 1000)
+    (tmp_path / "big.json").write_text(GOOD.read_text())
+    problem = read_report(tmp_path / "big.json").problem
+    assert problem is not None and problem.startswith("not read: ") and "1000" in problem
