@@ -24,6 +24,7 @@ regenerating them changes nothing; each is written atomically.
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -115,7 +116,7 @@ def _relative(path: Path, relative_to: Path | None) -> str:
     if relative_to is not None:
         try:
             return path.resolve().relative_to(Path(relative_to).resolve()).as_posix()
-        except ValueError:
+        except (ValueError, RuntimeError, OSError):  # RuntimeError: a symlink loop
             pass
     return path.as_posix()
 
@@ -245,8 +246,9 @@ def write_tables(reports_dir: Path, out: Path | None = None, *, filters: Filters
     reports_dir = Path(reports_dir)
     out = reports_dir / OUTPUTS[0] if out is None else Path(out)
     # this tool's outputs, next to ``out`` and in the reports directory, are never reports
-    ours = {(d / name).resolve() for d in (out.parent, reports_dir) for name in OUTPUTS}
-    reports = [r for r in read_reports(reports_dir) if r.path.resolve() not in ours]
+    ours = {os.path.realpath(d / name) for d in (out.parent, reports_dir) for name in OUTPUTS}
+    # realpath, not Path.resolve: a symlink loop named *.json is a bad file, not a crash
+    reports = [r for r in read_reports(reports_dir) if os.path.realpath(r.path) not in ours]
     tables = build_tables(reports, relative_to=out.parent, filters=filters, ab=ab,
                           bench_dir=reports_dir / "bench")
     texts = {out: markdown(tables), out.parent / OUTPUTS[1]: html.render_html(tables),
