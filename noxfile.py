@@ -103,3 +103,16 @@ def bench(session: nox.Session) -> None:
     """Benchmark (GPU: CUDA events, medians, copy bandwidth); writes reports/bench/*.json."""
     install_project(session)
     session.run("python", "-m", "runner.bench", *session.posargs)
+
+
+@nox.session(venv_params=VENV)
+def kernel_wheelhouse(session: nox.Session) -> None:
+    """The kernel wheelhouse (issue 13; runner/wheelhouse.py): needs a package index.
+
+    ``pip download --no-deps`` of each library version matrix.yaml's ``libraries.versions``
+    names, keeping only the kernel modules, RECORD and a manifest, content-addressed, under
+    ``libraries.wheelhouse`` (default ``.carry/kernel-wheelhouse``, git-ignored): about 1 MB to
+    carry to an offline GPU host. Posargs go to ``python -m runner.wheelhouse`` (--out, --cache).
+    """
+    session.install("pyyaml>=6")
+    session.run("python", "-m", "runner.wheelhouse", *session.posargs)

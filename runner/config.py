@@ -46,7 +46,8 @@ from runner import pins
 from runner.errors import ConfigError
 
 __all__ = ["DTYPES", "INDEX_DTYPES", "KNOWN_IMPLEMENTATIONS", "SCHEMA_VERSION", "TARGETS",
-           "BatchInvariance", "Case", "DockerStack", "FrozenMap", "HostStack", "Matrix", "Mode",
+           "BatchInvariance", "Case", "DockerStack", "FrozenMap", "HostStack", "Libraries",
+           "Matrix", "Mode",
            "PipOptions", "Problem", "Stack", "Timing", "TorchSettings", "load_matrix",
            "parse_matrix"]
 
@@ -183,6 +184,35 @@ class BatchInvariance(_Frozen):
     ``max_size`` caps the size sweep and the padded batch (CPU run time)."""
 
     max_size: Annotated[StrictInt, Field(ge=1)] = 1025
+
+
+def _pep440(v: str) -> str:
+    try:
+        Version(v)
+    except Exception:
+        raise PydanticCustomError("matrix", "not a version", {
+            "expected": "a PEP 440 version such as 0.5.23"}) from None
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", v):  # it ends a report's row name
+        raise PydanticCustomError("matrix", "not a row name", {
+            "expected": "a version of letters, digits, _ . - (it ends a row name)"})
+    return v
+
+
+class Libraries(_Frozen):
+    """Library versions as a matrix dimension (issue 13; runner/implementations/versioned.py).
+
+    ``versions``: distribution -> versions; each library implementation of that distribution
+    becomes one row per version, ``<implementation>-<version>``, loaded kernel-only from
+    ``wheelhouse`` (built by ``nox -s kernel_wheelhouse``; relative to the project root;
+    ``$GATE_RESIDUAL_WHEELHOUSE`` overrides it) where that version is not installed.
+    ``rl_kernel``: the RL-Kernel source tree (``$GATE_RESIDUAL_RL_KERNEL`` overrides it;
+    default: .carry/rl-kernel-h3, else ../shared/third_party/rl-kernel-h3).
+    """
+
+    wheelhouse: StrictStr = ".carry/kernel-wheelhouse"
+    versions: _map_of(StrictStr,
+                      _list_of(Annotated[StrictStr, AfterValidator(_pep440)])) = FrozenMap()
+    rl_kernel: StrictStr | None = None
 
 
 class TorchSettings(_Frozen):
@@ -329,6 +359,7 @@ class Matrix(_Frozen):
     stacks: _map_of(Name, Stack, min_length=1)
     targets: _list_of(Target)
     pip: PipOptions = PipOptions()  # defaults for every docker stack's image build
+    libraries: Libraries | None = None  # library versions as rows (issue 13)
 
     @model_validator(mode="before")
     @classmethod
@@ -359,6 +390,8 @@ class Matrix(_Frozen):
         data = dump(self)
         if data.get("batch_invariance") is None:
             data.pop("batch_invariance", None)
+        if data.get("libraries") is None:
+            data.pop("libraries", None)
         return data
 
     @field_validator("schema_version")

@@ -101,8 +101,15 @@ KNOWN = tuple(REGISTRY)
 
 
 def get(name: str) -> Implementation:
-    """The registered implementation called ``name``; ``KeyError`` lists the known names."""
+    """The registered implementation called ``name``, or a library version's row
+    ``<name>-<version>`` (kernel-only from the default wheelhouse: versioned.py);
+    ``KeyError`` lists the known names."""
     try:
         return REGISTRY[name]
     except KeyError:
+        from runner.implementations.versioned import lookup  # "<library impl>-<version>"
+
+        found = lookup(name)
+        if found is not None:
+            return found
         raise KeyError(f"unknown implementation {name!r}; choose from {', '.join(KNOWN)}") from None

@@ -17,6 +17,7 @@ converted by us, which changes no value. This is the CUDA op of the reference re
 
 from __future__ import annotations
 
+import sys
 from types import ModuleType
 
 import torch
@@ -26,9 +27,10 @@ from runner.implementations.library import LibraryImplementation
 MODULE = "rl_engine.kernels.ops.cuda.h3.gate_residual"
 
 
-def run(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
-    """``H3GateResidualCudaOp()(residual, y, gate, index)``, with autograd grads."""
-    _, op_class = RL_KERNEL_H3.entry()
+def run(inputs, *, backward: bool, impl=None) -> dict[str, torch.Tensor]:
+    """``H3GateResidualCudaOp()(residual, y, gate, index)``, with autograd grads. ``impl``:
+    the calling row (one bound to a source tree), default :data:`RL_KERNEL_H3`."""
+    _, op_class = (impl or RL_KERNEL_H3).entry()
     op = op_class()
     index = inputs["index"].to(torch.int64)
     if not backward:
@@ -55,8 +57,12 @@ def extension_missing(module: ModuleType) -> str | None:
     if available is None:
         return f"{MODULE} has no h3_gate_residual_available()"
     if not available():
-        return (f"{MODULE}.h3_gate_residual_available() is False: rl_engine._C lacks "
-                "h3_gate_residual_forward/backward (the CUDA extension is not built)")
+        base = sys.modules.get("rl_engine.kernels.ops.base")
+        why = getattr(base, "_EXT_ERROR", None)
+        first = (str(why).strip().splitlines() or [""])[0] if why else ""
+        return (f"{module.__name__}.h3_gate_residual_available() is False: rl_engine._C lacks "
+                "h3_gate_residual_forward/backward (the CUDA extension is not built)"
+                + (f": {first}" if first else ""))
     return None
 
 

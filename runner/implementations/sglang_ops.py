@@ -47,26 +47,28 @@ RGA_BACKENDS = (
 )
 
 
-def run_indexed_gate_triton(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
-    """``indexed_gate_bf16(residual, gate, y, index)``; forward only."""
-    INDEXED_GATE_TRITON.refuse_dtype(inputs["residual"])
-    return {"out": INDEXED_GATE_TRITON.call(inputs["residual"], inputs["gate"], inputs["y"],
-                                            inputs["index"])}
+def run_indexed_gate_triton(inputs, *, backward: bool, impl=None) -> dict[str, torch.Tensor]:
+    """``indexed_gate_bf16(residual, gate, y, index)``; forward only. ``impl``: the
+    implementation row that calls (a versioned one), default :data:`INDEXED_GATE_TRITON`."""
+    impl = impl or INDEXED_GATE_TRITON
+    impl.refuse_dtype(inputs["residual"])
+    return {"out": impl.call(inputs["residual"], inputs["gate"], inputs["y"], inputs["index"])}
 
 
-def run_indexed_gate_triton_inplace(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
+def run_indexed_gate_triton_inplace(inputs, *, backward: bool,
+                                    impl=None) -> dict[str, torch.Tensor]:
     """``indexed_gate_bf16_(residual, gate, y, index)``: writes the result into ``residual``
     (the runner's clone; the report lists ``residual`` under ``mutated_inputs``)."""
-    INDEXED_GATE_TRITON_INPLACE.refuse_dtype(inputs["residual"])
-    return {"out": INDEXED_GATE_TRITON_INPLACE.call(inputs["residual"], inputs["gate"],
-                                                    inputs["y"], inputs["index"])}
+    impl = impl or INDEXED_GATE_TRITON_INPLACE
+    impl.refuse_dtype(inputs["residual"])
+    return {"out": impl.call(inputs["residual"], inputs["gate"], inputs["y"], inputs["index"])}
 
 
-def run_residual_gate_add(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
+def run_residual_gate_add(inputs, *, backward: bool, impl=None) -> dict[str, torch.Tensor]:
     """``residual_gate_add_cuda(residual, y, gate.index_select(0, index))``; forward only.
     The gather is ours (torch ``index_select``), the rest the library's."""
     gathered = inputs["gate"].index_select(0, inputs["index"])
-    return {"out": RESIDUAL_GATE_ADD.call(inputs["residual"], inputs["y"], gathered)}
+    return {"out": (impl or RESIDUAL_GATE_ADD).call(inputs["residual"], inputs["y"], gathered)}
 
 
 def rga_backend(module: ModuleType) -> str | None:

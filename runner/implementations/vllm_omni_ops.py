@@ -36,19 +36,20 @@ VERSIONS_READ = "vllm-omni 0.28.0 and 0.30.0"
 H3_EPS = 1e-6
 
 
-def run_gated_residual(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
-    """``indexed_gate(residual, gate, y, index)``; forward only."""
-    return {"out": GATED_RESIDUAL.call(inputs["residual"], inputs["gate"], inputs["y"],
-                                       inputs["index"])}
+def run_gated_residual(inputs, *, backward: bool, impl=None) -> dict[str, torch.Tensor]:
+    """``indexed_gate(residual, gate, y, index)``; forward only. ``impl``: the calling row
+    (a versioned one), default :data:`GATED_RESIDUAL`."""
+    return {"out": (impl or GATED_RESIDUAL).call(inputs["residual"], inputs["gate"], inputs["y"],
+                                                 inputs["index"])}
 
 
-def run_h3_fused(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
+def run_h3_fused(inputs, *, backward: bool, impl=None) -> dict[str, torch.Tensor]:
     """``indexed_gate_rms_norm_scale_shift(residual, gate, y, 1, 0, 0, index, 1e-6)[0]``."""
     residual, gate = inputs["residual"], inputs["gate"]
     weight = torch.ones(residual.shape[-1], dtype=residual.dtype, device=residual.device)
     zeros = torch.zeros_like(gate)
-    residual_out, _modulated = H3_FUSED.call(residual, gate, inputs["y"], weight, zeros, zeros,
-                                             inputs["index"], H3_EPS)
+    residual_out, _modulated = (impl or H3_FUSED).call(residual, gate, inputs["y"], weight,
+                                                       zeros, zeros, inputs["index"], H3_EPS)
     return {"out": residual_out}
 
 
