@@ -2,7 +2,7 @@
 
     nox -s matrix                       # every cell this host can run, then the tables
     nox -s matrix -- --target cpu --case 257
-    nox -s matrix -- --backend docker --stack cpu-torch2.13   # builds what is missing first
+    nox -s matrix -- --build --stack cpu-torch2.13   # builds a missing image first (else skipped)
     nox -s build -- --stack cpu-torch2.13   # the images of the docker stacks (all by default)
     nox -s base_image                   # root: the local base image (debootstrap + import)
     nox -s report                       # reports/README.md from every report
@@ -12,13 +12,20 @@
 Sessions install this project into a virtualenv that also sees the interpreter's own
 site-packages, so a GPU machine's existing torch is used as is; where no torch is importable,
 ``torch==2.13.0`` is installed (the CPU wheel where the machine's pip finds it).
+
+Sessions that call the runner end with its exit code (:data:`RUNNER_CODES`: 2 bad input, 3 a
+report or table not written, 4 a backend cannot run, 5 a cell failed, 130/143 signals), not
+nox's 1 for every failure, so a script can tell them apart (:func:`run_runner`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 
 import nox
+import nox.command
+from nox.logger import logger
 
 nox.options.sessions = ["tests"]
 nox.options.reuse_venv = "yes"
@@ -30,6 +37,33 @@ TORCH_FALLBACK = "torch==2.13.0"
 # SIGTERM, then SIGKILL: time for the runner to kill the cell's process group, remove its
 # container and staging directory (nox's defaults, 0.3 s and 0.2 s, can cut that short).
 STOP = {"interrupt_timeout": 60.0, "terminate_timeout": 30.0}
+# The runner's exit codes (runner/errors.py; README, "Exit codes").
+RUNNER_CODES = {2: "bad matrix.yaml or option", 3: "a report or table could not be written",
+                4: "a backend cannot run", 5: "a cell failed or was refused",
+                130: "interrupted (SIGINT)", 143: "terminated (SIGTERM)"}
+
+
+def run_runner(session: nox.Session, module: str, *args: str, **kwargs) -> None:
+    """``python -m module args`` in the session; nox then exits with the runner's own code.
+
+    nox turns every failed command into a failed session and exits 1. When the command
+    exits with one of :data:`RUNNER_CODES`, nox logged the failed command; this logs the
+    session's result line with the code's meaning (``nox > Session matrix failed: exit
+    code 2 (bad matrix.yaml or option)``) and ends nox with that code at once: sessions
+    queued after it do not run, as with ``--stop-on-first-error``. Any other failure stays
+    nox's (exit 1). Ctrl-C is nox's own 130.
+    """
+    try:
+        session.run("python", "-m", module, *args, **kwargs)
+    except nox.command.CommandFailed as err:
+        code = getattr(err, "return_code", None)  # nox >= 2025; before: "Returned code N"
+        if code is None:
+            found = re.fullmatch(r"Returned code (-?\d+)", str(err.reason or ""))
+            code = int(found[1]) if found else None
+        if code not in RUNNER_CODES:
+            raise
+        logger.error(f"Session {session.name} failed: exit code {code} ({RUNNER_CODES[code]}).")
+        raise SystemExit(code) from None
 
 
 def install_project(session: nox.Session, *extras: str) -> None:
@@ -50,30 +84,30 @@ def install_project(session: nox.Session, *extras: str) -> None:
 
 @nox.session(venv_params=VENV)
 def matrix(session: nox.Session) -> None:
-    """Run the matrix (docker stacks in containers, building missing images), then tables."""
+    """Run the matrix (docker stacks whose image exists, in containers), then the tables."""
     install_project(session, "docker")
-    session.run("python", "-m", "runner", "matrix", *session.posargs, **STOP)
+    run_runner(session, "runner", "matrix", *session.posargs, **STOP)
 
 
 @nox.session(venv_params=VENV)
 def build(session: nox.Session) -> None:
     """Build the images of the docker stacks that are missing (posargs: --stack NAME ...)."""
     install_project(session, "docker")
-    session.run("python", "-m", "runner", "build", *session.posargs, **STOP)
+    run_runner(session, "runner", "build", *session.posargs, **STOP)
 
 
 @nox.session(venv_params=VENV)
 def base_image(session: nox.Session) -> None:
     """Make the local base image without a registry: debootstrap + docker import (root)."""
     install_project(session, "docker")
-    session.run("python", "-m", "runner", "base-image", *session.posargs)
+    run_runner(session, "runner", "base-image", *session.posargs)
 
 
 @nox.session(venv_params=VENV)
 def report(session: nox.Session) -> None:
     """Render reports/README.md, index.html, summary.csv|json (filters: docs/tables.md)."""
     install_project(session, "report")
-    session.run("python", "-m", "runner", "report", *session.posargs)
+    run_runner(session, "runner", "report", *session.posargs)
 
 
 @nox.session(venv_params=VENV)
@@ -102,7 +136,7 @@ def lint(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmark (GPU: CUDA events, medians, copy bandwidth); writes reports/bench/*.json."""
     install_project(session)
-    session.run("python", "-m", "runner.bench", *session.posargs)
+    run_runner(session, "runner.bench", *session.posargs)
 
 
 @nox.session(venv_params=VENV)
