@@ -49,6 +49,7 @@ from runner.report import LoadedReport, read_reports, write_text_atomic
 from runner.table_ab import DEFAULT_WHY, ab_tables, default_ab
 from runner.table_bits import Across, across_cells, across_tables, bitwise_table
 from runner.table_cases import CaseFilter
+from runner.table_kernel_only import kernel_only_table
 from runner.table_stats import (
     accuracy_table,
     bench_tables,
@@ -160,7 +161,8 @@ def build_tables(reports: Sequence[LoadedReport], *, relative_to: Path | None = 
     for a, b in pairs:
         sections += ab_tables(a, b, filters, why)
     sections += [accuracy_table(cells, filters), cells_table(cells, relative_to),
-                 implementations_table(cells, filters), environment_table(cells),
+                 implementations_table(cells, filters), kernel_only_table(cells, filters),
+                 environment_table(cells),
                  timings_table(cells, filters)]
     unreadable = [(_relative(r.path, relative_to), r.problem or "") for r in reports if not r.ok]
     if bench_dir is not None:
