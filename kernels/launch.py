@@ -20,6 +20,7 @@ from __future__ import annotations
 import array
 import ctypes
 import os
+import time
 
 import torch
 from numba.cuda import types
@@ -28,6 +29,11 @@ from numba.cuda import types
 _PARAM_END, _PARAM_BUFFER_POINTER, _PARAM_BUFFER_SIZE = 0, 1, 2
 
 _STREAMS: dict[int, object] = {}
+
+#: Seconds this process spent compiling and loading kernels in :meth:`Launcher.compiled`
+#: (numba's typing, LLVM, NVVM/ptxas and the module load), summed; the runner reports it as
+#: part of a cell's compilation time.
+COMPILE_SECONDS = [0.0]
 
 
 def array_type(dtype: types.Type, ndim: int) -> types.Array:
@@ -58,10 +64,13 @@ class Launcher:
         self._cufunc = None
 
     def compiled(self):
-        """The numba ``_Kernel`` of this signature, compiled and loaded on first use."""
+        """The numba ``_Kernel`` of this signature, compiled and loaded on first use (the
+        time it takes is added to :data:`COMPILE_SECONDS`)."""
+        t0 = time.perf_counter()
         self.dispatcher.compile(self.argtypes)
         kernel = self.dispatcher.overloads[self.argtypes]
         kernel.bind()
+        COMPILE_SECONDS[0] += time.perf_counter() - t0
         return kernel
 
     def __call__(self, device: int, grid: tuple, block: int, shared: int,

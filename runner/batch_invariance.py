@@ -98,13 +98,17 @@ def size_sweep(impl, inputs: dict, max_size: int) -> int | None:
     return None
 
 
-def check(impl, inputs: dict, *, max_size: int = 1025) -> dict:
+def check(impl, inputs: dict, *, max_size: int = 1025, full: dict | None = None) -> dict:
     """The three checks for one case: ``{"row_alone": bool, "sub_batches": bool,
     "size_sweep": bool, "first_failing_size": int | None, "max_size": M}``.
 
     ``impl`` must have a backward; ``inputs`` as :meth:`Implementation.run` takes them.
+    ``full``: the outputs of one forward+backward call of ``impl`` on the whole of
+    ``inputs`` (fresh clones) when the caller has them already (the cell's first repeat);
+    else that call is made here.
     """
-    full = _run(impl, inputs)
+    if full is None:
+        full = _run(impl, inputs)
     first = size_sweep(impl, inputs, max_size)
     return {"row_alone": row_alone(impl, inputs, full),
             "sub_batches": sub_batches(impl, inputs, full),

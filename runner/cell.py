@@ -14,22 +14,24 @@ when an implementation breaks one of its ``bitwise_claims``.
 
 from __future__ import annotations
 
+import concurrent.futures as futures
 import datetime as dt
 import hashlib
 import json
+import os
 import time
-import traceback
+from collections.abc import Callable
 
-import torch
-
-from runner import compare, environment, timing
+from runner import compare, environment
+from runner.case_run import TENSORS, CaseContext, out_of_memory, run_case
 from runner.cells import cases_on
-from runner.implementations import Implementation, get
+from runner.implementations import Implementation
 from runner.inputs import make_inputs
+from runner.phases import PhaseClock
 
 KIND = "gate_residual_matrix"
 SCHEMA_VERSION = 1
-TENSORS = ("out", "res", "y", "gate")
+__all__ = ["TENSORS", "fingerprint", "out_of_memory", "run_cell", "skeleton"]
 _SEVERITY = {"ok": 0, "mismatch": 1, "unavailable": 0, "error": 2, "oom": 2}
 
 
@@ -69,18 +71,6 @@ def fingerprint(matrix, cell, cases, project: dict, extra: dict | None = None) -
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def out_of_memory(err: BaseException) -> bool:
-    """Whether ``err`` is an allocator's refusal: CUDA out of memory, :class:`MemoryError`,
-    or the CPU allocator's ``RuntimeError: ... can't allocate memory``."""
-    return isinstance(err, (torch.cuda.OutOfMemoryError, MemoryError)) or (
-        isinstance(err, RuntimeError) and "can't allocate memory" in str(err))
-
-
-def _one_line(err: BaseException) -> str:
-    first = (str(err).strip().splitlines() or [""])[0]
-    return f"{type(err).__name__}: {first}" if first else type(err).__name__
-
-
 def skeleton(matrix, cell, cases, *, backend: str, run_id: str, status: str,
              reason: str | None = None, env: dict | None = None) -> dict:
     """A report with no results: the frame every report shares (also for skipped cells).
@@ -117,199 +107,36 @@ def skeleton(matrix, cell, cases, *, backend: str, run_id: str, status: str,
     }
 
 
-def _clone(inputs: dict) -> dict:
-    return {k: v.clone() for k, v in inputs.items()}
-
-
-def changed_inputs(before: dict, after: dict) -> list[str]:
-    """Names of the inputs whose bits differ between ``before`` and ``after`` (a call's
-    clones after it returned); NaN payloads and the sign of zero count."""
-    return [k for k, v in before.items()
-            if k in after and not torch.equal(compare.bits(v), compare.bits(after[k]))]
-
-
-def call(impl: Implementation, inputs: dict, *, backward: bool, inference: bool = False):
-    """One call on fresh clones: (outputs among TENSORS, detached; names of mutated inputs).
-
-    ``inference``: forward only, under ``torch.inference_mode()``.
-    """
-    clones = _clone(inputs)
-    if inference:
-        with torch.inference_mode():
-            got = impl.run(clones, backward=False)
-    else:
-        got = impl.run(clones, backward=backward)
-    return ({k: v.detach() for k, v in got.items() if k in TENSORS},
-            changed_inputs(inputs, clones))
-
-
-def _run_repeats(impl: Implementation, inputs: dict, repeats: int, inference: bool = False):
-    """First run's outputs, per tensor whether every repeat had the same bits, and the
-    inputs any call changed (in order of first change)."""
-    backward = impl.has_backward and not inference
-    first, mutated = call(impl, inputs, backward=backward, inference=inference)
-    same = {k: True for k in first}
-    for _ in range(repeats - 1):
-        again, changed = call(impl, inputs, backward=backward, inference=inference)
-        mutated += [k for k in changed if k not in mutated]
-        for k in first:
-            same[k] = same[k] and torch.equal(compare.bits(first[k]), compare.bits(again[k]))
-        del again
-    return first, same, mutated
-
-
-def _layout(tensors: dict, fn, *, out_list: bool = True) -> dict:
-    """``{"out": [fn("out")], "grads": {"res": ..., ...}}`` for the tensors present
-    (``out`` is a list in the reference report's comparisons, an object elsewhere)."""
-    entry = {"out": [fn("out")] if out_list else fn("out")} if "out" in tensors else {}
-    grads = {k: fn(k) for k in ("res", "y", "gate") if k in tensors}
-    if grads:
-        entry["grads"] = grads
+def _entry(impl: Implementation, target: str) -> dict:
+    """An implementation's results entry before any case ran (``unavailable`` with the
+    reason where it cannot run on ``target`` here)."""
+    entry = {"source": impl.source, "has_backward": impl.has_backward, "role": impl.role,
+             "code_path": impl.ran(), "status": "ok", "reason": None, "sha256": {},
+             "repeatable": {}, "accuracy": {}, "timings": {}, "mutated_inputs": {}}
+    why = impl.unavailable_reason(target)
+    if why:
+        entry.update(status="unavailable", reason=why)
     return entry
 
 
-def _claims_broken(impl: Implementation, cmp_entry: dict, target: str) -> list[str]:
-    """Claimed tensors that differ from the baseline. On the CPU target NaN payloads are
-    exempt: eager's own bfloat16 NaN bits there depend on the element's position (vectorised
-    block or tail), see kernels/gate_residual_cpu.py."""
-    broken = []
-    for name in impl.bitwise_claims:
-        cmp = cmp_entry["out"][0] if name == "out" else cmp_entry.get("grads", {}).get(name)
-        if cmp is None:
-            continue
-        allowed = cmp["nan_payload_differ"] if target == "cpu" else 0
-        if cmp["differ"] > allowed:
-            broken.append(name)
-    return broken
+def _run_order(impls: list, matrix) -> list:
+    """The accuracy reference first, then the baseline, then the others in matrix order: each
+    implementation is compared with both as soon as it has run (runner/case_run.py)."""
+    first = [matrix.accuracy_reference, matrix.baseline]
+    return sorted(impls, key=lambda i: first.index(i.name) if i.name in first else 2)
 
 
-def _timings(impl: Implementation, inputs: dict, device: str, matrix,
-             inference: bool = False) -> dict:
-    """Median forward (and forward+backward) times. On the CPU: one warm-up call at most
-    (the repeats before it have compiled and warmed everything; at N = 32768 each further
-    call costs seconds) and 3 s of timed calls; on a GPU: ``timing.warmup`` calls, 10 s."""
-    budget = 10.0 if device == "cuda" else 3.0
-    warmup = matrix.timing.warmup if device == "cuda" else min(matrix.timing.warmup, 1)
-    kw = {"device": device, "warmup": warmup, "iters": matrix.timing.iters,
-          "max_seconds": budget}
-    inputs = _clone(inputs)  # an implementation that writes into its inputs spoils only these
-    fwd = timing.median_ms(lambda _i: impl.run(inputs, backward=False), **kw)
-    out = {"forward_ms": fwd["median_ms"], "forward_iters": fwd["iters"]}
-    if impl.has_backward and not inference:
-        both = timing.median_ms(lambda _i: impl.run(inputs, backward=True), **kw)
-        out.update(forward_backward_ms=both["median_ms"], forward_backward_iters=both["iters"])
-    return out
+def _case_weight(matrix, case) -> float:
+    """A case's expected share of the cell's time, for the time-left estimate: a fixed part
+    plus one per 64 MiB of one (N, D) tensor in the case's dtype."""
+    dtype, _ = matrix.case_dtypes(case)
+    size = {"bfloat16": 2, "float16": 2, "float32": 4}.get(dtype, 4)
+    return 1.0 + case.n * matrix.problem.D * size / 2**26
 
 
-def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
-             timings: bool = True, mode_environment: dict | None = None) -> dict:
-    """Run ``cases`` of ``matrix`` for ``cell`` here and return the report dict (not written).
-
-    ``cell.target`` "cuda" needs ``torch.cuda.is_available()``; the caller checks. The
-    accuracy reference always computes on the CPU in float64. ``mode_environment``: what
-    the cell command set for the mode (:func:`runner.modes.mode_environment`); by default
-    the mode's declared variables. A mode with ``torch.inference_mode`` runs forward only,
-    under ``torch.inference_mode()``. Every call gets fresh clones, which are compared with
-    the inputs afterwards: ``results[impl]["mutated_inputs"][case]`` lists those it changed.
-    With ``batch_invariance`` in the matrix, implementations with a backward are checked
-    (:mod:`runner.batch_invariance`).
-
-    Each case runs in its own dtypes (:meth:`runner.config.Matrix.case_dtypes`), on inputs
-    keyed by its id without them (``Case.base_id``): ``257-float16-int32`` has the values of
-    ``257`` rounded to float16, and the same index. Cases whose ``targets`` leave out this
-    cell's target are not run; when no selected case is left the cell is ``skipped``. An
-    implementation with a ``dtypes`` attribute that leaves out a case's dtype is not run on
-    it (``results[impl].unsupported[case]`` says why).
-    """
-    from runner import batch_invariance
-
-    t0 = time.perf_counter()
-    device = "cuda" if cell.target == "cuda" else "cpu"
-    mode = matrix.modes[cell.mode]
-    inference = bool(mode.torch.inference_mode)
-    mode_env = mode_environment or {cell.mode: dict(mode.env)}
-    env = environment.capture(cell.target, mode_env)
-    report = skeleton(matrix, cell, cases, backend=backend, run_id=run_id, status="ok", env=env)
-    impls = [get(name) for name in matrix.implementations]
+def _finish_status(report: dict, matrix, broken: list[str], no_baseline: list[str]) -> None:
+    """The cell's status and reason from its implementations' (see the module docstring)."""
     results = report["results"]
-    for impl in impls:
-        results[impl.name] = {"source": impl.source, "has_backward": impl.has_backward,
-                              "role": impl.role, "code_path": impl.ran(), "status": "ok",
-                              "reason": None, "sha256": {}, "repeatable": {}, "accuracy": {},
-                              "timings": {}, "mutated_inputs": {}}
-        why = impl.unavailable_reason(cell.target)
-        if why:
-            results[impl.name].update(status="unavailable", reason=why)
-    broken: list[str] = []
-    no_baseline: list[str] = []  # cases where the baseline gave nothing to compare with
-    p = matrix.problem
-    asked, cases = cases, cases_on(cases, cell.target)
-    if asked and not cases:
-        report["status"] = "skipped"
-        report["reason"] = (f"no selected case runs on target {cell.target} (case targets: "
-                            + ", ".join(f"{c.id}: {'/'.join(c.targets or ())}" for c in asked)
-                            + ")")
-    for case in cases:
-        key = str(case_key(case))
-        dtype, index_dtype = matrix.case_dtypes(case)
-        x = make_inputs(n=case.n, d=p.D, g=p.G, dtype=dtype, index_dtype=index_dtype,
-                        seed=p.seed, specials=case.specials, case_id=case.base_id)
-        report["inputs"][key] = {"n": case.n, "specials": case.specials, "dtype": dtype,
-                                 "index_dtype": index_dtype, "sha256": x.sha256(),
-                                 "index_counts": x.index_counts(p.G)}
-        on_device = {k: v.to(device) for k, v in x.tensors.items()}
-        outputs: dict[str, dict] = {}
-        for impl in impls:
-            entry = results[impl.name]
-            if entry["status"] == "unavailable":
-                continue
-            supported = getattr(impl, "dtypes", None)  # an optional Implementation field
-            if supported and dtype not in supported:
-                entry.setdefault("unsupported", {})[key] = (
-                    f"takes {', '.join(supported)} only, not {dtype}")
-                continue
-            repeats = 1 if impl.role == "accuracy_reference" else matrix.repeats
-            try:
-                inputs = on_device if impl.device is None else x.tensors
-                first, same, mutated = _run_repeats(impl, inputs, repeats, inference)
-                entry["mutated_inputs"][key] = mutated
-                if impl.role != "accuracy_reference" and timings:
-                    entry["timings"][key] = _timings(impl, inputs, device, matrix, inference)
-                if (matrix.batch_invariance is not None and impl.has_backward
-                        and not inference and impl.role != "accuracy_reference"):
-                    entry.setdefault("batch_invariant", {})[key] = batch_invariance.check(
-                        impl, inputs, max_size=matrix.batch_invariance.max_size)
-            except Exception as err:  # an implementation's failure is data, not a crash
-                oom = out_of_memory(err)
-                entry.update(status="oom" if oom else "error",
-                             reason=f"case {key}: {_one_line(err)}",
-                             traceback=traceback.format_exc()[-4000:])
-                if oom and device == "cuda":
-                    torch.cuda.empty_cache()
-                continue
-            outputs[impl.name] = first
-            entry["sha256"][key] = {k: compare.tensor_sha256(v) for k, v in first.items()}
-            entry["repeatable"][key] = same if repeats > 1 else {k: None for k in same}
-        ref = outputs.get(matrix.accuracy_reference) if matrix.accuracy_reference else None
-        base = outputs.get(matrix.baseline)
-        if base is None:
-            no_baseline.append(key)
-        for impl in impls:
-            mine = outputs.get(impl.name)
-            if mine is None or impl.role == "accuracy_reference":
-                continue
-            if ref is not None:
-                results[impl.name]["accuracy"][key] = _layout(
-                    mine, lambda k, m=mine, r=ref: compare.accuracy(m[k], r[k]), out_list=False)
-            if base is not None and impl.name != matrix.baseline:
-                cmp_entry = _layout(mine, lambda k, m=mine, b=base: compare.bitwise(m[k], b[k]))
-                results[impl.name].setdefault(f"vs {matrix.baseline}", {})[key] = cmp_entry
-                results[matrix.baseline].setdefault(f"vs {impl.name}", {})[key] = cmp_entry
-                broken += [f"{impl.name}.{t}@{key}" for t in _claims_broken(impl, cmp_entry,
-                                                                            cell.target)]
-        del outputs, on_device
-        if device == "cuda":
-            torch.cuda.empty_cache()
     for entry in results.values():
         changed = {k: v for k, v in entry["mutated_inputs"].items() if v}
         if changed and entry["status"] == "ok":
@@ -333,8 +160,110 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
     elif broken:
         report["status"] = "mismatch"
         report["reason"] = "bitwise claim broken: " + ", ".join(broken)
+
+
+def partial_view(report: dict, done: list, missing: list, *, reason: str | None = None) -> dict:
+    """A ``partial`` report of the cases ``done`` so far (a shallow copy of ``report``): its
+    ``cases`` are those, ``cases_missing`` the rest. What a cell leaves when it is stopped."""
+    return {**report, "status": "partial", "cases": list(done), "cases_missing": list(missing),
+            "reason": reason or (f"{len(done)} of {len(done) + len(missing)} cases done; the "
+                                 "next run of this cell runs only the missing ones"),
+            "finished_at": _now()}
+
+
+def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
+             timings: bool = True, mode_environment: dict | None = None,
+             on_case: Callable[[dict, dict], None] | None = None) -> dict:
+    """Run ``cases`` of ``matrix`` for ``cell`` here and return the report dict (not written).
+
+    ``cell.target`` "cuda" needs ``torch.cuda.is_available()``; the caller checks. The
+    accuracy reference computes in float64 on its own device (fp64: the cell's). A mode with
+    ``torch.inference_mode`` runs forward only, under ``torch.inference_mode()``; its
+    variables are ``mode_environment`` (what the cell command set:
+    :func:`runner.modes.mode_environment`; by default the mode's declared ones). Every call
+    gets fresh clones, compared with the inputs afterwards (``mutated_inputs``). With
+    ``batch_invariance`` in the matrix, implementations with a backward are checked
+    (:mod:`runner.batch_invariance`). The report's ``phases`` say where the time went
+    (:mod:`runner.phases`).
+
+    Each case runs in its own dtypes (:meth:`runner.config.Matrix.case_dtypes`), on inputs
+    keyed by its id without them (``Case.base_id``). Cases whose ``targets`` leave out this
+    cell's target are not run; when no selected case is left the cell is ``skipped``. An
+    implementation with a ``dtypes`` attribute that leaves out a case's dtype is not run on
+    it (``results[impl].unsupported[case]`` says why).
+
+    ``on_case(partial, progress)``: called after each case but the last with
+    :func:`partial_view` of the report so far (the cell command writes it, so a cell stopped
+    later keeps its finished cases) and ``progress`` (``{"case", "id", "of", "case_s",
+    "elapsed_s", "eta_s"}``); after the last case with the final report.
+    """
+    from runner.implementations import versioned
+
+    t0 = time.perf_counter()
+    device = "cuda" if cell.target == "cuda" else "cpu"
+    clock = PhaseClock(sync=device == "cuda")
+    mode = matrix.modes[cell.mode]
+    with clock("setup"):
+        env = environment.capture(cell.target, mode_environment or {cell.mode: dict(mode.env)})
+        report = skeleton(matrix, cell, cases, backend=backend, run_id=run_id, status="ok",
+                          env=env)
+        rows = versioned.rows(matrix)  # results keep the matrix's order
+        report["results"] = {impl.name: _entry(impl, cell.target) for impl in rows}
+        impls = _run_order(rows, matrix)
+    asked, cases = cases, cases_on(cases, cell.target)
+    if asked and not cases:
+        report["status"] = "skipped"
+        report["reason"] = (f"no selected case runs on target {cell.target} (case targets: "
+                            + ", ".join(f"{c.id}: {'/'.join(c.targets or ())}" for c in asked)
+                            + ")")
+    p = matrix.problem
+    weights = [_case_weight(matrix, c) for c in cases]
+    per_case: dict[str, float] = {}
+    with futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
+                                    thread_name_prefix="sha256") as hasher:
+        ctx = CaseContext(matrix=matrix, target=cell.target, device=device, impls=impls,
+                          results=report["results"], clock=clock, hasher=hasher,
+                          inference=bool(mode.torch.inference_mode), with_timings=timings)
+        for number, case in enumerate(cases, start=1):
+            started = time.perf_counter()
+            key = str(case_key(case))
+            dtype, index_dtype = matrix.case_dtypes(case)
+            with clock("inputs"):
+                x = make_inputs(n=case.n, d=p.D, g=p.G, dtype=dtype, index_dtype=index_dtype,
+                                seed=p.seed, specials=case.specials, case_id=case.base_id)
+                input_hashes = {k: hasher.submit(compare.tensor_sha256, v)
+                                for k, v in x.tensors.items()}
+                report["inputs"][key] = {"n": case.n, "specials": case.specials,
+                                         "dtype": dtype, "index_dtype": index_dtype,
+                                         "sha256": None, "index_counts": x.index_counts(p.G)}
+            run_case(ctx, case, x, key, dtype)
+            with clock("hashing"):
+                report["inputs"][key]["sha256"] = {k: f.result()
+                                                   for k, f in input_hashes.items()}
+            del x, input_hashes
+            per_case[key] = round(time.perf_counter() - started, 3)
+            elapsed = time.perf_counter() - t0
+            done_w, left_w = sum(weights[:number]), sum(weights[number:])
+            progress = {"case": number, "of": len(cases), "id": key,
+                        "case_s": per_case[key], "elapsed_s": round(elapsed, 1),
+                        "eta_s": round(elapsed / done_w * left_w, 1) if done_w else None}
+            if on_case is not None and number < len(cases):
+                done = [case_key(c) for c in cases[:number]]
+                missing = [case_key(c) for c in cases[number:]]
+                snapshot = partial_view(report, done, missing)
+                snapshot["duration_s"] = round(elapsed, 3)
+                snapshot["phases"] = {**clock.as_report(total_s=elapsed), "cases": per_case}
+                on_case(snapshot, progress)
+            elif on_case is not None:
+                last_progress = progress
+    _finish_status(report, matrix, ctx.broken if cases else [], ctx.no_baseline if cases else [])
     report["finished_at"] = _now()
     report["duration_s"] = round(time.perf_counter() - t0, 3)
+    report["phases"] = {**clock.as_report(total_s=report["duration_s"]), "cases": per_case}
     report["exit_code"] = 0
     env["load_average"]["end"] = environment.load_average()
+    if loaded := versioned.environment_record(rows):  # how each library row was loaded
+        env["kernel_only"] = loaded
+    if on_case is not None and cases:
+        on_case(report, last_progress)
     return report

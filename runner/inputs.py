@@ -87,9 +87,14 @@ def bf16_bits(values32: np.ndarray) -> np.ndarray:
 def to_storage(values: np.ndarray, dtype: str) -> torch.Tensor:
     """float64/float32 numpy values -> a CPU tensor of the storage dtype, rounded as documented."""
     with np.errstate(over="ignore", invalid="ignore"):
-        v32 = values.astype(np.float32)
-    if dtype == "bfloat16":
-        return torch.from_numpy(bf16_bits(v32).view(np.int16)).view(torch.bfloat16)
+        v32 = values.astype(np.float32, copy=False)
+    if dtype == "bfloat16":  # in blocks: whole-tensor uint32 temporaries cost gigabytes
+        out = np.empty(v32.shape, dtype=np.int16)
+        flat_in, flat_out = v32.reshape(-1), out.reshape(-1)
+        for start in range(0, flat_in.size, _BLOCK):
+            flat_out[start:start + _BLOCK] = bf16_bits(flat_in[start:start + _BLOCK]).view(
+                np.int16)
+        return torch.from_numpy(out).view(torch.bfloat16)
     if dtype == "float16":
         with np.errstate(over="ignore"):
             return torch.from_numpy(v32.astype(np.float16))
@@ -133,6 +138,83 @@ class CaseInputs:
         return torch.bincount(self.tensors["index"].long(), minlength=g).tolist()
 
 
+_PARALLEL_AT_LEAST = 1 << 16
+"""Tensors of at least this many elements are built by :func:`_values32_parallel`; smaller
+ones (and every tensor when numba cannot compile here) by the numpy path, block by block."""
+
+
+def _values32_numpy(key: int, pick_key: int, count: int, table: np.ndarray | None,
+                    start: int = 0) -> np.ndarray:
+    """float32 values of stream words ``start .. start + count``: the numpy definition."""
+    values = standard_values(splitmix64(key, count, start))
+    if table is not None:
+        pick = splitmix64(pick_key, count, start)
+        chosen = (pick % np.uint64(_SPECIAL_EVERY)) == 0
+        values[chosen] = table[(pick[chosen] >> np.uint64(32)) % np.uint64(len(table))]
+    with np.errstate(over="ignore", invalid="ignore"):
+        return values.astype(np.float32)
+
+
+_PARALLEL_KERNEL: list = []
+
+
+def _parallel_kernel():
+    """The numba (CPU, parallel) twin of :func:`_values32_numpy`, compiled on first use and
+    cached on disk; None where numba cannot compile here."""
+    if not _PARALLEL_KERNEL:
+        try:
+            from numba import njit, prange
+
+            golden, mix1, mix2 = _GOLDEN, _MIX1, _MIX2
+            ffff, every = np.uint64(0xFFFF), np.uint64(_SPECIAL_EVERY)
+            s30, s27, s31, s16, s32 = (np.uint64(k) for k in (30, 27, 31, 16, 32))
+            root3 = np.sqrt(3.0)
+
+            @njit(inline="always")
+            def mix(key, i):
+                z = key + (i + np.uint64(1)) * golden
+                z = (z ^ (z >> s30)) * mix1
+                z = (z ^ (z >> s27)) * mix2
+                return z ^ (z >> s31)
+
+            @njit(parallel=True, cache=True)
+            def kernel(key, pick_key, count, table, specials, out):
+                for j in prange(count):
+                    i = np.uint64(j)
+                    w = mix(key, i)
+                    total = 0.0  # the four fields in numpy's order: the same float64 sums
+                    total += np.float64(w & ffff) / 65536.0
+                    total += np.float64((w >> s16) & ffff) / 65536.0
+                    total += np.float64((w >> s32) & ffff) / 65536.0
+                    total += np.float64((w >> (s32 + s16)) & ffff) / 65536.0
+                    v = (total - 2.0) * root3
+                    if specials:
+                        p = mix(pick_key, i)
+                        if p % every == 0:
+                            v = table[(p >> s32) % np.uint64(table.shape[0])]
+                    out[j] = np.float32(v)
+
+            _PARALLEL_KERNEL.append(kernel)
+        except Exception:  # no compiler backend, read-only cache: the numpy path serves
+            _PARALLEL_KERNEL.append(None)
+    return _PARALLEL_KERNEL[0]
+
+
+def _values32(key: int, pick_key: int, count: int, table: np.ndarray | None) -> np.ndarray:
+    """float32 values of one tensor's stream (words 0 .. count): the same bits by either
+    path (tests/test_inputs.py checks them against each other)."""
+    kernel = _parallel_kernel() if count >= _PARALLEL_AT_LEAST else None
+    if kernel is not None:
+        out = np.empty(count, dtype=np.float32)
+        specials = table is not None
+        kernel(np.uint64(key), np.uint64(pick_key), count,
+               table if specials else np.zeros(1), specials, out)
+        return out
+    blocks = [_values32_numpy(key, pick_key, min(_BLOCK, count - start), table, start)
+              for start in range(0, count, _BLOCK)]
+    return np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.float32)
+
+
 def make_inputs(*, n: int, d: int, g: int, dtype: str, index_dtype: str, seed: int,
                 specials: bool = False, case_id: str | None = None) -> CaseInputs:
     """Build one case's inputs (CPU tensors); bits depend only on the arguments.
@@ -153,18 +235,8 @@ def make_inputs(*, n: int, d: int, g: int, dtype: str, index_dtype: str, seed: i
         count = shape[0] * shape[1]
         key = stream_key(seed, case_id, name)
         pick_key = stream_key(seed, case_id, name + "/specials")
-        blocks = []
-        for start in range(0, count, _BLOCK):
-            size = min(_BLOCK, count - start)
-            values = standard_values(splitmix64(key, size, start))
-            if specials:
-                pick = splitmix64(pick_key, size, start)
-                chosen = (pick % np.uint64(_SPECIAL_EVERY)) == 0
-                table = special_values(dtype)
-                values[chosen] = table[(pick[chosen] >> np.uint64(32)) % np.uint64(len(table))]
-            blocks.append(to_storage(values, dtype))
-        flat = torch.cat(blocks) if blocks else to_storage(np.zeros(0), dtype)
-        tensors[name] = flat.reshape(shape)
+        values32 = _values32(key, pick_key, count, special_values(dtype) if specials else None)
+        tensors[name] = to_storage(values32, dtype).reshape(shape)
     index_words = splitmix64(stream_key(seed, case_id, "index"), n)
     index = ((index_words >> np.uint64(32)) % np.uint64(g)).astype(np.int64)
     tensors["index"] = torch.from_numpy(index).to(INDEX_DTYPES[index_dtype])

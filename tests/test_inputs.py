@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
+from runner import compare
+from runner import inputs as inputs_module
 from runner.inputs import make_inputs, special_values, splitmix64, to_storage
 
 
@@ -87,3 +90,23 @@ def test_a_multi_block_case_has_the_bits_of_the_h200_report():
                     seed=p["seed"])
     assert x.sha256() == report["inputs"]["4097"]["sha256"]
     assert x.index_counts(p["G"]) == report["inputs"]["4097"]["index_counts"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("specials", [False, True])
+def test_the_parallel_generator_gives_the_numpy_definitions_bits(fresh_seed, monkeypatch,
+                                                                 dtype, specials):
+    """Large tensors come from the numba twin of the numpy definition: the same bits, NaN,
+    infinities, zeros and subnormals included, at a fresh seed and size."""
+    rng = np.random.default_rng(fresh_seed)
+    n, d = int(rng.integers(20, 90)), int(rng.integers(30, 200))
+    kw = {"n": n, "d": d, "g": 7, "dtype": dtype, "index_dtype": "int32", "seed": fresh_seed,
+          "specials": specials}
+    monkeypatch.setattr("runner.inputs._PARALLEL_AT_LEAST", 1 << 62)  # numpy only
+    reference = make_inputs(**kw)
+    monkeypatch.setattr("runner.inputs._PARALLEL_AT_LEAST", 1)  # numba for every tensor
+    assert inputs_module._parallel_kernel() is not None, "numba could not compile here"
+    parallel = make_inputs(**kw)
+    assert parallel.sha256() == reference.sha256()
+    for name, t in reference.tensors.items():
+        assert torch.equal(compare.bits(t), compare.bits(parallel.tensors[name])), name

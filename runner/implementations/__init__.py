@@ -31,7 +31,8 @@ class Implementation:
     ``targets``: the cell targets it runs on ("cuda", "cpu"). ``role``: "candidate", or
     "accuracy_reference" (compared for error, never bitwise). ``bitwise_claims``: tensors
     it promises to be bitwise equal to the baseline on; a broken claim makes the cell
-    status ``mismatch``. ``device``: where it computes, when that is fixed (fp64: "cpu").
+    status ``mismatch``. ``device``: where it computes, when that is fixed (None: the
+    cell's device).
     ``requires``: modules imported to decide availability (a library's); ``code_path``:
     what a call runs, as the report records it (default: ``run``'s module and name);
     ``not_wired``: the reason it is unavailable even when ``requires`` import (a library

@@ -1,0 +1,226 @@
+"""One case of a cell: every implementation's runs, hashes, comparisons, timings and batch
+invariance, written into the cell's report (:func:`run_case`; :mod:`runner.cell` loops over
+the cases).
+
+The accuracy reference runs first, then the baseline, then the others in the matrix's order.
+Each implementation is compared with the baseline (bit for bit) and with the reference
+(error figures) as soon as it has run, and its outputs are dropped after that unless they
+are the baseline's or the reference's: a case holds at most three implementations' outputs
+at a time. The sha256 of inputs and outputs are computed by worker threads (hashlib releases
+the GIL) while the next implementation runs; the case waits for them at its end.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+
+from runner import batch_invariance, compare, timing
+from runner.implementations import Implementation
+from runner.phases import PhaseClock
+
+TENSORS = ("out", "res", "y", "gate")
+
+
+def changed_inputs(before: dict, after: dict) -> list[str]:
+    """Names of the inputs whose bits differ between ``before`` and ``after`` (a call's
+    clones after it returned); NaN payloads and the sign of zero count."""
+    return [k for k, v in before.items()
+            if k in after and not torch.equal(compare.bits(v), compare.bits(after[k]))]
+
+
+def call(impl: Implementation, inputs: dict, *, backward: bool, inference: bool = False):
+    """One call on fresh clones: (outputs among TENSORS, detached; names of mutated inputs).
+
+    ``inference``: forward only, under ``torch.inference_mode()``.
+    """
+    clones = {k: v.clone() for k, v in inputs.items()}
+    if inference:
+        with torch.inference_mode():
+            got = impl.run(clones, backward=False)
+    else:
+        got = impl.run(clones, backward=backward)
+    return ({k: v.detach() for k, v in got.items() if k in TENSORS},
+            changed_inputs(inputs, clones))
+
+
+def run_repeats(impl: Implementation, inputs: dict, repeats: int, inference: bool = False):
+    """First run's outputs, per tensor whether every repeat had the same bits, and the
+    inputs any call changed (in order of first change). Each repeat is compared with the
+    first and dropped at once."""
+    backward = impl.has_backward and not inference
+    first, mutated = call(impl, inputs, backward=backward, inference=inference)
+    same = {k: True for k in first}
+    for _ in range(repeats - 1):
+        again, changed = call(impl, inputs, backward=backward, inference=inference)
+        mutated += [k for k in changed if k not in mutated]
+        for k in first:
+            same[k] = same[k] and torch.equal(compare.bits(first[k]), compare.bits(again[k]))
+        del again
+    return first, same, mutated
+
+
+def layout(tensors: dict, fn, *, out_list: bool = True) -> dict:
+    """``{"out": [fn("out")], "grads": {"res": ..., ...}}`` for the tensors present
+    (``out`` is a list in the reference report's comparisons, an object elsewhere)."""
+    entry = {"out": [fn("out")] if out_list else fn("out")} if "out" in tensors else {}
+    grads = {k: fn(k) for k in ("res", "y", "gate") if k in tensors}
+    if grads:
+        entry["grads"] = grads
+    return entry
+
+
+def claims_broken(impl: Implementation, cmp_entry: dict, target: str) -> list[str]:
+    """Claimed tensors that differ from the baseline. On the CPU target NaN payloads are
+    exempt: eager's own bfloat16 NaN bits there depend on the element's position (vectorised
+    block or tail), see kernels/gate_residual_cpu.py."""
+    broken = []
+    for name in impl.bitwise_claims:
+        cmp = cmp_entry["out"][0] if name == "out" else cmp_entry.get("grads", {}).get(name)
+        if cmp is None:
+            continue
+        allowed = cmp["nan_payload_differ"] if target == "cpu" else 0
+        if cmp["differ"] > allowed:
+            broken.append(name)
+    return broken
+
+
+def timings(impl: Implementation, inputs: dict, device: str, matrix,
+            inference: bool = False) -> dict:
+    """Median forward (and forward+backward) times. On the CPU: no warm-up call (the
+    repeats before it have compiled and warmed everything; at N = 32768 each call costs
+    seconds) and 1.5 s of timed calls (at least one); on a GPU: ``timing.warmup`` calls,
+    then up to ``timing.iters`` calls or 10 s."""
+    budget = 10.0 if device == "cuda" else 1.5
+    warmup = matrix.timing.warmup if device == "cuda" else 0
+    kw = {"device": device, "warmup": warmup, "iters": matrix.timing.iters,
+          "max_seconds": budget}
+    inputs = {k: v.clone() for k, v in inputs.items()}  # a writer spoils only these
+    fwd = timing.median_ms(lambda _i: impl.run(inputs, backward=False), **kw)
+    out = {"forward_ms": fwd["median_ms"], "forward_iters": fwd["iters"]}
+    if impl.has_backward and not inference:
+        both = timing.median_ms(lambda _i: impl.run(inputs, backward=True), **kw)
+        out.update(forward_backward_ms=both["median_ms"], forward_backward_iters=both["iters"])
+    return out
+
+
+def one_line(err: BaseException) -> str:
+    """``Type: first line of the message``."""
+    first = (str(err).strip().splitlines() or [""])[0]
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` is an allocator's refusal: CUDA out of memory, :class:`MemoryError`,
+    or the CPU allocator's ``RuntimeError: ... can't allocate memory``."""
+    return isinstance(err, (torch.cuda.OutOfMemoryError, MemoryError)) or (
+        isinstance(err, RuntimeError) and "can't allocate memory" in str(err))
+
+
+@dataclass
+class CaseContext:
+    """What every case of one cell shares: the matrix, the cell's target and device, the
+    implementations in run order (reference, baseline, the rest), the report's ``results``,
+    the phase clock, the hashing threads and whether to time and check batch invariance.
+    ``broken`` and ``no_baseline`` collect broken claims and cases without a baseline."""
+
+    matrix: object
+    target: str
+    device: str
+    impls: list
+    results: dict
+    clock: PhaseClock
+    hasher: futures.ThreadPoolExecutor
+    inference: bool
+    with_timings: bool
+    broken: list = field(default_factory=list)
+    no_baseline: list = field(default_factory=list)
+
+
+def _hash_later(ctx: CaseContext, tensors: dict) -> dict:
+    """Futures of ``compare.tensor_sha256`` per tensor (hashed by the worker threads)."""
+    return {k: ctx.hasher.submit(compare.tensor_sha256, v) for k, v in tensors.items()}
+
+
+def _run_one(ctx: CaseContext, impl: Implementation, x, on_device: dict, key: str,
+             dtype: str) -> dict | None:
+    """Run one implementation on one case: repeats, timings, batch invariance; its first
+    outputs, or None (unavailable, unsupported dtype, or it failed: recorded)."""
+    entry = ctx.results[impl.name]
+    if entry["status"] == "unavailable":
+        return None
+    supported = getattr(impl, "dtypes", None)  # an optional Implementation field
+    if supported and dtype not in supported:
+        entry.setdefault("unsupported", {})[key] = f"takes {', '.join(supported)} only, not {dtype}"
+        return None
+    is_reference = impl.role == "accuracy_reference"
+    repeats = 1 if is_reference else ctx.matrix.repeats
+    try:
+        inputs = on_device if impl.device is None else {
+            k: v.to(impl.device) for k, v in x.tensors.items()}
+        with ctx.clock.run(impl.name):
+            first, same, mutated = run_repeats(impl, inputs, repeats, ctx.inference)
+        entry["mutated_inputs"][key] = mutated
+        if not is_reference and ctx.with_timings:
+            with ctx.clock("timings"):
+                entry["timings"][key] = timings(impl, inputs, ctx.device, ctx.matrix,
+                                                ctx.inference)
+        if (ctx.matrix.batch_invariance is not None and impl.has_backward
+                and not ctx.inference and not is_reference):
+            with ctx.clock("batch_invariance"):
+                entry.setdefault("batch_invariant", {})[key] = batch_invariance.check(
+                    impl, inputs, max_size=ctx.matrix.batch_invariance.max_size, full=first)
+    except Exception as err:  # an implementation's failure is data, not a crash
+        oom = out_of_memory(err)
+        entry.update(status="oom" if oom else "error", reason=f"case {key}: {one_line(err)}",
+                     traceback=traceback.format_exc()[-4000:])
+        if oom and ctx.device == "cuda":
+            torch.cuda.empty_cache()
+        return None
+    entry["repeatable"][key] = same if repeats > 1 else {k: None for k in same}
+    return first
+
+
+def run_case(ctx: CaseContext, case, x, key: str, dtype: str) -> None:
+    """Run every implementation on one case's inputs ``x`` (:class:`runner.inputs.
+    CaseInputs`) and record it under ``key`` in ``ctx.results`` (and the hashes' futures
+    resolved before it returns)."""
+    matrix = ctx.matrix
+    with ctx.clock("inputs"):
+        on_device = {k: v.to(ctx.device) for k, v in x.tensors.items()}
+    pending: dict[str, dict] = {}
+    ref = base = None
+    for impl in ctx.impls:
+        first = _run_one(ctx, impl, x, on_device, key, dtype)
+        if first is None:
+            continue
+        pending[impl.name] = _hash_later(ctx, first)
+        entry = ctx.results[impl.name]
+        if impl.name == matrix.accuracy_reference:
+            ref = first
+            continue
+        if impl.name == matrix.baseline:
+            base = first
+        if ref is not None and impl.role != "accuracy_reference":
+            with ctx.clock("accuracy"):
+                entry["accuracy"][key] = layout(
+                    first, lambda k, m=first, r=ref: compare.accuracy(m[k], r[k]), out_list=False)
+        if base is not None and impl.name != matrix.baseline:
+            with ctx.clock("comparisons"):
+                cmp_entry = layout(first, lambda k, m=first, b=base: compare.bitwise(m[k], b[k]))
+            entry.setdefault(f"vs {matrix.baseline}", {})[key] = cmp_entry
+            ctx.results[matrix.baseline].setdefault(f"vs {impl.name}", {})[key] = cmp_entry
+            ctx.broken += [f"{impl.name}.{t}@{key}"
+                           for t in claims_broken(impl, cmp_entry, ctx.target)]
+        del first
+    if base is None:
+        ctx.no_baseline.append(key)
+    with ctx.clock("hashing"):
+        for name, hashes in pending.items():
+            ctx.results[name]["sha256"][key] = {k: f.result() for k, f in hashes.items()}
+    del on_device, pending
+    if ctx.device == "cuda":
+        torch.cuda.empty_cache()
