@@ -14,9 +14,12 @@ Example::
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
+import os
 import re
+import stat
 import types
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -56,6 +59,22 @@ KNOWN_IMPLEMENTATIONS: tuple[str, ...] = (
     "eager", "numba", "fp64", "compiled", "compiled_emulate", "sglang_indexed_gate_triton",
     "sglang_indexed_gate_triton_inplace", "sglang_residual_gate_add_jit",
     "vllm_omni_gated_residual", "vllm_omni_h3_fused", "rl_kernel_h3")
+MAX_REPEATS = 1000
+"""``repeats`` at most: each repeat runs every implementation on every case once more."""
+MAX_TIMING_CALLS = 100_000
+"""``timing.warmup`` and ``timing.iters`` at most (per case and implementation)."""
+MAX_SWEEP_SIZE = 1 << 20
+"""``batch_invariance.max_size`` at most (the sweep runs once per size up to it)."""
+MAX_ENV_VALUE_BYTES = 32 * 1024
+"""One mode environment value at most (Linux refuses a ``NAME=value`` over 128 KiB)."""
+MAX_ENV_BYTES = 128 * 1024
+"""A mode's ``NAME=value`` entries together at most (beside the host's own environment)."""
+MAX_MATRIX_BYTES = 1 << 20
+"""The matrix file's size at most (matrix.yaml is about 8 KB)."""
+MAX_YAML_DEPTH = 32
+"""Nesting of the matrix file at most (matrix.yaml nests 4 deep)."""
+MAX_YAML_NODES = 100_000
+"""Values in the matrix file at most, each alias counted as often as it is used."""
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"  # mode and stack names: they become file names
 ENV_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]*$"
 _PATTERN_WORDS = {
@@ -102,7 +121,22 @@ def _list_of(item: Any) -> Any:
 def _env_value(value: str) -> str:
     if any(c in value for c in "\n\r\0"):
         raise PydanticCustomError("matrix", "bad value", {"expected": "no newline or NUL"})
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_ENV_VALUE_BYTES:
+        raise PydanticCustomError("matrix", "bad value", {
+            "expected": f"a value of at most {MAX_ENV_VALUE_BYTES} bytes",
+            "got": f"{len(value.encode('utf-8', 'surrogatepass'))} bytes"})
     return value
+
+
+def _env_total(env: Mapping[str, str]) -> Mapping[str, str]:
+    """A mode's whole environment must fit beside the host's (the kernel's argument and
+    environment space: one ``NAME=value`` at most 128 KiB, all together a few MiB)."""
+    total = sum(len(f"{k}={v}".encode("utf-8", "surrogatepass")) + 1 for k, v in env.items())
+    if total > MAX_ENV_BYTES:
+        raise PydanticCustomError("matrix", "bad value", {
+            "expected": f"NAME=value entries of at most {MAX_ENV_BYTES} bytes together",
+            "got": f"{total} bytes"})
+    return env
 
 
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
@@ -175,15 +209,15 @@ class Case(_Frozen):
 class Timing(_Frozen):
     """Timing loop: ``warmup`` untimed calls, then ``iters`` timed ones."""
 
-    warmup: Annotated[StrictInt, Field(ge=0)] = 5
-    iters: Annotated[StrictInt, Field(ge=1)] = 50
+    warmup: Annotated[StrictInt, Field(ge=0, le=MAX_TIMING_CALLS)] = 5
+    iters: Annotated[StrictInt, Field(ge=1, le=MAX_TIMING_CALLS)] = 50
 
 
 class BatchInvariance(_Frozen):
     """Batch-invariance checks (:mod:`runner.batch_invariance`), run when the key is given:
     ``max_size`` caps the size sweep and the padded batch (CPU run time)."""
 
-    max_size: Annotated[StrictInt, Field(ge=1)] = 1025
+    max_size: Annotated[StrictInt, Field(ge=1, le=MAX_SWEEP_SIZE)] = 1025
 
 
 def _pep440(v: str) -> str:
@@ -231,7 +265,7 @@ class Mode(_Frozen):
     """A run mode: ``env`` for the cell process (name -> value) and ``torch`` settings;
     ``targets``: the targets it has cells on (None: every target of the matrix)."""
 
-    env: _map_of(EnvName, EnvValue) = FrozenMap()
+    env: Annotated[_map_of(EnvName, EnvValue), AfterValidator(_env_total)] = FrozenMap()
     torch: TorchSettings = TorchSettings()
     targets: _list_of(Target) | None = None
 
@@ -352,7 +386,7 @@ class Matrix(_Frozen):
     implementations: _list_of(StrictStr)
     baseline: StrictStr
     accuracy_reference: StrictStr | None = None
-    repeats: Annotated[StrictInt, Field(ge=1)] = 3
+    repeats: Annotated[StrictInt, Field(ge=1, le=MAX_REPEATS)] = 3
     timing: Timing = Timing()
     batch_invariance: BatchInvariance | None = None
     modes: _map_of(Name, Mode, min_length=1)
@@ -514,12 +548,14 @@ def load_matrix(path: str | Path, *,
     """
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = _read_matrix_file(Path(path), source)
     except (OSError, UnicodeDecodeError) as err:
         why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
         raise ConfigError(_one_line(f"{source}: cannot read the matrix file: {why}")) from err
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # a yaml.SafeLoader
+    except RecursionError as err:  # below MAX_YAML_DEPTH: a small stack limit
+        raise ConfigError(f"{source}: invalid YAML: nested too deeply") from err
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -528,8 +564,76 @@ def load_matrix(path: str | Path, *,
     return parse_matrix(data, source, known_implementations=known_implementations)
 
 
+def _read_matrix_file(path: Path, source: str) -> str:
+    """The text of a regular file of at most :data:`MAX_MATRIX_BYTES`; a FIFO or device is
+    refused without blocking on it.
+
+    Raises:
+        ConfigError: not a regular file, or too large.
+        OSError, UnicodeDecodeError: cannot be read, or not UTF-8.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(f"{source}: cannot read the matrix file: not a regular file")
+        if info.st_size > MAX_MATRIX_BYTES:
+            raise ConfigError(f"{source}: expected a matrix file of at most {MAX_MATRIX_BYTES} "
+                              f"bytes, got {info.st_size} bytes")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            data = f.read(MAX_MATRIX_BYTES + 1)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if len(data) > MAX_MATRIX_BYTES:  # grew since fstat
+        raise ConfigError(f"{source}: expected a matrix file of at most {MAX_MATRIX_BYTES} "
+                          "bytes, got more")
+    return data.decode("utf-8")
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses a duplicate key rather than keep the last value."""
+    """yaml.SafeLoader that refuses a duplicate key rather than keep the last value, YAML
+    nested deeper than :data:`MAX_YAML_DEPTH` (before Python's recursion limit is reached)
+    and a document of more than :data:`MAX_YAML_NODES` values once aliases are expanded
+    (a few lines of ``&a [*b, *b, ...]`` make billions)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested more than {MAX_YAML_DEPTH} levels deep",
+                    self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        sizes: dict[int, int] = {}
+
+        def expanded(n: yaml.Node) -> int:  # depth is bounded by compose_node
+            if id(n) not in sizes:
+                sizes[id(n)] = MAX_YAML_NODES + 1  # a cycle (a recursive alias) is too big
+                children = ([c for pair in n.value for c in pair]
+                            if isinstance(n, yaml.MappingNode)
+                            else n.value if isinstance(n, yaml.SequenceNode) else [])
+                total = 1
+                for child in children:
+                    total += expanded(child)
+                    if total > MAX_YAML_NODES:
+                        break
+                sizes[id(n)] = min(total, MAX_YAML_NODES + 1)
+            return sizes[id(n)]
+
+        if expanded(node) > MAX_YAML_NODES:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"more than {MAX_YAML_NODES} values once aliases are expanded",
+                node.start_mark)
+        return super().construct_document(node)
 
 
 def _unique_key_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -564,6 +668,8 @@ _EXPECTED = {
 def _describe(err: ValidationError, root: type[BaseModel]) -> str:
     """``<key path>: expected <x>, got <y>`` for the first error, plus ``(+K more)``."""
     errors = [e for e in err.errors() if not _follow_up(e)] or err.errors()
+    # an unknown key first: a misspelled key also makes its right spelling "missing"
+    errors.sort(key=lambda e: e["type"] != "extra_forbidden")
     kind, ctx, found = errors[0]["type"], errors[0].get("ctx") or {}, errors[0].get("input")
     parts, parent, node = _walk(errors[0]["loc"], root)
     expected, got, more = _EXPECTED.get(kind, "").format(**ctx), _show(found), len(errors) - 1
@@ -573,7 +679,12 @@ def _describe(err: ValidationError, root: type[BaseModel]) -> str:
     elif kind == "extra_forbidden":
         keys = _fields(parent) or ["(none)"]
         expected = f"one of the keys {', '.join(keys)}" if len(keys) > 1 else f"the key {keys[0]}"
-        got = f"unknown key {_show(parts[-1])}"
+        close = difflib.get_close_matches(str(parts[-1]), keys, n=1)
+        got = f"unknown key {_show(parts[-1])}" + (f" (did you mean {close[0]}?)" if close else "")
+        others = [_path(_walk(e["loc"], root)[0]) for e in errors[1:]
+                  if e["type"] == "extra_forbidden"]
+        if others:  # every unknown key is named
+            got += f"; unknown too: {', '.join(others)}"
     elif kind == "literal_error":
         expected = _one_of(re.findall(r"'([^']*)'", ctx["expected"]))
     elif kind in ("union_tag_invalid", "union_tag_not_found"):

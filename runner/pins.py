@@ -74,7 +74,7 @@ def version_spec(value: str) -> str:
         spec = str(_specifiers(text)) if text[0] in "<>=!~" else f"=={Version(text)}"
     except (InvalidVersion, InvalidSpecifier):
         raise _fail(_VERSION_WORDS) from None
-    if "===" in spec or not _SPEC_RE.match(spec):  # === takes any text: refused
+    if "===" in spec or not _SPEC_RE.fullmatch(spec):  # === takes any text: refused
         raise _fail(_VERSION_WORDS + ' (no "===")')
     return spec
 
@@ -107,7 +107,7 @@ def image_ref(value: str) -> str:
         >>> image_ref("nvidia/cuda:13.0.1-runtime-ubuntu24.04")
         'nvidia/cuda:13.0.1-runtime-ubuntu24.04'
     """
-    if not _IMAGE_RE.match(value):
+    if not _IMAGE_RE.fullmatch(value):
         raise _fail('an image "name:tag" or "name:tag@sha256:<64 hex digits>" (lower-case '
                     'name, tag required)')
     return value
@@ -120,7 +120,7 @@ def pip_url(value: str) -> str:
     image; give pip a netrc or keyring outside the image instead.
     """
     _printable(value)
-    if not _URL_RE.match(value):
+    if not _URL_RE.fullmatch(value):
         raise _fail("an http(s):// or file:// URL of letters, digits and ._~:/%+,=@-")
     if "@" in value.split("://", 1)[1].split("/", 1)[0]:
         raise _fail("a URL without credentials (user:password@ would be baked into the image)")
@@ -138,7 +138,7 @@ def safe_path(value: str) -> str:
         '/opt/wheels'
     """
     _printable(value)
-    if not _PATH_RE.match(value):
+    if not _PATH_RE.fullmatch(value):
         raise _fail("a path of letters, digits and ._/+,=@-")
     if ".." in value.split("/"):
         raise _fail('a path without ".." components')

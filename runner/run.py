@@ -37,9 +37,35 @@ STACK_SKIPPED = "its docker stack is skipped: see `skipped docker stack(s)` at t
 """The summary's reason for a cell of a skipped docker stack: the stack, why and what to do
 were named once when the run started (:func:`runner.backends.prepare_stacks`)."""
 BYTES_PER_ELEMENT_AT_LEAST = 3 * 2 + 8
-"""A lower bound on a case's host memory per element of (N, D): the inputs ``residual``,
-``y`` and the upstream gradient in the narrowest dtype (2 bytes each) and the float64
+"""A lower bound on a case's host memory per element of (N, D) in a 2-byte dtype: the
+inputs ``residual``, ``y`` and the upstream gradient (2 bytes each) and the float64
 reference's output (8 bytes). The real need is several times more."""
+_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "int64": 8, "int32": 4}
+
+
+def case_bytes_at_least(matrix, case) -> tuple[int, str, int]:
+    """A lower bound on the host memory of ``case``, and the key to blame when it is too big.
+
+    Counts every tensor the case must hold at once: ``residual``, ``y`` and the upstream
+    gradient (N x D each in the case's dtype), the float64 reference's output (N x D x 8
+    bytes, when the matrix has an accuracy reference), ``gate`` (G x D) and ``index`` (N in
+    the index dtype). Returns ``(bytes, key, value)``: the key is the largest of N, D and G
+    in the term that dominates (``"n"`` for the case's N, ``"problem.D"``, ``"problem.G"``).
+
+    Example::
+
+        >>> m = load_matrix("matrix.yaml"); case_bytes_at_least(m, m.cases[0])[1:]
+        ('problem.D', 5376)
+    """
+    dtype, index_dtype = matrix.case_dtypes(case)
+    size, d, g, n = _ITEMSIZE[dtype], matrix.problem.D, matrix.problem.G, case.n
+    rows = n * d * (3 * size + (8 if matrix.accuracy_reference else 0)) + n * _ITEMSIZE[index_dtype]
+    gate = g * d * size
+    if gate > rows:
+        key, value = ("problem.G", g) if g >= d else ("problem.D", d)
+    else:
+        key, value = ("n", n) if n >= d else ("problem.D", d)
+    return rows + gate, key, value
 
 
 def cuda_available() -> bool:
@@ -72,9 +98,9 @@ def check_case_sizes(matrix, cases, matrix_path: Path, memory: int | None) -> No
     """Refuse a case that cannot fit in this host's memory, before anything runs.
 
     ``memory``: the host's bytes (:func:`host_memory_bytes`); None skips the check. The
-    bound is :data:`BYTES_PER_ELEMENT_AT_LEAST` per element of (N, D), so a refused case
-    could never have run here (N = 10**11 needs petabytes); one that passes may still end
-    ``oom`` in its cell.
+    bound is :func:`case_bytes_at_least` (every tensor: N, D, G and the dtypes), so a
+    refused case could never have run here (N = 10**11 or G = 10**12 needs petabytes); one
+    that passes may still end ``oom`` in its cell. The message names the key to lower.
 
     Raises:
         ConfigError: e.g. ``matrix.yaml: cases[5].n: expected a size whose inputs fit in
@@ -84,13 +110,16 @@ def check_case_sizes(matrix, cases, matrix_path: Path, memory: int | None) -> No
         return
     index = {c.id: i for i, c in enumerate(matrix.cases)}
     for case in cases:
-        need = case.n * matrix.problem.D * BYTES_PER_ELEMENT_AT_LEAST
+        need, key, value = case_bytes_at_least(matrix, case)
         if need > memory:
+            key = f"cases[{index[case.id]}].n" if key == "n" else key
+            p = matrix.problem
             raise ConfigError(
-                f"{matrix_path.name}: cases[{index[case.id]}].n: expected a size whose inputs "
-                f"fit in this host's memory, got {case.n} (N x D = {case.n * matrix.problem.D}"
-                f" elements need at least {_bytes(need)}: {BYTES_PER_ELEMENT_AT_LEAST} bytes "
-                f"each; this host has {_bytes(memory)})")
+                f"{matrix_path.name}: {key}: expected a size whose tensors fit in this host's "
+                f"memory, got {value} (case {case.id}: N = {case.n}, D = {p.D}, G = {p.G}, "
+                f"{'/'.join(matrix.case_dtypes(case))}: at least {_bytes(need)} for the "
+                f"inputs, the upstream gradient and the reference's output; "
+                f"this host has {_bytes(memory)})")
 
 
 def _bytes(n: float) -> str:

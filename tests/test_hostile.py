@@ -211,3 +211,119 @@ def test_oversized_report_is_not_read(tmp_path: Path, monkeypatch: pytest.Monkey
     (tmp_path / "big.json").write_text(GOOD.read_text())
     problem = read_report(tmp_path / "big.json").problem
     assert problem is not None and problem.startswith("not read: ") and "1000" in problem
+
+
+# --------------------------------------------------------------------------- classes 3 and 4
+
+MATRIX = (ROOT / "matrix.yaml").read_text(encoding="utf-8")
+
+
+def _matrix_error(tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str],
+                  *extra: str) -> str:
+    """Run ``matrix`` on ``text``: exit 2, one line, nothing written; returns the line."""
+    from runner.__main__ import main
+
+    path = tmp_path / "matrix.yaml"
+    path.write_text(text, encoding="utf-8")
+    reports = tmp_path / "reports"
+    assert main(["matrix", "--matrix", str(path), "--reports", str(reports), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "matrix.yaml: " in err, err
+    assert "Traceback" not in err and not reports.exists()
+    return err.strip()
+
+
+def _replace(old: str, new: str) -> str:
+    assert MATRIX.count(old) == 1, old
+    return MATRIX.replace(old, new)
+
+
+SIZES = {
+    "repeats": (_replace("repeats: 3 ", "repeats: 3000000000 "),
+                "repeats: expected an integer <= 1000, got 3000000000"),
+    "timing.iters": (_replace("  iters: 50", "  iters: 10000000000"),
+                     "timing.iters: expected an integer <= 100000"),
+    "batch_invariance.max_size": (
+        _replace("{max_size: 1025}", "{max_size: 100000000000}"),
+        "batch_invariance.max_size: expected an integer <= 1048576, got 100000000000"),
+    "one env value of 128 KiB": (
+        _replace('":4096:8"', '"' + "x" * 131072 + '"'),
+        "modes.deterministic.env.CUBLAS_WORKSPACE_CONFIG: expected a value of at most 32768 "
+        "bytes, got 131072 bytes"),
+    "env entries together": (
+        _replace('{CUBLAS_WORKSPACE_CONFIG: ":4096:8"}',
+                 "{" + ", ".join(f'A{i}: "{"x" * 30000}"' for i in range(6)) + "}"),
+        "modes.deterministic.env: expected NAME=value entries of at most 131072 bytes "
+        "together, got 180024 bytes"),
+    "YAML 500 deep": ("a: " + "[" * 500 + "]" * 500 + "\n",
+                      "line 1, column 35: invalid YAML: nested more than 32 levels deep"),
+    "YAML aliases": (
+        "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+            f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n"
+            for i in range(9)),
+        "invalid YAML: more than 100000 values once aliases are expanded"),
+    "file size": (MATRIX + "#" * (2 << 20) + "\n",
+                  "expected a matrix file of at most 1048576 bytes, got"),
+    # class 4
+    "base_image with a trailing newline": (
+        _replace('base_image: "gate-residual/base:bookworm-py3.11"',
+                 'base_image: "gate-residual/base:bookworm-py3.11\\n"'),
+        '.base_image: expected an image "name:tag"'),
+    "misspelled required key": (_replace("baseline:", "baselin:"),
+                                'got unknown key "baselin" (did you mean baseline?)'),
+}
+
+
+@pytest.mark.parametrize("name", list(SIZES))
+def test_size_or_gap_refused_with_one_line_naming_the_key(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str) -> None:
+    text, expected = SIZES[name]
+    assert expected in _matrix_error(tmp_path, text, capsys)
+
+
+def test_every_unknown_key_is_named_first(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    text = _replace("baseline:", "baselin:").replace("repeats:", "repeat:")
+    line = _matrix_error(tmp_path, text, capsys)
+    assert line.startswith(f"error: {tmp_path / 'matrix.yaml'}: baselin: expected one of the keys")
+    assert "unknown too: repeat" in line
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_matrix_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    from runner.config import load_matrix
+    from runner.errors import ConfigError
+
+    os.mkfifo(tmp_path / "matrix.yaml")
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_matrix(tmp_path / "matrix.yaml")
+
+
+@pytest.mark.parametrize(("old", "new", "key"), [
+    ("G: 9 ", "G: 1000000000000 ", "problem.G: expected a size whose tensors fit in this "
+                                   "host's memory, got 1000000000000"),
+    ("D: 5376 ", "D: 1000000000000 ", "problem.D: expected a size whose tensors fit in this "
+                                      "host's memory, got 1000000000000"),
+])
+def test_every_tensor_counts_against_host_memory(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        old: str, new: str, key: str) -> None:
+    """G used to be left out (G = 10**12 started a cell that grew until killed), and a D too
+    big was reported against cases[0].n."""
+    from runner import run as run_mod
+
+    monkeypatch.setattr(run_mod, "host_memory_bytes", lambda: 2**40)
+    line = _matrix_error(tmp_path, _replace(old, new), capsys, "--target", "cpu", "--case", "1")
+    assert key in line and line.endswith("this host has 1 TiB)")
+
+
+def test_memory_bound_counts_gate_rows() -> None:
+    from runner.config import load_matrix
+    from runner.run import case_bytes_at_least
+
+    matrix = load_matrix(ROOT / "matrix.yaml")
+    case = matrix.cases[0]
+    small = case_bytes_at_least(matrix, case)[0]
+    bigger_g = matrix.model_copy(update={"problem": matrix.problem.model_copy(
+        update={"G": matrix.problem.G + 1000})})
+    assert case_bytes_at_least(bigger_g, case)[0] == small + 1000 * matrix.problem.D * 2
