@@ -116,13 +116,23 @@ def status_kind(status: str) -> str:
     return "skip" if status in ("skipped", "unavailable") else ""
 
 
+_LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9 ._:()+/@,=-]")
+
+
 def cell_label(report: LoadedReport) -> str:
-    """Our cell id, or ``reference:<file stem> (<gpu>)`` for a foreign report."""
+    """Our cell id, or ``reference:<file stem> (<gpu>)`` for a foreign report.
+
+    The label is shown in notes and code spans as well as in table cells, so any character
+    outside letters, digits, space and ``._:()+/@,=-`` (a file name or GPU string may hold
+    backticks, ``<``, newlines) becomes ``?``.
+    """
     data = report.data or {}
     if report.origin == "ours":
-        return str(data["cell"]["id"])
-    gpu = (data.get("environment") or {}).get("gpu") or "unknown GPU"
-    return f"reference:{report.path.stem} ({gpu})"
+        label = str(data["cell"]["id"])
+    else:
+        gpu = (data.get("environment") or {}).get("gpu") or "unknown GPU"
+        label = f"reference:{report.path.stem} ({gpu})"
+    return _LABEL_UNSAFE.sub("?", text(label))
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,19 @@ def _e(value: Any) -> str:
     return escape(str(value), quote=True)
 
 
+def _script_json(value: Any) -> str:
+    """JSON to embed in a ``<script>`` element: ``<``, ``>`` and ``&`` as ``\\u`` escapes, so
+    no report string can close the element (``</script>``) or switch the HTML parser into
+    its escaped states (``<!--``, ``<script``) that would swallow the page's own script.
+
+    Example:
+        >>> _script_json(["<!--<script>"])
+        '["\\\\u003c!--\\\\u003cscript\\\\u003e"]'
+    """
+    text = json.dumps(value, ensure_ascii=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
 def _inline(note: str) -> str:
     """Plain text with ``code`` spans in backticks, as HTML."""
     parts = _e(note).split("`")
@@ -308,7 +321,7 @@ def render_html(tables: Tables) -> str:
             if table.level <= 2:
                 nav.append((key if ids.seen[key] == 1 else f"{key}-{ids.seen[key]}",
                             table.title))
-    data = json.dumps([_facets(c) for c in cells], ensure_ascii=False).replace("</", "<\\/")
+    data = _script_json([_facets(c) for c in cells])
     return "\n".join([
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',

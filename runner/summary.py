@@ -110,11 +110,19 @@ def summary_rows(tables: Tables) -> list[dict[str, Any]]:
     return cached
 
 
+_FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+"""A spreadsheet treats a cell starting with one of these as a formula (OWASP CSV injection)."""
+
+
 def _csv_value(value: Any) -> Any:
+    """A CSV field: None empty, booleans ``true``/``false``, numbers as they are, and text
+    that a spreadsheet would run as a formula prefixed with ``'`` (OWASP's rule)."""
     if value is None:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, str) and value.startswith(_FORMULA_PREFIXES):
+        return "'" + value
     return value
 
 

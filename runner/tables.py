@@ -185,12 +185,32 @@ def slug(title: str) -> str:
     return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
 
 
+_MD_OURS = re.compile(r"\*\*cell [a-z_]+\*\*")
+_MD_SPECIAL = re.compile(r"[\\`*\[\]<>|~&]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")
+
+
+def md_text(value: object) -> str:
+    """Text from a report as inert Markdown on one line: line breaks become spaces, and every
+    character that could start markup, HTML, a link or end a table cell is backslash-escaped
+    (CommonMark escapes any ASCII punctuation; ``_`` only where it could emphasise). The
+    verdict table's own ``**cell <status>**`` at the start stays bold.
+
+    Example:
+        >>> md_text("a|b <img src=x> `c` grad_y _x_")
+        'a\\|b \\<img src=x\\> \\`c\\` grad_y \\_x\\_'
+    """
+    line = " ".join(str(value).split())
+    lead = _MD_OURS.match(line)  # the verdicts' own emphasis: a status is one of a few words
+    start = lead.end() if lead else 0
+    return line[:start] + _MD_SPECIAL.sub(lambda m: "\\" + m.group(0), line[start:])
+
+
 def _markdown_table(table: Table) -> str:
-    heading = f"{'#' * table.level} {table.title}\n"
+    heading = f"{'#' * table.level} {md_text(table.title)}\n"
     parts = [heading] + ([table.note + "\n"] if table.note else [])
     if table.headers:
         if table.rows:
-            rows = [[v.replace("|", "\\|") for v in r.values] for r in table.rows]
+            rows = [[md_text(v) for v in r.values] for r in table.rows]
             parts.append(tabulate(rows, headers=list(table.headers), tablefmt="github",
                                   disable_numparse=True) + "\n")
         else:

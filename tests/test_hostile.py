@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -327,3 +328,73 @@ def test_memory_bound_counts_gate_rows() -> None:
     bigger_g = matrix.model_copy(update={"problem": matrix.problem.model_copy(
         update={"G": matrix.problem.G + 1000})})
     assert case_bytes_at_least(bigger_g, case)[0] == small + 1000 * matrix.problem.D * 2
+
+
+# --------------------------------------------------------------------------- class 5: escaping
+
+HOSTILE_TEXT = "<!--<script>x</script> | <img src=x onerror=alert(1)> `code` [a](b) *b*\nrow2"
+
+
+def _hostile_tables(tmp_path: Path):
+    from runner.tables import build_tables
+
+    doc = _good()
+    doc["cell"]["stack"] = HOSTILE_TEXT  # the schema asks only for a non-empty string
+    doc["cell"]["mode"] = "=HYPERLINK(\"http://x\",\"y\")"
+    doc["status"], doc["reason"] = "error", HOSTILE_TEXT
+    (tmp_path / "host-plain-cuda.json").write_text(json.dumps(doc))
+    reference = _reference()
+    reference["environment"]["gpu"] = "B200`<b>|\n"
+    (tmp_path / "ref`<x>.json").write_text(json.dumps(reference))
+    loaded = read_reports(tmp_path)
+    assert all(r.ok for r in loaded), [r.problem for r in loaded]
+    return build_tables(loaded, relative_to=tmp_path)
+
+
+def test_html_data_block_cannot_end_or_comment_out_the_script(tmp_path: Path) -> None:
+    """``<!--<script>`` in a report string used to put the HTML parser in its "script data
+    escaped" state, so the page's own script never ran and the filters stayed empty."""
+    from runner.html import render_html
+
+    page = render_html(_hostile_tables(tmp_path))
+    block = re.search(r'<script type="application/json" id="cells-data">(.*?)</script>', page,
+                      re.S)
+    assert block is not None
+    data = block.group(1)
+    assert "<" not in data and ">" not in data and "&" not in data
+    assert HOSTILE_TEXT in {c["stack"] for c in json.loads(data)}
+    assert "<img" not in page and "<!--<script>" not in page
+
+
+def test_markdown_cells_are_inert(tmp_path: Path) -> None:
+    from runner.tables import markdown, md_text
+
+    text = markdown(_hostile_tables(tmp_path))
+    assert not re.search(r"(?<!\\)<", text.split("## Verdicts", 1)[1])  # every < escaped
+    assert r"\<img src=x onerror=alert(1)\> \`code\` \[a\](b) \*b\* row2" in text
+    assert "reference:ref?" in text  # a label made of a file name and a GPU string
+    lines = text.splitlines()
+    for i, line in enumerate(lines):  # a row has as many column borders as its header
+        if line.startswith("|-"):
+            width = line.count("|")
+            for row in lines[i + 1:]:
+                if not row.startswith("|"):
+                    break
+                assert len(re.findall(r"(?<!\\)\|", row)) == width, row
+    assert md_text("**cell error**: a*b") == r"**cell error**: a\*b"
+    assert md_text("grad_y _x_") == r"grad_y \_x\_"
+
+
+def test_csv_formula_prefixes_are_quoted(tmp_path: Path) -> None:
+    import csv
+    import io
+
+    from runner.summary import render_csv
+
+    rows = list(csv.DictReader(io.StringIO(render_csv(_hostile_tables(tmp_path)))))
+    modes = {r["mode"] for r in rows if r["cell"] == "host-plain-cuda"}
+    assert modes == {"'=HYPERLINK(\"http://x\",\"y\")"}
+    for row in rows:
+        for value in row.values():
+            assert not value.startswith(("=", "+", "@", "\t", "\r")), value
+            assert not value.startswith("-") or value.lstrip("-").replace(".", "").isdigit()
