@@ -200,7 +200,10 @@ def synthetic(cases: dict[str, dict], repeatable: dict[str, dict[str, dict]]) ->
     data = json.loads(H200.read_text())
     data = copy.deepcopy(data)
     data["cases"] = [int(c) if c.isdigit() else c for c in cases]
-    data["inputs"] = {c: data["inputs"]["257"] for c in cases}
+    # every CMP has numel 8: one row of D = 8, one gate row (validate checks N x D, G x D)
+    data["problem"].update(D=8, G=1)
+    one_row = {k: v for k, v in data["inputs"]["257"].items() if k != "index_counts"}
+    data["inputs"] = {c: {**one_row, "n": 1} for c in cases}
     for impl in ("numba", "eager"):
         entry = data["results"][impl]
         for key in ("sha256", "accuracy", "timings", "mutated_inputs"):
