@@ -216,6 +216,9 @@ def _numel_problems(report: Mapping[str, Any]) -> Iterator[str]:
 
 def _semantic_problems(report: Mapping[str, Any]) -> Iterator[str]:
     """Rules beyond the schema; only called on a schema-valid report."""
+    cell_id = report["cell"]["id"]
+    if not CELL_ID_RE.fullmatch(cell_id):  # jsonschema's $ lets "x\n" pass
+        yield f"cell.id: expected a name matching {CELL_ID_RE.pattern}, got {cell_id!r}"
     cases = {str(c) for c in report["cases"]}
     g = (report.get("problem") or {}).get("G")
     for key, given in report.get("inputs", {}).items():
@@ -372,7 +375,7 @@ def write_report(report: dict[str, Any], directory: Path) -> Path:
     """
     cell = report.get("cell")
     cell_id = cell.get("id") if isinstance(cell, dict) else None
-    if not isinstance(cell_id, str) or not CELL_ID_RE.match(cell_id):
+    if not isinstance(cell_id, str) or not CELL_ID_RE.fullmatch(cell_id):
         raise ReportError(
             f"invalid report: cell.id: expected a name matching {CELL_ID_RE.pattern}, "
             f"got {cell_id!r}"
