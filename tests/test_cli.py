@@ -100,8 +100,9 @@ def test_bad_option_exits_2_and_writes_nothing(reports, capsys, argv, fragment):
     ("op: gate_residual", "op: !!python/object/apply:os.system [id]", "invalid YAML"),
     ("  plain: {}", "  ../plain: {}", 'modes["../plain"]: expected a name'),
     ("  - {n: 4097}", "  - {n: 100000000000}", "bad.yaml: cases[2].n: expected a size whose "
-     "inputs fit in this host's memory, got 100000000000 (N x D = 537600000000000 elements "
-     "need at least 6.68 PiB: 14 bytes each; this host has "),
+     "tensors fit in this host's memory, got 100000000000 (case 100000000000: N = "
+     "100000000000, D = 5376, G = 9, bfloat16/int64: at least 6.69 PiB for the inputs, the "
+     "upstream gradient and the reference's output; this host has "),
 ])
 def test_bad_matrix_exits_2_and_writes_nothing(reports, tmp_path, capsys, old, new, fragment):
     before = snapshot(reports)
