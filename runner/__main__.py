@@ -140,7 +140,8 @@ def _cmd_base_image(args) -> int:
 
 
 def _cmd_cell(args) -> int:
-    from runner import modes
+    from runner import lifetime, modes
+    from runner.progress import progress_line
 
     start = modes.snapshot()  # before torch is imported: what the backend put in the env
     import torch
@@ -160,11 +161,22 @@ def _cmd_cell(args) -> int:
     applied = modes.apply_torch_settings(mode.torch)  # before any CUDA call
     if cells[0].target == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--target: cuda was requested but torch sees no CUDA device here")
+    lifetime.start_watchdog()
+    before_torch = not start.torch_imported
+
+    def checkpoint(partial: dict, progress: dict) -> None:
+        """After each case: the report so far goes to disk whole (``partial`` until the
+        last case), then one progress line the runner renders (runner/progress.py)."""
+        partial["environment"]["mode_applied_before_torch_import"] = before_torch
+        report_io.write_report(partial, args.reports)
+        print(progress_line(cells[0].id, progress), flush=True)
+
     report = run_cell(matrix, cells[0], select_cases(matrix, args.case), run_id=args.run_id,
                       timings=not args.no_timings,
                       mode_environment=modes.mode_environment(cells[0].mode, mode, start,
-                                                              applied))
-    report["environment"]["mode_applied_before_torch_import"] = not start.torch_imported
+                                                              applied),
+                      on_case=checkpoint)
+    report["environment"]["mode_applied_before_torch_import"] = before_torch
     path = report_io.write_report(report, args.reports)
     print(f"[runner] {cells[0].id}: {report['status']} -> {path}")
     return 0
@@ -212,7 +224,8 @@ def _cmd_report(args) -> int:
 
 @contextlib.contextmanager
 def _signals_interrupt() -> Iterator[None]:
-    """SIGINT and SIGTERM raise :class:`Interrupted` for the duration (the first one only:
+    """SIGINT, SIGTERM and SIGHUP (a closed terminal or SSH session) raise
+    :class:`Interrupted` for the duration (the first one only:
     later ones are ignored, so that the clean-up the first one started is not cut short).
     A signal the process was started with ignored stays ignored (``nohup``, ``&``)."""
     if threading.current_thread() is not threading.main_thread():
@@ -226,7 +239,7 @@ def _signals_interrupt() -> Iterator[None]:
         fired.append(signum)
         raise Interrupted(signum)
 
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     for s, handler in previous.items():
         if handler is not signal.SIG_IGN:
             signal.signal(s, interrupt)

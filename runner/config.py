@@ -147,6 +147,9 @@ PythonVersion = Annotated[StrictStr, AfterValidator(pins.python_version)]
 ImageRef = Annotated[StrictStr, AfterValidator(pins.image_ref)]
 PipUrl = Annotated[StrictStr, AfterValidator(pins.pip_url)]
 HostPath = Annotated[StrictStr, AfterValidator(pins.safe_path)]
+# a PyPI project name (pydantic's regex engine: "$" is the end of the text, no newline before)
+Distribution = Annotated[str, StringConstraints(
+    pattern=r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,98}[A-Za-z0-9])?$")]
 DType = Literal["bfloat16", "float16", "float32"]
 IndexDType = Literal["int64", "int32"]
 Target = Literal["cuda", "cpu"]
@@ -243,10 +246,10 @@ class Libraries(_Frozen):
     default: .carry/rl-kernel-h3, else ../shared/third_party/rl-kernel-h3).
     """
 
-    wheelhouse: StrictStr = ".carry/kernel-wheelhouse"
-    versions: _map_of(StrictStr,
+    wheelhouse: HostPath = ".carry/kernel-wheelhouse"
+    versions: _map_of(Distribution,
                       _list_of(Annotated[StrictStr, AfterValidator(_pep440)])) = FrozenMap()
-    rl_kernel: StrictStr | None = None
+    rl_kernel: HostPath | None = None
 
 
 class TorchSettings(_Frozen):

@@ -50,7 +50,8 @@ class BackendError(MatrixError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM reached the runner (exit code 128 + the signal: 130 or 143).
+    """SIGINT, SIGTERM or SIGHUP reached the runner (exit code 128 + the signal: 130, 143,
+    129).
 
     A ``KeyboardInterrupt``, so that every clean-up written for Ctrl-C (kill the cell's
     process group, remove its container and staging directory, remove a half-written

@@ -12,7 +12,7 @@ cases when the run was partial (``--case``: :func:`plan_partial`, :func:`merge_r
 
 from __future__ import annotations
 
-import copy
+import functools
 import math
 import os
 import shutil
@@ -23,14 +23,15 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from runner import implementations, tables
+from runner import implementations, staging, tables
 from runner import report as report_io
 from runner.backends import BACKENDS, DockerBackend, prepare_stacks, resolve, route
-from runner.cell import fingerprint, skeleton
+from runner.cell import case_key, fingerprint, skeleton
 from runner.cells import Cell, cases_on, expand, select, select_cases
 from runner.config import load_matrix
 from runner.environment import project_state, uncommitted_digest
 from runner.errors import ConfigError, ReportError
+from runner.merge import finish_partial, plan_partial
 
 DEFAULT_TIMEOUT_S = 3600.0
 STACK_SKIPPED = "its docker stack is skipped: see `skipped docker stack(s)` at the start"
@@ -243,6 +244,7 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
         print(f"[runner] removed {stale.name}: left by an interrupted write", flush=True)
     project = project_state()
     project["diff_sha256"] = uncommitted_digest() if project.get("dirty") else None
+    _salvage_stale(reports_dir, matrix)
     outcomes: list[CellOutcome] = []
     for cell in cells:
         path = reports_dir / f"{cell.id}.json"
@@ -270,8 +272,11 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
                                   timeout_s=timeout_s)
             continue
         extra = _fingerprint_extra(runner_backend, matrix, cell)
-        plan = None
-        if is_partial:
+        current = fingerprint(matrix, cell, chosen_cases, project, extra)
+        plan = resume = None
+        if not force:  # a stopped run of this very selection: only its missing cases
+            resume = staging.resumable(path, current)
+        if resume is None and is_partial:
             plan = plan_partial(path, matrix, cell, chosen_cases, project, extra, force=force)
             if plan.action == "reuse":
                 outcomes.append(CellOutcome(cell.id, "ok", plan.note, path, reused=True))
@@ -280,30 +285,34 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
                 print(f"[runner] cell {cell.id}: refused: {plan.note}", flush=True)
                 outcomes.append(CellOutcome(cell.id, "refused", plan.note, path))
                 continue
-        elif not force and _reusable(path, fingerprint(matrix, cell, chosen_cases, project,
-                                                       extra)):
+        elif resume is None and not force and _reusable(path, current):
             outcomes.append(CellOutcome(cell.id, "ok", "same fingerprint: not run again", path,
                                         reused=True))
             continue
-        print(f"[runner] cell {cell.id}: running "
-              f"{len(cases_on(chosen_cases, cell.target))} case(s) on {backend_name}", flush=True)
-        stage = reports_dir / f".run-{run_id}"
-        try:  # the backend writes only here; the report goes in place below, whole
-            stage.mkdir()
-            result = runner_backend.run(matrix, cell, chosen_cases, matrix_path=matrix_path,
-                                        reports_dir=stage, run_id=run_id, timeout_s=timeout_s)
-        finally:
-            shutil.rmtree(stage, ignore_errors=True)
-        # The runner's fingerprint decides reuse; taken after the run, so that what the run
-        # made (a docker image and its id) counts as the next run will see it.
-        extra = _fingerprint_extra(runner_backend, matrix, cell)
-        result = {**result, "fingerprint": fingerprint(matrix, cell, chosen_cases, project,
-                                                       extra)}
+        to_run = cases_on(chosen_cases, cell.target)
+        if resume is not None:
+            missing = {str(c) for c in resume["cases_missing"]}
+            to_run = [c for c in to_run if str(case_key(c)) in missing]
+            print(f"[runner] cell {cell.id}: resuming: {len(resume['cases'])} case(s) done, "
+                  f"running the {len(to_run)} missing on {backend_name}", flush=True)
+        else:
+            print(f"[runner] cell {cell.id}: running {len(to_run)} case(s) on {backend_name}",
+                  flush=True)
+        result = _run_staged(runner_backend, matrix, cell, to_run, resume,
+                             matrix_path=matrix_path, reports_dir=reports_dir, run_id=run_id,
+                             timeout_s=timeout_s,
+                             stamp=functools.partial(_stamp, backend=runner_backend,
+                                                     matrix=matrix, cell=cell,
+                                                     cases=chosen_cases, project=project))
         status, reason = result["status"], result.get("reason")
         if plan is not None:
+            extra = _fingerprint_extra(runner_backend, matrix, cell)
             result, status, reason = finish_partial(plan, result, matrix, cell, project, extra,
                                                     force=force)
-        if result is not None:
+        if result is not None and status == "partial":
+            if staging.keep_partial(result, reports_dir) is None:
+                reason = f"{reason}; kept the ok report of the same fingerprint"
+        elif result is not None:
             _write(result, reports_dir)
         outcomes.append(CellOutcome(cell.id, status, reason, path))
     if render:
@@ -315,153 +324,60 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
     return outcomes
 
 
-# --- partial runs (--case): merged into the existing report, per case -----------------------
+def _stamp(result: dict, *, backend, matrix, cell, cases, project: dict) -> dict:
+    """``result`` with the runner's fingerprint, which decides reuse and resume. Taken after
+    the run, so that what the run made (a docker image and its id) counts as the next run
+    will see it."""
+    extra = _fingerprint_extra(backend, matrix, cell)
+    return {**result, "fingerprint": fingerprint(matrix, cell, cases, project, extra)}
 
-MACHINE_KEYS = ("gpu", "capability", "driver", "torch", "cuda", "python", "libraries", "cpu",
-                "torch_cpu_capability", "tf32", "mode_environment", "project")
-"""``environment`` keys that must agree for two runs' cases to share one report (``host``
-and ``platform`` may differ: a container's host name is its id)."""
 
+def _run_staged(backend, matrix, cell, cases, resume: dict | None, *, matrix_path: Path,
+                reports_dir: Path, run_id: str, timeout_s: float, stamp) -> dict:
+    """Run ``cases`` of ``cell`` through ``backend`` into a staging directory and return
+    the stamped report (merged into ``resume``, the stopped run's partial report, if any).
 
-@dataclass(frozen=True)
-class PartialPlan:
-    """What a partial run does with a cell's existing report.
-
-    ``action``: ``fresh`` (no report to keep: none, unreadable, skipped), ``replace`` (a
-    failed report, or ``--force`` over one that cannot take the cases), ``merge``,
-    ``reuse`` (the report is current and holds every selected case) or ``refuse`` (it holds
-    other cases of other code or another machine: not run, kept). ``old``: the report.
+    When the run is interrupted (Ctrl-C, SIGTERM, SIGHUP), the partial report the cell left
+    in the stage is kept (:func:`runner.staging.keep_partial`) before the interruption goes
+    on; the stage is always removed.
     """
-
-    action: str
-    old: dict | None = None
-    note: str | None = None
-
-
-def _case_ids(report: dict) -> list[str]:
-    return [str(c) for c in report.get("cases") or []]
-
-
-def plan_partial(path: Path, matrix, cell, cases, project: dict, extra: dict, *,
-                 force: bool) -> PartialPlan:
-    """Decide, before running, what a partial run of ``cell`` does with ``path``.
-
-    The existing report can take the run's cases when it is ``ok`` and its fingerprint is
-    the one this run would give its own case list: same matrix content, stack, mode,
-    target, project commit and uncommitted diff, and docker image.
-    """
-    loaded = report_io.read_report(path) if path.exists() else None
-    old = loaded.data if loaded and loaded.origin == "ours" else None
-    if old is None or old.get("status") == "skipped" or old["cell"]["id"] != cell.id:
-        return PartialPlan("fresh")
-    if old["status"] != "ok":
-        return PartialPlan("replace", old, f"replaced the existing {old['status']} report "
-                                           "(a failed report is not merged into)")
-    old_ids = _case_ids(old)
-    try:
-        same = old.get("fingerprint") == fingerprint(
-            matrix, cell, select_cases(matrix, old_ids), project, extra)
-    except ConfigError:  # a case the matrix no longer has
-        same = False
-    if same:
-        if not force and {c.id for c in cases} <= set(old_ids):
-            return PartialPlan("reuse", old, "same fingerprint: not run again")
-        return PartialPlan("merge", old)
-    made = (old.get("environment") or {}).get("project") or {}
-    why = (f"made at commit {made['commit'][:12]}, this checkout is at "
-           f"{str(project.get('commit'))[:12]}"
-           if made.get("commit") and made["commit"] != project.get("commit") else
-           "matrix.yaml, the stack, the mode, the uncommitted changes or the image differ")
-    if force:
-        return PartialPlan("replace", old, f"replaced (--force) the report of cases "
-                                           f"{', '.join(old_ids)}: {why}")
-    return PartialPlan("refuse", old, (
-        f"not run: {path.name} holds cases {', '.join(old_ids)} of another fingerprint "
-        f"({why}); merging would mix them, so it is kept. Run every case (no --case) to "
-        "replace it, or add --force to replace it with these cases only"))
+    stage = staging.open_stage(reports_dir, run_id, fingerprint=stamp({})["fingerprint"])
+    try:  # the backend writes only in the stage; the report goes in place afterwards, whole
+        result = backend.run(matrix, cell, cases, matrix_path=matrix_path, reports_dir=stage,
+                             run_id=run_id, timeout_s=timeout_s)
+    except BaseException:
+        partial = staging.salvage(stage, cell.id)
+        if partial is not None:
+            partial = stamp(partial)
+            if resume is not None:
+                partial = staging.combine(resume, partial, matrix)
+            if staging.keep_partial(partial, reports_dir) is not None:
+                print(f"\n[runner] cell {cell.id}: kept {len(partial['cases'])} finished "
+                      "case(s) as a partial report; the next run resumes it", flush=True)
+        raise
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    result = stamp(result)
+    return result if resume is None else staging.combine(resume, result, matrix)
 
 
-def finish_partial(plan: PartialPlan, result: dict, matrix, cell, project: dict,
-                   extra: dict, *, force: bool) -> tuple[dict | None, str, str | None]:
-    """After a partial run: (the report to write, or None to keep the existing one; the
-    outcome's status; its reason).
-
-    A merge also needs the two runs' machines to agree (:data:`MACHINE_KEYS`; a report the
-    runner wrote for a cell process that captured nothing is not compared): when they do
-    not, the existing report is kept and this run's is not written (``refused``), or with
-    ``force`` replaces it.
-    """
-    status, reason = result["status"], result.get("reason")
-    if plan.action in ("fresh", "replace"):
-        return result, status, "; ".join(r for r in (reason, plan.note) if r) or None
-    if not _case_ids(result):  # none of the selected cases runs on this cell's target
-        return None, status, "; ".join(r for r in (reason, "kept the existing report") if r)
-    old_env, new_env = plan.old.get("environment") or {}, result.get("environment") or {}
-    differ = [f"{k} {old_env.get(k)!r} -> {new_env.get(k)!r}" for k in MACHINE_KEYS
-              if "torch" in new_env and old_env.get(k) != new_env.get(k)]
-    if differ and force:
-        return result, status, (f"replaced (--force) the report of cases "
-                                f"{', '.join(_case_ids(plan.old))}: it was made elsewhere "
-                                f"({'; '.join(differ[:3])})")
-    if differ:
-        return None, "refused", (
-            f"not merged: the existing report was made elsewhere ({'; '.join(differ[:3])}), "
-            f"so it is kept and this run's {status} result is not written. Run every case "
-            "to replace it, or add --force")
-    merged = merge_reports(plan.old, result, matrix)
-    merged["fingerprint"] = fingerprint(matrix, cell, select_cases(matrix, _case_ids(merged)),
-                                        project, extra)
-    return merged, status, reason
-
-
-def merge_reports(old: dict, new: dict, matrix) -> dict:
-    """``new`` (a partial run) merged into ``old`` (an ``ok`` report of the same fingerprint
-    and machine), case by case.
-
-    Every per-case map (``inputs``, and each map of ``results[impl]`` keyed by case ids:
-    ``sha256``, ``vs <impl>``, ``timings``...) keeps ``old``'s entries for the cases ``new``
-    did not run and takes ``new``'s for those it did (a case ``new`` lists without data,
-    as after a timeout, loses its old data). Everything else is ``new``'s: its status and
-    reason (``old`` was ok, so any fault is in ``new``'s cases), run id, times, log tail,
-    exit code. ``environment.case_runs`` records, per case, the run id and finish time of
-    the run that produced it. Cases are in the matrix's order.
-    """
-    ran = set(_case_ids(new))
-    raw = {str(c): c for c in [*old["cases"], *new["cases"]]}
-    order = [c.id for c in matrix.cases if c.id in raw]
-    ids = set(order)
-
-    def per_case(o: dict | None, n: dict | None) -> dict:
-        both = {**{k: v for k, v in (o or {}).items() if k not in ran}, **(n or {})}
-        return {k: both[k] for k in order if k in both}
-
-    def is_per_case(value) -> bool:
-        return isinstance(value, dict) and set(value) <= ids
-
-    merged = copy.deepcopy(new)
-    merged["cases"] = [raw[c] for c in order]
-    merged["inputs"] = per_case(old.get("inputs"), new.get("inputs"))
-    results = {}
-    for impl in dict.fromkeys([*new.get("results", {}), *old.get("results", {})]):
-        o, n = old["results"].get(impl) or {}, new["results"].get(impl)
-        entry = copy.deepcopy(n if n is not None else o)
-        for key, value in o.items():
-            if is_per_case(value) and (n is None or is_per_case(n.get(key, {}))):
-                entry[key] = per_case(value, None if n is None else n.get(key))
-        mutated = {k: v for k, v in (entry.get("mutated_inputs") or {}).items() if v}
-        if entry.get("status") == "ok":  # an ok implementation's reason, as runner/cell.py
-            entry["reason"] = ("mutates its inputs: " + "; ".join(  # words it
-                f"case {k}: {', '.join(v)}" for k, v in mutated.items())) if mutated else None
-        results[impl] = entry
-    merged["results"] = results
-    old_env = old.get("environment") or {}
-    runs = dict(old_env.get("case_runs") or {c: {"run_id": old["run_id"],
-                                                 "finished_at": old["finished_at"]}
-                                             for c in _case_ids(old)})
-    runs.update({c: {"run_id": new["run_id"], "finished_at": new["finished_at"]} for c in ran})
-    merged["environment"] = {**old_env, **(new.get("environment") or {}),
-                             "case_runs": {c: runs[c] for c in order if c in runs}}
-    return merged
+def _salvage_stale(reports_dir: Path, matrix) -> None:
+    """Remove the staging directories of runs that died, keeping the partial reports found
+    there (:func:`runner.staging.clean_stale`, stamped with the fingerprint their runner
+    recorded), merged into the partial report they were resuming, if any."""
+    for stage, partials in staging.clean_stale(reports_dir):
+        kept = []
+        for partial in partials:
+            if not partial.get("fingerprint"):
+                continue
+            path = reports_dir / f"{partial['cell']['id']}.json"
+            earlier = staging.resumable(path, partial["fingerprint"])
+            if earlier is not None:
+                partial = staging.combine(earlier, partial, matrix)
+            if staging.keep_partial(partial, reports_dir) is not None:
+                kept.append(partial["cell"]["id"])
+        note = f"; kept partial report(s) of {', '.join(kept)}" if kept else ""
+        print(f"[runner] removed {stage.name}: left by a run that died{note}", flush=True)
 
 
 def _run_abba(backend, matrix, cell, mode_b: str, cases, project, *, matrix_path: Path,

@@ -16,7 +16,13 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-steps=${STEPS:-"env smoke tests sass matrix bench profile"}
+# Compilation caches inside the (git-ignored) build/ folder: the device tool keeps ignored
+# build outputs between calls, so later calls reuse inductor's, Triton's and RL-Kernel's.
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$PWD/build/inductor}
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/build/triton}
+export RLK_BUILD_DIR=${RLK_BUILD_DIR:-$PWD/build/rl-kernel}
+export GATE_RESIDUAL_PROGRESS=${GATE_RESIDUAL_PROGRESS:-plain}
+steps=${STEPS:-"env smoke tests sass libsmoke matrix bench profile"}
 rc=0
 for step in $steps; do
   echo "=== $step"
@@ -27,9 +33,12 @@ for step in $steps; do
             python3 -c "import torch; from kernels.gate_residual import gate_residual_forward as f; x = torch.ones(3, 5376, device='cuda', dtype=torch.bfloat16); i = torch.zeros(3, dtype=torch.int64, device='cuda'); assert torch.equal(f(x, x[:1], x, i), x + x[:1] * x); print('launch ok')" \
               || { export GATE_RESIDUAL_LAUNCH=core; echo "cuLaunchKernel failed: GATE_RESIDUAL_LAUNCH=core"; rc=1; } ;;
     tests)  python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py 2>&1 | tee "$out/gpu-tests.log" | tail -25 || rc=1 ;;
+    libsmoke) # library rows (issue 13): kernel-only loads from .carry/, RL-Kernel's build
+            python3 scripts/library_smoke.py 2>&1 | tee "$out/library-smoke.log" | tail -30 || rc=1 ;;
     sass)   python3 scripts/sass_report.py > "$out/sass-report.txt" 2>&1 || rc=1; tail -30 "$out/sass-report.txt" ;;
     matrix) # one tarball: the device tool returns few files (six modes make six cuda reports)
-            python3 -m runner matrix ${MATRIX_ARGS:---stack host --target cuda} 2>&1 | tee "$out/matrix.log" | tail -30 || rc=1
+            timer=""; [ -x /usr/bin/time ] && timer="/usr/bin/time -v"
+            $timer python3 -m runner matrix ${MATRIX_ARGS:---stack host --target cuda} 2>&1 | tee "$out/matrix.log" | tail -60 || rc=1
             tar czf "$out/matrix-reports.tgz" reports/*-cuda.json reports/README.md 2>/dev/null ;;
     bench)  python3 -m runner.bench ${BENCH_ARGS:-} --out "$out" 2>&1 | tee "$out/bench.log" | tail -60 || rc=1 ;;
     profile) python3 scripts/profile_host.py 1 > "$out/profile-host.txt" 2>&1 || rc=1; grep "us/call" "$out/profile-host.txt" ;;

@@ -43,7 +43,8 @@ EVIL = [
 FREE_TEXT = {("Mode", "env", "value")}
 #: Host paths (wheelhouse, CA bundle): a user path, read on the host like --reports; may be
 #: absolute or start with "-" (never an argument to a shell), never climb out with "..".
-HOST_PATHS = {("PipOptions", "find_links", "value"), ("PipOptions", "ca_bundle", "value")}
+HOST_PATHS = {("PipOptions", "find_links", "value"), ("PipOptions", "ca_bundle", "value"),
+              ("Libraries", "wheelhouse", "value"), ("Libraries", "rl_kernel", "value")}
 HOST_PATH_OK = {"-rf"}
 
 
@@ -58,6 +59,7 @@ def rich() -> dict[str, Any]:
                   pip={"index_url": "https://pypi.org/simple",
                        "extra_index_urls": ["https://pypi.nvidia.com"],
                        "find_links": "wheels", "ca_bundle": "certs/ca.pem"})
+    data.setdefault("libraries", {})["rl_kernel"] = "/opt/rl-kernel-h3"
     return data
 
 
@@ -215,10 +217,14 @@ def test_host_backend_passes_env_values_and_names_without_a_shell(tmp_path, monk
     class Recorder:
         def __init__(self, argv, **kw):
             seen.update(argv=argv, **kw)
-            self.pid, self.returncode = 0, 1
+            self.pid, self.returncode = -1, 1  # never a real process group
+            self.stdout = iter(())
 
         def communicate(self, timeout=None):
             return "", None
+
+        def wait(self, timeout=None):
+            return self.returncode
 
     monkeypatch.setenv("GATE_RESIDUAL_COMMIT", "0" * 40)  # no git call while Popen is faked
     monkeypatch.setattr(subprocess, "Popen", Recorder)

@@ -19,13 +19,18 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+from runner import lifetime
 from runner import report as report_io
 from runner.backends.interrupts import deferred
 from runner.cell import skeleton
+from runner.cells import cases_on
 from runner.environment import PROJECT_ROOT
+from runner.progress import PREFIX, ProgressView
+from runner.staging import stopped_partial
 
 LOG_TAIL_CHARS = 6000
 
@@ -96,8 +101,21 @@ def failure_reason(exit_code: int | None, timed_out: bool, timeout_s: float, *,
             f"oom_kill stayed {before}): another process or a hard limit sent it")
 
 
+def _read_lines(stream, lines: list[str], view: ProgressView) -> None:
+    """Reader thread: keep every line of the cell's output, show its progress lines (and
+    the watchdog's ``[cell]`` lines) as they come."""
+    for line in stream:
+        lines.append(line)
+        text = line.rstrip("\n")
+        if text.startswith((PREFIX, "[cell]")):
+            view.feed(text)
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the cell's process group (its own session), if it is still there."""
+    """SIGKILL the cell's process group (its own session), if it is still there (never a
+    group id <= 0, which would name the caller's own group or every process)."""
+    if proc.pid <= 0:
+        return
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -135,35 +153,47 @@ class HostBackend:
         case_ids = [str(case_key(c)) for c in cases]
         argv = self.command(matrix_path=matrix_path, cell=cell, case_ids=case_ids,
                             reports_dir=reports_dir, run_id=run_id)
-        env = {**os.environ, **dict(matrix.modes[cell.mode].env), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **dict(matrix.modes[cell.mode].env), "PYTHONUNBUFFERED": "1",
+               **lifetime.child_environment(timeout_s)}
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
         started = time.perf_counter()
         kills_before = oom_kill_count()
-        proc, timed_out = None, False
-        try:
-            with deferred():  # a Ctrl-C or SIGTERM during the start lands once proc is known
-                proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True, env=env, cwd=PROJECT_ROOT,
-                                        start_new_session=True, errors="replace")
-            log, _ = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
-            log, _ = proc.communicate()
-        except BaseException:  # Ctrl-C or SIGTERM in the parent: leave no orphan behind
-            if proc is not None:
-                _kill_group(proc)
-                proc.wait()
-            raise
-        log = log or ""
+        proc, timed_out, lines = None, False, []
+        with ProgressView(cell.id, len(cases_on(cases, cell.target))) as view:
+            try:
+                with deferred():  # a Ctrl-C or SIGTERM during the start lands once proc is known
+                    proc = subprocess.Popen(argv, stdout=subprocess.PIPE,
+                                            stderr=subprocess.STDOUT, text=True, env=env,
+                                            cwd=PROJECT_ROOT, start_new_session=True,
+                                            errors="replace",
+                                            preexec_fn=lifetime.die_with_parent)
+                reader = threading.Thread(target=_read_lines, args=(proc.stdout, lines, view),
+                                          name=f"cell-output-{cell.id}", daemon=True)
+                reader.start()
+                try:
+                    proc.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    _kill_group(proc)
+                    proc.wait()
+                reader.join(timeout=30)
+            except BaseException:  # Ctrl-C or SIGTERM in the parent: leave no orphan behind
+                if proc is not None:
+                    _kill_group(proc)
+                    proc.wait()
+                raise
+        log = "".join(lines)
         oom_kills = (kills_before, oom_kill_count())
         path = reports_dir / f"{cell.id}.json"
         loaded = report_io.read_report(path) if path.exists() else None
-        if loaded and loaded.data and loaded.data.get("run_id") == run_id:
-            return loaded.data
         status = classify_failure(proc.returncode, log, timed_out, oom_kills=oom_kills)
         reason = failure_reason(proc.returncode, timed_out, timeout_s, oom_kills=oom_kills)
+        if loaded and loaded.data and loaded.data.get("run_id") == run_id:
+            if loaded.data.get("status") != "partial":
+                return loaded.data
+            return stopped_partial(loaded.data, status, reason, exit_code=proc.returncode,
+                                   log_tail=_tail(log))
         failed = skeleton(matrix, cell, cases, backend=self.name, run_id=run_id, status=status,
                           reason=reason)
         failed.update(exit_code=proc.returncode, log_tail=_tail(log),

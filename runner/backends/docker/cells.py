@@ -19,13 +19,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner import images
+from runner import images, lifetime
 from runner import report as report_io
 from runner.backends.docker.engine import (
     DEFAULT_LOGS_DIR,
@@ -38,9 +39,12 @@ from runner.backends.docker.engine import (
 )
 from runner.backends.interrupts import deferred
 from runner.cell import case_key, skeleton
+from runner.cells import cases_on
 from runner.config import DockerStack
 from runner.environment import project_state
 from runner.errors import ConfigError, ImageError
+from runner.progress import PREFIX, ProgressView
+from runner.staging import stopped_partial
 
 __all__ = ["CONTAINER_MATRIX", "CONTAINER_REPORTS", "ContainerConfig", "DockerBackend",
            "Unready", "build_command", "cell_command", "container_config", "gpu_request",
@@ -97,16 +101,20 @@ def gpu_request(gpus: str) -> dict:
 
 def container_config(image: str, command: Sequence[str], *, cell, run_id: str,
                      mode_env: Mapping[str, str], matrix_path: Path, stage_dir: Path,
-                     project: Mapping[str, Any], gpus: str = "all") -> ContainerConfig:
+                     project: Mapping[str, Any], gpus: str = "all",
+                     timeout_s: float | None = None) -> ContainerConfig:
     """The container of one cell, as plain arguments (a pure function: tests inspect it).
 
     ``stage_dir`` (absolute) becomes ``/reports``, the only writable bind; ``matrix_path``
     is bound read-only at :data:`CONTAINER_MATRIX`. ``project`` ({commit, dirty}) is passed
     as ``GATE_RESIDUAL_COMMIT`` / ``GATE_RESIDUAL_DIRTY`` so the report names the checkout
     the image was made from. ``cell.target == "cuda"`` adds the device request of
-    :func:`gpu_request`.
+    :func:`gpu_request`. ``timeout_s``: the cell's own deadline, so that a container whose
+    runner died still ends (:mod:`runner.lifetime`).
     """
     env = {**dict(mode_env), "PYTHONUNBUFFERED": "1", "HOME": "/tmp"}
+    if timeout_s is not None:
+        env.update(lifetime.child_environment(timeout_s))
     if project.get("commit"):
         env["GATE_RESIDUAL_COMMIT"] = str(project["commit"])
         env["GATE_RESIDUAL_DIRTY"] = "1" if project.get("dirty") else "0"
@@ -170,6 +178,22 @@ class Unready:
     reason: str
     unbuilt: bool = False
     base: str | None = None
+
+
+def _follow(api, container: str, view: ProgressView) -> None:
+    """Thread: feed the container's progress lines to ``view`` as they come (the full log
+    is read once the container has ended). Any engine error ends the following, not the
+    cell."""
+    try:
+        pending = ""
+        for chunk in api.logs(container, stdout=True, stderr=True, stream=True, follow=True):
+            pending += chunk.decode("utf-8", "replace")
+            *lines, pending = pending.split("\n")
+            for line in lines:
+                if line.startswith((PREFIX, "[cell]")):
+                    view.feed(line)
+    except Exception:  # progress is never worth failing a cell for
+        return
 
 
 class DockerBackend(Engine):
@@ -298,14 +322,19 @@ class DockerBackend(Engine):
                 cell_command(cell, [str(case_key(c)) for c in cases], run_id),
                 cell=cell, run_id=run_id, mode_env=matrix.modes[cell.mode].env,
                 matrix_path=matrix_path, stage_dir=stage, project=self._project_state(),
-                gpus=self.gpus)
-            exit_code, log, timed_out, oom = self._run_container(config, timeout_s)
+                gpus=self.gpus, timeout_s=timeout_s)
+            exit_code, log, timed_out, oom = self._run_container(
+                config, timeout_s, cell_id=cell.id, cases=len(cases_on(cases, cell.target)))
             path = stage / f"{cell.id}.json"
             loaded = report_io.read_report(path) if path.exists() else None
             if loaded and loaded.data and loaded.data.get("run_id") == run_id:
                 report = loaded.data
                 report["cell"]["backend"] = self.name
                 report["image"] = image
+                if report["status"] == "partial":  # stopped after some cases: keep them
+                    how = "timeout" if timed_out else ("oom" if oom else "error")
+                    report = stopped_partial(report, how, f"container exit code {exit_code}",
+                                             exit_code=exit_code, log_tail=_tail(log))
                 if report["status"] != "ok" and not report.get("log_tail"):
                     report["log_tail"] = _tail(log)
                 report_io.write_report(report, reports_dir)
@@ -327,9 +356,11 @@ class DockerBackend(Engine):
         finally:
             shutil.rmtree(stage, ignore_errors=True)
 
-    def _run_container(self, config: ContainerConfig, timeout_s: float,
+    def _run_container(self, config: ContainerConfig, timeout_s: float, *,
+                       cell_id: str = "cell", cases: int = 0,
                        ) -> tuple[int | None, str, bool, bool]:
-        """Create, start, wait (killing at ``timeout_s``), collect logs, always remove.
+        """Create, start, wait (killing at ``timeout_s``), collect logs, always remove. The
+        cell's progress lines are shown as they come (:class:`runner.progress.ProgressView`).
 
         Returns (exit code, log text, timed out, OOM-killed).
         """
@@ -343,15 +374,20 @@ class DockerBackend(Engine):
                 container = api.create_container(host_config=host_config,
                                                  **config.create)["Id"]
             api.start(container)
-            try:
-                api.wait(container, timeout=timeout_s)
-            except requests.exceptions.RequestException:  # read timeout: the cell ran over
-                timed_out = True
+            with ProgressView(cell_id, cases) as view:
+                follower = threading.Thread(target=_follow, args=(api, container, view),
+                                            name="container-output", daemon=True)
+                follower.start()
                 try:
-                    api.kill(container)
-                except docker_errors.APIError:
-                    pass  # it ended between the timeout and the kill
-                api.wait(container, timeout=60)
+                    api.wait(container, timeout=timeout_s)
+                except requests.exceptions.RequestException:  # read timeout: it ran over
+                    timed_out = True
+                    try:
+                        api.kill(container)
+                    except docker_errors.APIError:
+                        pass  # it ended between the timeout and the kill
+                    api.wait(container, timeout=60)
+                follower.join(timeout=5)
             state = api.inspect_container(container)["State"]
             log = api.logs(container, stdout=True, stderr=True).decode("utf-8", "replace")
             return state.get("ExitCode"), log, timed_out, bool(state.get("OOMKilled"))
