@@ -37,9 +37,11 @@ for step in $steps; do
             python3 scripts/library_smoke.py 2>&1 | tee "$out/library-smoke.log" | tail -30 || rc=1 ;;
     sass)   python3 scripts/sass_report.py > "$out/sass-report.txt" 2>&1 || rc=1; tail -30 "$out/sass-report.txt" ;;
     matrix) # one tarball: the device tool returns few files (six modes make six cuda reports)
+            # SIGTERM before the device tool's own limit: the runner keeps a stopped cell's
+            # finished cases (status partial) and the next call resumes it.
             timer=""; [ -x /usr/bin/time ] && timer="/usr/bin/time -v"
-            $timer python3 -m runner matrix ${MATRIX_ARGS:---stack host --target cuda} 2>&1 | tee "$out/matrix.log" | tail -60 || rc=1
-            tar czf "$out/matrix-reports.tgz" reports/*-cuda.json reports/README.md 2>/dev/null ;;
+            $timer timeout -s TERM "${MATRIX_TIMEOUT:-540}" python3 -m runner matrix ${MATRIX_ARGS:---stack host --target cuda} 2>&1 | tee "$out/matrix.log" | tail -60 || rc=1
+            tar czf "$out/matrix-reports.tgz" reports/*-cuda.json reports/README.md reports/index.html reports/summary.* reports/*.svg 2>/dev/null ;;
     bench)  python3 -m runner.bench ${BENCH_ARGS:-} --out "$out" 2>&1 | tee "$out/bench.log" | tail -60 || rc=1 ;;
     profile) python3 scripts/profile_host.py 1 > "$out/profile-host.txt" 2>&1 || rc=1; grep "us/call" "$out/profile-host.txt" ;;
   esac
