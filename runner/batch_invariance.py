@@ -44,6 +44,19 @@ def sweep_sizes(limit: int) -> list[int]:
     return sorted(s for s in sizes if s <= limit)
 
 
+def _cuts(n: int) -> list[int]:
+    """Boundaries of :func:`sub_batches`' parts: 0, 1, 8, N/2 + 1 and N (as far as N goes)."""
+    return sorted({0, min(1, n), min(8, n), n // 2 + 1 if n > 1 else n, n})
+
+
+def row_counts(n: int, max_size: int) -> set[int]:
+    """Every batch size (rows) :func:`check` calls the implementation with on an N-row case:
+    what a compiler that specialises on shapes compiles for it (runner/precompile.py)."""
+    m = min(n, max_size)
+    parts = {b - a for a, b in itertools.pairwise(_cuts(n)) if b > a}
+    return {s for s in ({1} | parts | {m} | set(sweep_sizes(m))) if s > 0}
+
+
 def _rows(inputs: dict, start: int, stop: int) -> dict:
     """The inputs of rows ``start:stop`` (the whole gate), contiguous copies."""
     return {k: (v[start:stop] if k in _PER_ROW else v).clone().contiguous()
@@ -73,7 +86,7 @@ def row_alone(impl, inputs: dict, full: dict) -> bool:
 def sub_batches(impl, inputs: dict, full: dict) -> bool:
     """Whether sub-batches covering the batch, concatenated, equal ``full`` (see module)."""
     n = inputs["residual"].shape[0]
-    cuts = sorted({0, min(1, n), min(8, n), n // 2 + 1 if n > 1 else n, n})
+    cuts = _cuts(n)
     parts = [_run(impl, _rows(inputs, a, b)) for a, b in itertools.pairwise(cuts) if b > a]
     return all(_same(torch.cat([p[k] for p in parts]), full[k])
                for k in ROW_TENSORS if k in full)

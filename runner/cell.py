@@ -22,7 +22,7 @@ import os
 import time
 from collections.abc import Callable
 
-from runner import compare, environment
+from runner import compare, environment, precompile
 from runner.case_run import TENSORS, CaseContext, out_of_memory, run_case
 from runner.cells import cases_on
 from runner.implementations import Implementation
@@ -217,13 +217,23 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
                             + ", ".join(f"{c.id}: {'/'.join(c.targets or ())}" for c in asked)
                             + ")")
     p = matrix.problem
+    inference = bool(mode.torch.inference_mode)
+    compiling = [i for i in rows if i.compiles_per_shape
+                 and report["results"][i.name]["status"] == "ok"]
+    calls = precompile.plan(matrix, cases, compiling, target=cell.target, inference=inference)
+    workers = precompile.workers_for(calls, environment.available_cpus())
+    if workers:
+        with clock("precompile"):
+            env["precompile"] = precompile.run(
+                calls, torch_settings=mode.torch.model_dump(), d=p.D, g=p.G,
+                target=cell.target, workers=workers)
     weights = [_case_weight(matrix, c) for c in cases]
     per_case: dict[str, float] = {}
     with futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
                                     thread_name_prefix="sha256") as hasher:
         ctx = CaseContext(matrix=matrix, target=cell.target, device=device, impls=impls,
                           results=report["results"], clock=clock, hasher=hasher,
-                          inference=bool(mode.torch.inference_mode), with_timings=timings)
+                          inference=inference, with_timings=timings)
         for number, case in enumerate(cases, start=1):
             started = time.perf_counter()
             key = str(case_key(case))

@@ -6,6 +6,8 @@ work is charged to the phase that queued it, not to the next one that waits:
 
 ``setup``
     environment capture, imports, availability checks (everything before the first case).
+``precompile``
+    waiting for :mod:`runner.precompile`'s workers (compiling ahead, in parallel).
 ``inputs``
     building each case's inputs from the seed, their sha256 and moving them to the device.
 ``runs``
@@ -42,8 +44,8 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 
-PHASES = ("setup", "inputs", "runs", "hashing", "comparisons", "accuracy", "batch_invariance",
-          "timings")
+PHASES = ("setup", "precompile", "inputs", "runs", "hashing", "comparisons", "accuracy",
+          "batch_invariance", "timings")
 
 
 def torch_compile_seconds() -> float:

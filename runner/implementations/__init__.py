@@ -38,6 +38,8 @@ class Implementation:
     ``not_wired``: the reason it is unavailable even when ``requires`` import (a library
     whose entry point this runner does not call yet). ``prerequisite(target)``: what else
     this environment lacks for it on ``target`` (e.g. a compiler), or None.
+    ``compiles_per_shape``: it compiles one program per input shape into an on-disk cache
+    (torch.compile with static shapes), so :mod:`runner.precompile` may build them ahead.
     """
 
     name: str
@@ -53,6 +55,7 @@ class Implementation:
     code_path: str | None = None
     not_wired: str | None = None
     prerequisite: Callable[[str], str | None] | None = None
+    compiles_per_shape: bool = False
 
     def unavailable_reason(self, target: str) -> str | None:
         """Why it cannot run on ``target`` here, or None when it can.

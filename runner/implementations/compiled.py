@@ -110,6 +110,7 @@ COMPILED = Implementation(
     run=run,
     code_path="torch.compile(runner.implementations.compiled.expression, dynamic=False)",
     prerequisite=missing_compiler,
+    compiles_per_shape=True,
 )
 
 COMPILED_EMULATE = Implementation(
@@ -120,4 +121,5 @@ COMPILED_EMULATE = Implementation(
     code_path=("torch.compile(runner.implementations.compiled._expression_emulate, "
                "dynamic=False) under inductor emulate_precision_casts=True"),
     prerequisite=missing_compiler,
+    compiles_per_shape=True,
 )

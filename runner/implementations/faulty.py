@@ -11,6 +11,8 @@ cell's environment (a mode's ``env`` sets it), read at each call:
   bounded for safety: see :func:`allocate_without_bound`;
 - ``kill``: prints a marker line and sends SIGKILL to its own process (``error``; the
   reason says that SIGKILL is ambiguous and what /proc/vmstat showed);
+- ``GATE_RESIDUAL_FAULT_KILL_ROWS=N`` / ``..._HANG_ROWS=N`` (in the runner's environment,
+  with any fault): SIGKILL, or sleep forever, at the first call with N rows;
 - ``illegal_address``: on ``cuda``, a numba.cuda kernel stores 4 TiB past an array and the
   CUDA error 700 poisons the context (``error``); on ``cpu`` it raises.
 
@@ -36,6 +38,12 @@ from runner.implementations.eager import run as eager_run
 ENABLE_VAR = "GATE_RESIDUAL_FAULTS"
 FAULT_VAR = "GATE_RESIDUAL_FAULT"
 CAP_VAR = "GATE_RESIDUAL_FAULT_OOM_MB"
+KILL_ROWS_VAR = "GATE_RESIDUAL_FAULT_KILL_ROWS"
+"""Set in the runner's environment (not a mode's: the cell's fingerprint stays the same), the
+cell process kills itself when ``fault`` is called with this many rows: a cell stopped in
+the middle of its cases, for the resume tests."""
+HANG_ROWS_VAR = "GATE_RESIDUAL_FAULT_HANG_ROWS"
+"""As :data:`KILL_ROWS_VAR`, but the call sleeps forever (a cell stopped by a signal)."""
 FAULTS = ("none", "raise", "hang", "oom", "kill", "illegal_address")
 DEFAULT_CAP_MB = 512
 BLOCK_BYTES = 64 << 20
@@ -127,6 +135,15 @@ def run(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
     """Do what ``GATE_RESIDUAL_FAULT`` says (see the module docstring), else eager."""
     fault = os.environ.get(FAULT_VAR, "none") or "none"
     device = inputs["residual"].device.type
+    rows = inputs["residual"].shape[0]
+    kill_rows, hang_rows = os.environ.get(KILL_ROWS_VAR, ""), os.environ.get(HANG_ROWS_VAR, "")
+    if kill_rows.isdigit() and rows == int(kill_rows):
+        _marker(f"{KILL_ROWS_VAR}={kill_rows}: sending SIGKILL to own pid {os.getpid()}")
+        os.kill(os.getpid(), signal.SIGKILL)
+    if hang_rows.isdigit() and rows == int(hang_rows):
+        _marker(f"{HANG_ROWS_VAR}={hang_rows}: sleeping forever in pid {os.getpid()}")
+        while True:
+            time.sleep(3600)
     if fault == "none":
         return eager_run(inputs, backward=backward)
     if fault == "raise":

@@ -1,0 +1,88 @@
+"""Compiling ahead in worker processes changes nothing the cell reports but its time."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from runner import precompile
+from runner import report as report_io
+from runner.batch_invariance import row_counts, sweep_sizes
+from runner.cell import run_cell
+from runner.cells import Cell
+from runner.config import parse_matrix
+from runner.implementations import get
+from runner.implementations.compiled import missing_compiler
+
+
+def matrix(seed: int, n: int, **extra):
+    return parse_matrix({
+        "schema_version": 1, "op": "gate_residual",
+        "problem": {"D": 16, "G": 3, "dtype": "bfloat16", "index_dtype": "int64", "seed": seed},
+        "cases": [{"n": n}, {"n": n, "dtype": "float32", "index_dtype": "int32"}],
+        "implementations": ["eager", "fp64", "compiled"], "baseline": "eager",
+        "accuracy_reference": "fp64", "repeats": 2, "timing": {"warmup": 0, "iters": 1},
+        "batch_invariance": {"max_size": 9},
+        "modes": {"plain": {}, "inference": {"torch": {"inference_mode": True}}},
+        "stacks": {"host": {"kind": "host"}}, "targets": ["cpu"], **extra})
+
+
+def test_row_counts_are_every_size_the_checks_call():
+    """The plan covers each row count batch_invariance.check calls, and nothing else."""
+    for n, m in ((1, 1025), (257, 1025), (32768, 1025), (40, 9)):
+        got = row_counts(n, m)
+        assert set(sweep_sizes(min(n, m))) <= got and 1 in got and min(n, m) in got
+        assert max(got) <= max(min(n, m), n // 2 + 1) and all(s > 0 for s in got)
+
+
+def test_plan_lists_each_graph_once_in_case_order(fresh_seed):
+    m = matrix(fresh_seed, 12)
+    impls = [get("compiled"), get("compiled_emulate")]
+    items = precompile.plan(m, m.cases, impls, target="cpu", inference=False)
+    keys = [tuple(i.values()) for i in items]
+    assert len(keys) == len(set(keys))
+    assert items[0]["dtype"] == "bfloat16" and items[-1]["dtype"] == "float32"
+    train = {i["rows"] for i in items if i["grad"] == "train" and i["dtype"] == "bfloat16"}
+    assert train == row_counts(12, 9) | {12}
+    assert {i["rows"] for i in items if i["grad"] == "no_grad"} == {12}
+    forward = precompile.plan(m, m.cases, impls, target="cpu", inference=True)
+    assert {i["grad"] for i in forward} == {"inference", "no_grad"}
+
+
+def test_workers_keep_two_cpus_and_can_be_set(monkeypatch):
+    items = [{}] * 50
+    monkeypatch.delenv("GATE_RESIDUAL_PRECOMPILE", raising=False)
+    assert precompile.workers_for(items, 2) == 0 and precompile.workers_for(items, 16) == 12
+    assert precompile.workers_for(items[:3], 16) == 3
+    monkeypatch.setenv("GATE_RESIDUAL_PRECOMPILE", "0")
+    assert precompile.workers_for(items, 64) == 0
+    monkeypatch.setenv("GATE_RESIDUAL_PRECOMPILE", "2")
+    assert precompile.workers_for(items, 1) == 2
+
+
+@pytest.mark.skipif(missing_compiler("cpu") is not None, reason="needs g++ for inductor")
+def test_a_precompiled_cell_has_the_bits_of_one_that_compiles_itself(fresh_seed, monkeypatch,
+                                                                      tmp_path):
+    """Workers fill the same inductor cache; the cell's compiled outputs keep their bits."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    n = random.Random(fresh_seed).randrange(10, 40)
+    m = matrix(fresh_seed, n)
+    monkeypatch.setenv("GATE_RESIDUAL_PRECOMPILE", "2")
+    warmed = run_cell(m, Cell("host", "plain", "cpu"), m.cases, timings=False)
+    monkeypatch.setenv("GATE_RESIDUAL_PRECOMPILE", "0")
+    alone = run_cell(m, Cell("host", "plain", "cpu"), m.cases, timings=False)
+    for report in (warmed, alone):
+        report_io.validate(report)
+        assert report["status"] == "ok", report["reason"]
+    record = warmed["environment"]["precompile"]
+    assert record["workers"] == 2 and record["failed"] == [] and record["calls"] > 10
+    assert "precompile" not in alone["environment"]
+    assert warmed["phases"]["precompile"] > 0 and alone["phases"]["precompile"] == 0
+    assert warmed["results"]["eager"]["sha256"] == alone["results"]["eager"]["sha256"]
+    # compiled's CPU grad_gate may differ run to run (README: not repeatable in plain mode),
+    # so its other tensors carry the claim
+    for case, hashes in warmed["results"]["compiled"]["sha256"].items():
+        other = alone["results"]["compiled"]["sha256"][case]
+        assert {k: hashes[k] for k in ("out", "res", "y")} == {
+            k: other[k] for k in ("out", "res", "y")}, case

@@ -1,0 +1,157 @@
+"""A stopped cell keeps its finished cases; the next run runs only the rest (issue 11).
+
+The cell process is killed in its third case (``GATE_RESIDUAL_FAULT_KILL_ROWS``: set in the
+runner's environment, not in the matrix, so the fingerprint does not change). The runner
+keeps a ``partial`` report of the first two cases; the next run of the same cell runs the
+other two only and writes an ``ok`` report whose bits equal an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runner.report import read_report, validate
+
+ROOT = Path(__file__).resolve().parent.parent
+MATRIX = ROOT / "tests" / "data" / "resume.yaml"
+PINNED = {"GATE_RESIDUAL_COMMIT": "0123456789abcdef0123456789abcdef01234567",
+          "GATE_RESIDUAL_FAULTS": "1", "GATE_RESIDUAL_PROGRESS": "plain"}
+CELL = "host-plain-cpu"
+
+
+def matrix_cli(reports: Path, *extra: str, env: dict | None = None, wait: bool = True):
+    argv = [sys.executable, "-m", "runner", "matrix", "--matrix", str(MATRIX), "--reports",
+            str(reports), "--target", "cpu", "--timeout", "120", *extra]
+    full = {**os.environ, **PINNED, **(env or {})}
+    if env is None:
+        for name in ("GATE_RESIDUAL_FAULT_KILL_ROWS", "GATE_RESIDUAL_FAULT_HANG_ROWS"):
+            full.pop(name, None)
+    if not wait:
+        return subprocess.Popen(argv, cwd=ROOT, env=full, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    return subprocess.run(argv, cwd=ROOT, env=full, capture_output=True, text=True, timeout=300)
+
+
+def report(reports: Path) -> dict:
+    loaded = read_report(reports / f"{CELL}.json")
+    assert loaded.ok, loaded.problem
+    return loaded.data
+
+
+def bits(data: dict) -> dict:
+    """Everything a cell says about bits: inputs' and outputs' sha256, comparisons."""
+    out = {"inputs": {k: v["sha256"] for k, v in data["inputs"].items()}}
+    for impl, entry in data["results"].items():
+        out[impl] = {k: entry.get(k) for k in ("sha256", "repeatable", "vs eager",
+                                                "batch_invariant", "status")}
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """(stopped run, its partial report, resumed run, final report, uninterrupted report)."""
+    stopped_dir, fresh_dir = (tmp_path_factory.mktemp(n) for n in ("stopped", "fresh"))
+    stopped = matrix_cli(stopped_dir, env={"GATE_RESIDUAL_FAULT_KILL_ROWS": "7"})
+    partial = report(stopped_dir)
+    resumed = matrix_cli(stopped_dir)
+    fresh = matrix_cli(fresh_dir)
+    assert fresh.returncode == 0, fresh.stderr
+    return stopped, partial, resumed, report(stopped_dir), report(fresh_dir)
+
+
+def test_a_stopped_cell_keeps_its_finished_cases_as_a_partial_report(runs):
+    stopped, partial, *_ = runs
+    assert stopped.returncode == 5, stopped.stderr
+    validate(partial)
+    assert partial["status"] == "partial"
+    assert partial["cases"] == [5, "6-float16-int64"]
+    assert partial["cases_missing"] == ["7-specials", "8-float32-int32"]
+    assert "SIGKILL" in partial["reason"] and "stopped after 2 of 4 cases" in partial["reason"]
+    assert set(partial["inputs"]) == {"5", "6-float16-int64"}
+    assert set(partial["results"]["numba"]["sha256"]) == {"5", "6-float16-int64"}
+    assert "[runner] host-plain-cpu: case 2/4 (6-float16-int64)" in stopped.stdout
+
+
+def test_the_next_run_runs_only_the_missing_cases(runs):
+    _, partial, resumed, final, _ = runs
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming: 2 case(s) done, running the 2 missing" in resumed.stdout
+    assert "case 1/2 (7-specials)" in resumed.stdout and "case 3/" not in resumed.stdout
+    assert final["status"] == "ok" and "cases_missing" not in final
+    assert final["cases"] == [5, "6-float16-int64", "7-specials", "8-float32-int32"]
+    runs_of = final["environment"]["case_runs"]
+    assert runs_of["5"]["run_id"] == runs_of["6-float16-int64"]["run_id"] == partial["run_id"]
+    assert runs_of["7-specials"]["run_id"] == runs_of["8-float32-int32"]["run_id"] != partial[
+        "run_id"]
+    assert set(final["phases"]["cases"]) == {str(c) for c in final["cases"]}
+
+
+def test_the_resumed_report_has_the_bits_of_an_uninterrupted_run(runs):
+    *_, final, fresh = runs
+    validate(final)
+    assert fresh["status"] == "ok"
+    assert bits(final) == bits(fresh)
+    assert final["fingerprint"] == fresh["fingerprint"]
+
+
+def test_phase_times_are_in_the_report_and_add_up(runs):
+    *_, fresh = runs
+    phases = fresh["phases"]
+    assert set(phases) >= {"setup", "inputs", "runs", "hashing", "comparisons", "accuracy",
+                           "batch_invariance", "timings", "compilation", "other", "cases"}
+    assert set(phases["runs"]) == set(fresh["results"])
+    spent = sum(v for k, v in phases.items() if isinstance(v, float) and k != "compilation")
+    spent += sum(phases["runs"].values())
+    assert spent == pytest.approx(fresh["duration_s"], abs=0.05)
+
+
+def test_sigterm_keeps_the_finished_cases_and_no_staging_is_left(tmp_path):
+    """SIGTERM to the runner mid-cell: partial report kept, stage removed, exit 143."""
+    proc = matrix_cli(tmp_path, env={"GATE_RESIDUAL_FAULT_HANG_ROWS": "7"}, wait=False)
+    path = tmp_path / f"{CELL}.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait for the cell's first checkpoint in the stage
+        stages = list(tmp_path.glob(f".run-*/{CELL}.json"))
+        if stages and "partial" in stages[0].read_text(errors="replace"):
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    data = json.loads(path.read_text())
+    assert data["status"] == "partial" and data["cases"] and data["cases_missing"]
+    assert not list(tmp_path.glob(".run-*"))
+
+
+def test_a_dead_runners_stage_is_salvaged_by_the_next_run(tmp_path):
+    """SIGKILL to the runner: its cell dies with it (parent-death signal), and the next run
+    keeps the partial report it left and resumes it."""
+    proc = matrix_cli(tmp_path, env={"GATE_RESIDUAL_FAULT_HANG_ROWS": "7"}, wait=False)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        stages = list(tmp_path.glob(f".run-*/{CELL}.json"))
+        if stages and "partial" in stages[0].read_text(errors="replace"):
+            break
+        time.sleep(0.2)
+    cells = subprocess.run(["pgrep", "-f", f"runner cell --matrix {MATRIX}"],
+                           capture_output=True, text=True).stdout.split()
+    proc.kill()
+    proc.communicate(timeout=30)
+    time.sleep(3)
+    for pid in cells:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(
+            f"/proc/{pid}/status").read_text().lower(), f"cell {pid} outlived its runner"
+    assert list(tmp_path.glob(".run-*"))
+    again = matrix_cli(tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "left by a run that died; kept partial report(s) of host-plain-cpu" in again.stdout
+    assert "resuming:" in again.stdout
+    assert report(tmp_path)["status"] == "ok" and not list(tmp_path.glob(".run-*"))
