@@ -164,18 +164,43 @@ def _file(cell: Cell, relative_to: Path | None) -> str:
     return path.as_posix()
 
 
+def time_spent(data: dict, top: int = 3) -> str:
+    """``"98 s: compile 41, batch inv. 20, inputs 9"``: a report's wall time and its
+    largest phases in seconds (``phases``, runner/phases.py); the total alone without them,
+    ``—`` without either. ``compile`` is the part of the others spent compiling."""
+    total = data.get("duration_s")
+    if not isinstance(total, (int, float)):
+        return ABSENT
+    phases = data.get("phases")
+    if not isinstance(phases, dict):
+        return f"{total:.0f} s"
+    spent = {k: v for k, v in phases.items() if isinstance(v, (int, float)) and v > 0
+             and k != "other"}
+    runs = phases.get("runs")
+    if isinstance(runs, dict):
+        spent["runs"] = sum(v for v in runs.values() if isinstance(v, (int, float)))
+    names = {"compilation": "compile", "batch_invariance": "batch inv.",
+             "comparisons": "compare"}
+    biggest = sorted(spent.items(), key=lambda kv: -kv[1])[:top]
+    return f"{total:.0f} s: " + ", ".join(f"{names.get(k, k)} {v:.0f}" for k, v in biggest)
+
+
 def cells_table(cells: Sequence[Cell], relative_to: Path | None = None) -> Table:
-    """One row per readable report: what it is, its status and reason, commit and file."""
+    """One row per readable report: what it is, its status and reason, where its time went,
+    commit and file."""
     rows = [Row((c.label, c.origin, c.facet("stack"), c.facet("mode"), c.facet("target"),
                  ", ".join(cell_dtypes(c)) or ABSENT, c.status, _short(c.reason or ABSENT),
-                 _commit(c), _file(c, relative_to)), c.index,
+                 time_spent(c.data), _commit(c), _file(c, relative_to)), c.index,
                 ("", "", "", "", "", "", status_kind(c.status)))
             for c in cells]
     return Table("cells", "Cells", ("cell", "origin", "stack", "mode", "target", "dtypes",
-                                    "status", "reason", "project commit", "file"), rows,
+                                    "status", "reason", "time", "project commit", "file"), rows,
                  note="Every readable report, whatever its status; `foreign`: another "
                       "project's report (the reference layout), read where it can be. "
-                      "`dtypes`: the storage dtypes of the cell's cases.",
+                      "`dtypes`: the storage dtypes of the cell's cases. `time`: the cell's "
+                      "wall time and its three largest phases in seconds (report `phases`; "
+                      "`compile` is the part of the others spent compiling, `runs` the "
+                      "implementations' repeated calls).",
                  empty="No reports.")
 
 

@@ -8,6 +8,31 @@
 # Wheels in .whl/ (numpy<2.5 for numba-cuda, jsonschema, pydantic) are installed to /tmp/site
 # when present, since that machine has no package index.
 set -uo pipefail
+# The device machine's copy of the tree carries no commit of ours: `bash scripts/h200.sh
+# --stamp` (here, on a clean checkout) records HEAD and a digest of the source files in
+# .carry/source.json; there, the reports name that commit only if the digest still matches.
+source_digest() {
+  find runner kernels scripts tests containers docs noxfile.py matrix.yaml pyproject.toml \
+    README.md -type f -not -path '*/__pycache__/*' -not -name '*.pyc' -print0 2>/dev/null \
+    | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-64
+}
+if [ "${1:-}" = "--stamp" ]; then
+  [ -z "$(git status --porcelain --untracked-files=no -- . ':(exclude)reports')" ] \
+    || { echo "h200.sh --stamp: commit first (the tree has changes)" >&2; exit 2; }
+  mkdir -p .carry
+  printf '{"commit": "%s", "digest": "%s"}\n' "$(git rev-parse HEAD)" "$(source_digest)" \
+    > .carry/source.json
+  cat .carry/source.json; exit 0
+fi
+if [ -f .carry/source.json ]; then
+  stamped=$(python3 -c 'import json; d = json.load(open(".carry/source.json")); print(d["commit"], d["digest"])')
+  if [ "${stamped#* }" = "$(source_digest)" ]; then
+    export GATE_RESIDUAL_COMMIT=${stamped%% *} GATE_RESIDUAL_DIRTY=0
+    echo "source: commit $GATE_RESIDUAL_COMMIT (digest of the source files matches)"
+  else
+    echo "source: .carry/source.json does not match these files: reports say what git says"
+  fi
+fi
 out=${1:-${OUT:-artifacts}}
 mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -33,6 +58,8 @@ for step in $steps; do
             python3 -c "import torch; from kernels.gate_residual import gate_residual_forward as f; x = torch.ones(3, 5376, device='cuda', dtype=torch.bfloat16); i = torch.zeros(3, dtype=torch.int64, device='cuda'); assert torch.equal(f(x, x[:1], x, i), x + x[:1] * x); print('launch ok')" \
               || { export GATE_RESIDUAL_LAUNCH=core; echo "cuLaunchKernel failed: GATE_RESIDUAL_LAUNCH=core"; rc=1; } ;;
     tests)  python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py 2>&1 | tee "$out/gpu-tests.log" | tail -25 || rc=1 ;;
+    rlbuild) # RL-Kernel's extension, built once into $RLK_BUILD_DIR (an install step, ~80 s)
+            PYTHONPATH=$PWD/.carry/rl-kernel-h3:$PYTHONPATH python3 -c "import time; t = time.time(); from rl_engine.kernels.ops import base; print('rl_engine._C built:', base._EXT_AVAILABLE, getattr(base, '_EXT_ERROR', None), f'{time.time() - t:.0f} s')" 2>&1 | tail -3 ;;
     libsmoke) # library rows (issue 13): kernel-only loads from .carry/, RL-Kernel's build
             python3 scripts/library_smoke.py 2>&1 | tee "$out/library-smoke.log" | tail -30 || rc=1 ;;
     sass)   python3 scripts/sass_report.py > "$out/sass-report.txt" 2>&1 || rc=1; tail -30 "$out/sass-report.txt" ;;

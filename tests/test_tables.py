@@ -109,7 +109,7 @@ def test_reference_report_is_read_and_marked_foreign(md: str) -> None:
     assert "rl_kernel vs diffusers" not in md  # the mirror is shown once
     cells = keyed(section(md, "Cells"))
     assert cells[(REF,)][:6] == ["foreign", "—", "plain", "cuda", "—", "—"]
-    assert cells[(REF,)][7:] == ["910d614a6269", "reference/gate_residual_b200.json"]
+    assert cells[(REF,)][7:] == ["—", "910d614a6269", "reference/gate_residual_b200.json"]
     env = keyed(section(md, "Environment"))
     assert env[(REF,)][:7] == ["—", "NVIDIA B200", "10.0", "—", "13.0", "3.12.14", "2.13.0+cu130"]
     assert env[(REF,)][7:10] == ["3.7.1", "0.30.0", "0.5.21"]  # triton, vllm, sglang
