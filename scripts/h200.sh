@@ -14,7 +14,7 @@ set -uo pipefail
 source_digest() {
   find runner kernels scripts tests containers docs noxfile.py matrix.yaml pyproject.toml \
     README.md -type f -not -path '*/__pycache__/*' -not -name '*.pyc' -print0 2>/dev/null \
-    | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-64
+    | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-64
 }
 if [ "${1:-}" = "--stamp" ]; then
   [ -z "$(git status --porcelain --untracked-files=no -- . ':(exclude)reports')" ] \
