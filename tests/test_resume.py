@@ -113,8 +113,22 @@ def test_phase_times_are_in_the_report_and_add_up(runs):
     assert spent == pytest.approx(fresh["duration_s"], abs=0.05)
 
 
-def test_sigterm_keeps_the_finished_cases_and_no_staging_is_left(tmp_path):
-    """SIGTERM to the runner mid-cell: partial report kept, stage removed, exit 143."""
+def _cell_pids() -> list[str]:
+    return subprocess.run(["pgrep", "-f", f"runner cell --matrix {MATRIX}"],
+                          capture_output=True, text=True).stdout.split()
+
+
+def _gone(pid: str) -> bool:
+    try:
+        return "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_a_signal_keeps_the_finished_cases_and_ends_the_cell(tmp_path, signum, code):
+    """SIGTERM or SIGHUP (a closed terminal) to the runner mid-cell: partial report kept,
+    stage removed, the cell process gone within seconds, exit 128 + the signal."""
     proc = matrix_cli(tmp_path, env={"GATE_RESIDUAL_FAULT_HANG_ROWS": "7"}, wait=False)
     path = tmp_path / f"{CELL}.json"
     deadline = time.monotonic() + 120
@@ -123,9 +137,13 @@ def test_sigterm_keeps_the_finished_cases_and_no_staging_is_left(tmp_path):
         if stages and "partial" in stages[0].read_text(errors="replace"):
             break
         time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
+    cells = _cell_pids()
+    assert cells, "no cell process found"
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143, err
+    assert proc.returncode == code, err
+    time.sleep(2)
+    assert all(_gone(pid) for pid in cells), "a cell outlived its runner"
     data = json.loads(path.read_text())
     assert data["status"] == "partial" and data["cases"] and data["cases_missing"]
     assert not list(tmp_path.glob(".run-*"))
@@ -141,14 +159,12 @@ def test_a_dead_runners_stage_is_salvaged_by_the_next_run(tmp_path):
         if stages and "partial" in stages[0].read_text(errors="replace"):
             break
         time.sleep(0.2)
-    cells = subprocess.run(["pgrep", "-f", f"runner cell --matrix {MATRIX}"],
-                           capture_output=True, text=True).stdout.split()
+    cells = _cell_pids()
+    assert cells, "no cell process found"
     proc.kill()
     proc.communicate(timeout=30)
     time.sleep(3)
-    for pid in cells:
-        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(
-            f"/proc/{pid}/status").read_text().lower(), f"cell {pid} outlived its runner"
+    assert all(_gone(pid) for pid in cells), "a cell outlived its runner"
     assert list(tmp_path.glob(".run-*"))
     again = matrix_cli(tmp_path)
     assert again.returncode == 0, again.stderr
