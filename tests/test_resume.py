@@ -125,20 +125,27 @@ def _gone(pid: str) -> bool:
         return True
 
 
-@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
-def test_a_signal_keeps_the_finished_cases_and_ends_the_cell(tmp_path, signum, code):
-    """SIGTERM or SIGHUP (a closed terminal) to the runner mid-cell: partial report kept,
-    stage removed, the cell process gone within seconds, exit 128 + the signal."""
-    proc = matrix_cli(tmp_path, env={"GATE_RESIDUAL_FAULT_HANG_ROWS": "7"}, wait=False)
-    path = tmp_path / f"{CELL}.json"
+def _hung_in_third_case(reports: Path):
+    """Start the runner on a cell that hangs in its third case; return (runner process, cell
+    pids) once the cell's first partial report is in its stage."""
+    proc = matrix_cli(reports, env={"GATE_RESIDUAL_FAULT_HANG_ROWS": "7"}, wait=False)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # wait for the cell's first checkpoint in the stage
-        stages = list(tmp_path.glob(f".run-*/{CELL}.json"))
+    while time.monotonic() < deadline:
+        stages = list(reports.glob(f".run-*/{CELL}.json"))
         if stages and "partial" in stages[0].read_text(errors="replace"):
             break
         time.sleep(0.2)
     cells = _cell_pids()
     assert cells, "no cell process found"
+    return proc, cells
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_a_signal_keeps_the_finished_cases_and_ends_the_cell(tmp_path, signum, code):
+    """SIGTERM or SIGHUP (a closed terminal) to the runner mid-cell: partial report kept,
+    stage removed, the cell process gone within seconds, exit 128 + the signal."""
+    path = tmp_path / f"{CELL}.json"
+    proc, cells = _hung_in_third_case(tmp_path)
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err
@@ -152,15 +159,7 @@ def test_a_signal_keeps_the_finished_cases_and_ends_the_cell(tmp_path, signum, c
 def test_a_dead_runners_stage_is_salvaged_by_the_next_run(tmp_path):
     """SIGKILL to the runner: its cell dies with it (parent-death signal), and the next run
     keeps the partial report it left and resumes it."""
-    proc = matrix_cli(tmp_path, env={"GATE_RESIDUAL_FAULT_HANG_ROWS": "7"}, wait=False)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        stages = list(tmp_path.glob(f".run-*/{CELL}.json"))
-        if stages and "partial" in stages[0].read_text(errors="replace"):
-            break
-        time.sleep(0.2)
-    cells = _cell_pids()
-    assert cells, "no cell process found"
+    proc, cells = _hung_in_third_case(tmp_path)
     proc.kill()
     proc.communicate(timeout=30)
     time.sleep(3)
