@@ -111,7 +111,9 @@ def _cmd_matrix(args) -> int:
                               backend=args.backend, force=args.force, timeout_s=args.timeout,
                               gpus=args.gpus, abba=args.abba, build=args.build)
     print(run.summary(outcomes))
-    print(f"[runner] tables: {args.reports / 'README.md'}")
+    from runner.tables import OUTPUTS
+
+    print(f"[runner] tables: {', '.join(str(args.reports / n) for n in OUTPUTS)}")
     _warn_unreadable(args.reports / "README.md")
     bad = run.failed(outcomes)
     if bad:

@@ -253,10 +253,14 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
             del x, input_hashes
             per_case[key] = round(time.perf_counter() - started, 3)
             elapsed = time.perf_counter() - t0
-            done_w, left_w = sum(weights[:number]), sum(weights[number:])
+            # the rate of the cases after the first (which pays for imports and compiling)
+            done_w, left_w = sum(weights[1:number]), sum(weights[number:])
+            since_first = sum(list(per_case.values())[1:])
+            eta = (since_first / done_w * left_w if done_w
+                   else per_case[key] / weights[0] * left_w)
             progress = {"case": number, "of": len(cases), "id": key,
                         "case_s": per_case[key], "elapsed_s": round(elapsed, 1),
-                        "eta_s": round(elapsed / done_w * left_w, 1) if done_w else None}
+                        "eta_s": round(eta, 1)}
             if on_case is not None and number < len(cases):
                 done = [case_key(c) for c in cases[:number]]
                 missing = [case_key(c) for c in cases[number:]]
