@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -263,6 +264,14 @@ def main(argv: list[str] | None = None) -> int:
     except MatrixError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
+    except Exception as err:  # a defect of ours: one line, the traceback only on request
+        cell_process = (sys.argv[1:] if argv is None else argv)[:1] == ["cell"]
+        if os.environ.get("GATE_RESIDUAL_DEBUG") == "1" or cell_process:
+            raise  # a cell's traceback goes to its report's log tail, not to a user
+        first = (str(err).strip().splitlines() or [""])[0][:300]
+        print(f"error: internal error ({type(err).__name__}: {first}); please report it, "
+              "with GATE_RESIDUAL_DEBUG=1 for the traceback", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as err:  # Interrupted (SIGINT, SIGTERM) or Python's own Ctrl-C
         stop = err if isinstance(err, Interrupted) else Interrupted(signal.SIGINT)
         print(f"error: interrupted by {stop.signal_name}: the reports written so far are "

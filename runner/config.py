@@ -121,6 +121,11 @@ def _list_of(item: Any) -> Any:
 def _env_value(value: str) -> str:
     if any(c in value for c in "\n\r\0"):
         raise PydanticCustomError("matrix", "bad value", {"expected": "no newline or NUL"})
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PydanticCustomError("matrix", "bad value", {
+            "expected": "text that UTF-8 can encode (no lone surrogate)"}) from None
     if len(value.encode("utf-8", "surrogatepass")) > MAX_ENV_VALUE_BYTES:
         raise PydanticCustomError("matrix", "bad value", {
             "expected": f"a value of at most {MAX_ENV_VALUE_BYTES} bytes",
@@ -559,12 +564,36 @@ def load_matrix(path: str | Path, *,
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # a yaml.SafeLoader
     except RecursionError as err:  # below MAX_YAML_DEPTH: a small stack limit
         raise ConfigError(f"{source}: invalid YAML: nested too deeply") from err
+    except ValueError as err:  # an integer of more digits than Python converts
+        raise ConfigError(_one_line(f"{source}: invalid YAML: {err}")) from err
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(err, "problem", None) or err
         raise ConfigError(_one_line(f"{source}: {where}invalid YAML: {problem}")) from err
+    _refuse_huge_integers(data, source)
     return parse_matrix(data, source, known_implementations=known_implementations)
+
+
+MAX_INTEGER_BITS = 128
+"""No value of a matrix needs more: larger integers (YAML's hex and octal forms are not
+bounded by Python's 4300-digit rule) are refused before anything formats them."""
+
+
+def _refuse_huge_integers(node: Any, source: str, path: str = "") -> None:
+    """Raise :class:`ConfigError` naming the first integer wider than
+    :data:`MAX_INTEGER_BITS` bits (the file's depth is already bounded)."""
+    if isinstance(node, bool):
+        return
+    if isinstance(node, int) and node.bit_length() > MAX_INTEGER_BITS:
+        raise ConfigError(f"{source}: {path or 'top level'}: expected a number of at most "
+                          f"{MAX_INTEGER_BITS} bits, got one of {node.bit_length()} bits")
+    if isinstance(node, dict):
+        for key, value in node.items():
+            _refuse_huge_integers(value, source, f"{path}.{key}" if path else str(key)[:80])
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            _refuse_huge_integers(value, source, f"{path}[{i}]")
 
 
 def _read_matrix_file(path: Path, source: str) -> str:

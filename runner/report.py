@@ -172,6 +172,10 @@ def _comparison_problems(report: Mapping[str, Any], cases: set[str]) -> Iterator
         for vs_key, by_case in entry.items():
             if not vs_key.startswith("vs "):
                 continue
+            if vs_key[3:] == impl or vs_key[3:] not in results:
+                yield (f"{_path_str(('results', impl, vs_key))}: compares with "
+                       f"{'itself' if vs_key[3:] == impl else 'no implementation of the report'}")
+                continue
             mirror = (results.get(vs_key[3:]) or {}).get(f"vs {impl}") or {}
             for case, comparison in by_case.items():
                 here = ("results", impl, vs_key, case)
@@ -529,6 +533,15 @@ def read_report(path: Path) -> LoadedReport:
         return LoadedReport(path, None, None, _decode_problem(text, err))
     except RecursionError:
         return LoadedReport(path, None, None, "corrupt JSON: nested too deeply")
+    except ValueError as err:  # e.g. an integer of more digits than Python converts
+        return LoadedReport(path, None, None, _one_line(f"corrupt JSON: {err}"))
+    if "\\ud" in text.lower():  # a lone surrogate escape cannot be written out again
+        try:
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            return LoadedReport(path, None, None,
+                                "corrupt: a string holds a lone UTF-16 surrogate (\\ud800-"
+                                "\\udfff), which no UTF-8 text can carry")
     if not isinstance(data, dict):
         return LoadedReport(
             path, None, None, f"not a report: the JSON is a {type(data).__name__}, not an object"

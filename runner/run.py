@@ -201,7 +201,10 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
     """
     if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
         raise ConfigError(f"--timeout: expected a number of seconds > 0, got {timeout_s!r}")
-    matrix_path, reports_dir = Path(matrix_path).resolve(), Path(reports_dir).resolve()
+    try:
+        matrix_path, reports_dir = Path(matrix_path).resolve(), Path(reports_dir).resolve()
+    except (OSError, RuntimeError) as err:  # a symlink loop
+        raise ConfigError(f"--matrix/--reports: cannot resolve the path: {err}") from err
     matrix = load_matrix(matrix_path, known_implementations=implementations.KNOWN)
     made = {"docker": DockerBackend(gpus=gpus, matrix_dir=Path(matrix_path).parent,
                                     build=build)}
@@ -275,7 +278,8 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
         current = fingerprint(matrix, cell, chosen_cases, project, extra)
         plan = resume = None
         if not force:  # a stopped run of this very selection: only its missing cases
-            resume = staging.resumable(path, current)
+            resume = staging.resumable(path, current, {
+                str(case_key(c)) for c in cases_on(chosen_cases, cell.target)})
         if resume is None and is_partial:
             plan = plan_partial(path, matrix, cell, chosen_cases, project, extra, force=force)
             if plan.action == "reuse":

@@ -128,16 +128,25 @@ def clean_stale(reports_dir: Path) -> list[tuple[Path, list[dict]]]:
     return out
 
 
-def resumable(path: Path, expected_fingerprint: str) -> dict | None:
+def resumable(path: Path, expected_fingerprint: str,
+              expected_cases: set[str] | None = None) -> dict | None:
     """The ``partial`` report at ``path`` when it is of ``expected_fingerprint`` and lists
-    missing cases: the next run runs only those. None otherwise."""
+    missing cases: the next run runs only those. None otherwise, and also when
+    ``expected_cases`` (the selection's case ids) is not exactly its ``cases`` and
+    ``cases_missing`` together (an edited or foreign report is run again, never trusted)."""
     if not path.is_file():
         return None
     data = report_io.read_report(path).data
-    if (data and data.get("status") == "partial" and data.get("cases_missing")
+    if not (data and data.get("status") == "partial" and data.get("cases_missing")
             and data.get("fingerprint") == expected_fingerprint):
-        return data
-    return None
+        return None
+    done = [str(c) for c in data.get("cases") or []]
+    missing = [str(c) for c in data["cases_missing"]]
+    if expected_cases is not None and (set(done) & set(missing)
+                                       or set(done) | set(missing) != expected_cases
+                                       or set(done) != set(data.get("inputs") or {})):
+        return None
+    return data
 
 
 def stopped_partial(partial: dict, status: str, reason: str, *, exit_code: int | None,

@@ -42,12 +42,12 @@ LEGEND = (
     "Each tensor (`res` = grad_residual, `y` = grad_y, `gate` = grad_gate): `equal` (every "
     "element has the same bits), or `differ/numel`: elements whose bits differ, of the element "
     "count (`nan k`: k of them are NaN on at least one side). `—`: the tensor is absent (no "
-    "backward). For each differing tensor, `max |a−b|` is the largest difference between the "
+    "backward). For each differing tensor, `max abs(a−b)` is the largest difference between the "
     "two implementations and `max ULP apart` the largest number of representable values of the "
     "storage dtype between them (+0.0 and −0.0 one apart), over elements that are not NaN: a "
     "distance between the pair, not an error against fp64 (the accuracy table's `err ULP vs "
     "fp64` is that). Representable values crowd near zero, so where a sum cancels to almost "
-    "nothing a small `max |a−b|` can be tens of thousands of ULPs apart (bf16 has 16,256 "
+    "nothing a small `max abs(a−b)` can be tens of thousands of ULPs apart (bf16 has 16,256 "
     "values in [0, 1), as many in (−1, −0]; a sign change crosses them all): read the two "
     "together."
 )
@@ -153,7 +153,7 @@ def bitwise_table(cells: Sequence[Cell], filters: Filters | None = None) -> Tabl
             rows.append(Row((cell.label, cell.status, *[ABSENT] * (5 + len(TENSORS))),
                             cell.index, ("", status_kind(cell.status))))
     return Table("bitwise", "Bitwise comparison per cell",
-                 ("cell", "status", "pair", "case", "dtype", *TENSORS, "max |a−b|",
+                 ("cell", "status", "pair", "case", "dtype", *TENSORS, "max abs(a−b)",
                   "max ULP apart"), rows, note=LEGEND, empty="No reports.")
 
 

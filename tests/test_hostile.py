@@ -402,3 +402,59 @@ def test_csv_formula_prefixes_are_quoted(tmp_path: Path) -> None:
         for value in row.values():
             assert not value.startswith(("=", "+", "@", "\t", "\r")), value
             assert not value.startswith("-") or value.lstrip("-").replace(".", "").isdigit()
+
+
+# ------------------------------------------------------- the second hostile run (2026-12-01)
+
+@pytest.mark.parametrize(("old", "new", "fragment"), [
+    ("  seed: 20261129", "  seed: " + "1" * 5000, "invalid YAML: Exceeds the limit"),
+    ("  seed: 20261129", "  seed: 0x" + "f" * 4000, "problem.seed: expected a number of at "
+     "most 128 bits"),
+    ("repeats: 3 ", "repeats: 0x" + "f" * 4000 + " ", "repeats: expected a number of at most"),
+    ("  D: 5376", "  D: 0x" + "f" * 4000, "problem.D: expected a number of at most 128 bits"),
+])
+def test_integers_too_wide_to_print_are_refused(tmp_path: Path, capsys, old: str, new: str,
+                                                fragment: str) -> None:
+    assert fragment in _matrix_error(tmp_path, _replace(old, new), capsys)
+
+
+def test_a_lone_surrogate_in_a_mode_environment_is_refused(tmp_path: Path, capsys) -> None:
+    text = _replace("  plain: {}", '  plain: {env: {PROBE: "\\uD800"}}')
+    assert "no lone surrogate" in _matrix_error(tmp_path, text, capsys)
+
+
+@pytest.mark.parametrize("name", ["huge_integer", "lone_surrogate", "vs_itself", "vs_ghost"])
+def test_second_run_bad_reports_are_flagged_not_crashed(tmp_path: Path, name: str) -> None:
+    """Each is one ``warning:`` line and exit 3, and the tables are written from the rest."""
+    text = json.dumps(_good())
+    doc = _good()
+    if name == "huge_integer":
+        text = re.sub(r'"differ": [0-9]+', '"differ": ' + "1" * 5000, text, count=1)
+    elif name == "lone_surrogate":
+        doc["environment"]["gpu"] = "\ud800"
+        text = json.dumps(doc)
+    elif name == "vs_itself":
+        doc["results"]["numba"]["vs numba"] = doc["results"]["numba"]["vs eager"]
+        text = json.dumps(doc)
+    else:
+        doc["results"]["numba"]["vs ghost"] = doc["results"]["numba"]["vs eager"]
+        text = json.dumps(doc)
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "bad.json").write_text(text, encoding="utf-8", errors="surrogatepass")
+    (reports / "good.json").write_text(json.dumps(_good()), encoding="utf-8")
+    loaded = read_report(reports / "bad.json")
+    assert not loaded.ok and "\n" not in loaded.problem, loaded.problem
+    done = _report_cli(reports)
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
+    assert (reports / "README.md").exists()
+
+
+def test_a_symlink_loop_as_matrix_is_one_line(tmp_path: Path, capsys) -> None:
+    from runner.__main__ import main
+
+    loop = tmp_path / "loop.yaml"
+    loop.symlink_to(loop)
+    code = main(["matrix", "--matrix", str(loop), "--reports", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err

@@ -241,7 +241,7 @@ def test_timings_and_bandwidth() -> None:
     # the distance between the pair, named as such; not an error against fp64
     assert bits[("host-plain-cuda", "ok", "numba vs eager", "257")][4:] == [
         "35095/48384", "gate 0.375", "gate 31258"]
-    assert rows(section(text, "Bitwise comparison per cell"))[0][-2:] == ["max |a−b|",
+    assert rows(section(text, "Bitwise comparison per cell"))[0][-2:] == ["max abs(a−b)",
                                                                          "max ULP apart"]
 
 
