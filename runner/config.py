@@ -17,9 +17,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-import os
 import re
-import stat
 import types
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -45,7 +43,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from runner import pins
+from runner import files, pins
 from runner.errors import ConfigError
 
 __all__ = ["DTYPES", "INDEX_DTYPES", "KNOWN_IMPLEMENTATIONS", "SCHEMA_VERSION", "TARGETS",
@@ -604,24 +602,15 @@ def _read_matrix_file(path: Path, source: str) -> str:
         ConfigError: not a regular file, or too large.
         OSError, UnicodeDecodeError: cannot be read, or not UTF-8.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ConfigError(f"{source}: cannot read the matrix file: not a regular file")
-        if info.st_size > MAX_MATRIX_BYTES:
-            raise ConfigError(f"{source}: expected a matrix file of at most {MAX_MATRIX_BYTES} "
-                              f"bytes, got {info.st_size} bytes")
-        os.set_blocking(fd, True)
-        with os.fdopen(fd, "rb") as f:
-            fd = -1
-            data = f.read(MAX_MATRIX_BYTES + 1)
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    if len(data) > MAX_MATRIX_BYTES:  # grew since fstat
+        data = files.read_bounded(path, MAX_MATRIX_BYTES)
+    except files.NotRegular as err:
+        raise ConfigError(f"{source}: cannot read the matrix file: not a regular file "
+                          f"({err.kind})") from err
+    except files.TooLarge as err:
+        got = "more" if err.size is None else err.size
         raise ConfigError(f"{source}: expected a matrix file of at most {MAX_MATRIX_BYTES} "
-                          "bytes, got more")
+                          f"bytes, got {got} bytes") from err
     return data.decode("utf-8")
 
 

@@ -22,7 +22,6 @@ import math
 import os
 import re
 import secrets
-import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from jsonschema.exceptions import best_match
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
+from runner import files
 from runner.errors import ReportError
 
 __all__ = ["SCHEMA_PATH", "SCHEMA_VERSION", "TENSORS", "UPGRADES", "LoadedReport", "PairRow",
@@ -472,39 +472,22 @@ def _decode_problem(text: str, err: json.JSONDecodeError) -> str:
 MAX_REPORT_BYTES = 256 * 2**20
 """The largest report file read (a report of today's matrix is about 340 KB)."""
 
-_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-               (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-               (stat.S_ISBLK, "a block device"))
-
-
 def _read_regular_file(path: Path) -> bytes:
-    """The bytes of ``path`` if it is a regular file (through symlinks) of at most
-    :data:`MAX_REPORT_BYTES`; never blocks on a FIFO or device.
-
-    The file is opened non-blocking and its type taken from the open descriptor, so a FIFO
-    is refused without waiting for a writer and nothing can swap the file in between.
+    """The bytes of a report file: a regular file of at most :data:`MAX_REPORT_BYTES`,
+    never blocking on a FIFO or device (:func:`runner.files.read_bounded`).
 
     Raises:
         ReportError: not a regular file, or too large (one line).
         OSError: cannot be opened or read (a symlink loop: ``ELOOP``).
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            kind = next((name for test, name in _FILE_KINDS if test(info.st_mode)),
-                        "not a regular file")
-            raise ReportError(f"not a report: {kind}, not a regular file")
-        if info.st_size > MAX_REPORT_BYTES:
-            raise ReportError(f"not read: {info.st_size} bytes, more than the "
-                              f"{MAX_REPORT_BYTES} a report may have")
-        os.set_blocking(fd, True)
-        with os.fdopen(fd, "rb") as f:
-            fd = -1
-            return f.read(MAX_REPORT_BYTES + 1)
-    finally:
-        if fd >= 0:
-            os.close(fd)
+        return files.read_bounded(path, MAX_REPORT_BYTES)
+    except files.NotRegular as err:
+        raise ReportError(f"not a report: {err.kind}, not a regular file") from err
+    except files.TooLarge as err:
+        got = "more" if err.size is None else err.size
+        raise ReportError(f"not read: {got} bytes, more than the {MAX_REPORT_BYTES} a report "
+                          "may have") from err
 
 
 def read_report(path: Path) -> LoadedReport:
