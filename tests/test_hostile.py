@@ -95,16 +95,19 @@ BROKEN_OURS = {
 }
 
 
-@pytest.mark.parametrize("name", list(BROKEN_OURS))
-def test_bad_report_is_flagged_with_one_line(tmp_path: Path, name: str) -> None:
-    change, expected = BROKEN_OURS[name]
-    doc = _good()
+def _broken(tmp_path: Path, doc: dict[str, Any], change) -> Any:
+    """``doc`` after ``change``, written and read back."""
     change(doc)
     (tmp_path / "x.json").write_text(json.dumps(doc))
     loaded = read_report(tmp_path / "x.json")
-    assert loaded.data is None and loaded.problem is not None
-    assert expected in loaded.problem
-    assert "\n" not in loaded.problem
+    assert loaded.data is None and loaded.problem is not None and "\n" not in loaded.problem
+    return loaded
+
+
+@pytest.mark.parametrize("name", list(BROKEN_OURS))
+def test_bad_report_is_flagged_with_one_line(tmp_path: Path, name: str) -> None:
+    change, expected = BROKEN_OURS[name]
+    assert expected in _broken(tmp_path, _good(), change).problem
 
 
 def test_every_report_here_passes_the_consistency_checks() -> None:
@@ -134,11 +137,8 @@ BROKEN_FOREIGN = {
 @pytest.mark.parametrize("name", list(BROKEN_FOREIGN))
 def test_bad_foreign_report_is_flagged(tmp_path: Path, name: str) -> None:
     change, expected = BROKEN_FOREIGN[name]
-    doc = _reference()
-    change(doc)
-    (tmp_path / "ref.json").write_text(json.dumps(doc))
-    loaded = read_report(tmp_path / "ref.json")
-    assert loaded.origin == "foreign" and loaded.data is None
+    loaded = _broken(tmp_path, _reference(), change)
+    assert loaded.origin == "foreign"
     assert loaded.problem.startswith("unreadable foreign report: ") and expected in loaded.problem
 
 
