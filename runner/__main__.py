@@ -168,10 +168,12 @@ def _cmd_cell(args) -> int:
     before_torch = not start.torch_imported
 
     def checkpoint(partial: dict, progress: dict) -> None:
-        """After each case: the report so far goes to disk whole (``partial`` until the
-        last case), then one progress line the runner renders (runner/progress.py)."""
-        partial["environment"]["mode_applied_before_torch_import"] = before_torch
-        report_io.write_report(partial, args.reports)
+        """After each case: the report so far goes to disk whole while cases are missing
+        (the final report is written once, below), then one progress line the runner
+        renders (runner/progress.py)."""
+        if partial["status"] == "partial":
+            partial["environment"]["mode_applied_before_torch_import"] = before_torch
+            report_io.write_report(partial, args.reports)
         print(progress_line(cells[0].id, progress), flush=True)
 
     report = run_cell(matrix, cells[0], select_cases(matrix, args.case), run_id=args.run_id,
