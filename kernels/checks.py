@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from runner.errors import OpInputError
+from kernels.errors import OpInputError
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INDEX_DTYPES = (torch.int64, torch.int32)
@@ -15,7 +15,7 @@ def check_inputs(residual, gate, y, index, *, device: str, check_index: bool = T
 
     Rejects what eager PyTorch rejects (a float ``index``, an index out of [0, G)) and what
     the kernels do not support (broadcasting, mixed float dtypes), each with a one-line
-    :class:`runner.errors.OpInputError`: ``residual``/``y`` must be (N, D), ``gate`` (G, D),
+    :class:`kernels.errors.OpInputError`: ``residual``/``y`` must be (N, D), ``gate`` (G, D),
     ``index`` (N,) int64/int32, all on one ``device`` type ("cuda" or "cpu"), one dtype
     among bfloat16, float16, float32. The index range check reads two scalars back from the
     device (one synchronisation) when N > 0; ``check_index=False`` skips it.
@@ -80,7 +80,7 @@ def check_backward_inputs(grad_out, gate, y, index, *, device: str, check_index:
     ``grad_out`` must be a tensor of ``y``'s shape, dtype and device; ``gate``, ``y`` and
     ``index`` are checked as by :func:`check_inputs` (``y`` in the place of ``residual``),
     the index range too unless ``check_index`` is False (the autograd Function's backward:
-    its forward checked them). Raises :class:`runner.errors.OpInputError`, one line, e.g.
+    its forward checked them). Raises :class:`kernels.errors.OpInputError`, one line, e.g.
     ``gate_residual backward: grad_out must be (N, D) = (4, 8) like y, got (5, 8)``.
     """
     for name, t in (("grad_out", grad_out), ("y", y)):
@@ -101,7 +101,7 @@ def check_backward_inputs(grad_out, gate, y, index, *, device: str, check_index:
 def check_grad_out(grad_out, y):
     """``grad_out`` checked against an already checked ``y`` and returned contiguous: a
     tensor of ``y``'s device, dtype and (N, D) shape; else a one-line
-    :class:`runner.errors.OpInputError`. What the autograd Function's backward checks (its
+    :class:`kernels.errors.OpInputError`. What the autograd Function's backward checks (its
     forward checked the rest)."""
     if not isinstance(grad_out, torch.Tensor):
         raise OpInputError(

@@ -34,10 +34,10 @@ from numba import cuda, float32
 from numba.cuda import types
 
 from kernels.checks import check_backward_inputs, check_grad_out, check_inputs
+from kernels.errors import OpInputError
 from kernels.launch import Launcher, array_type
 from kernels.rounding import CODECS, LANE_CODECS, add_rn, mul_rn
 from kernels.vector import load_vec, store_vec
-from runner.errors import OpInputError
 
 #: Rows per chunk of the grad_gate reduction. Part of the algorithm (it fixes the summation
 #: order), not a launch parameter.
@@ -643,7 +643,7 @@ def gate_residual_forward(residual, gate, y, index, *, check_index: bool | str =
     Args: ``residual``, ``y``: (N, D) CUDA tensors; ``gate``: (G, D); ``index``: (N,) int64
     or int32 in [0, G); one floating dtype (bfloat16, float16 or float32) for all three.
     Non-contiguous inputs are made contiguous. Returns a new (N, D) tensor, bitwise equal to
-    eager. Raises :class:`runner.errors.OpInputError` (a ``ValueError``) for bad input.
+    eager. Raises :class:`kernels.errors.OpInputError` (a ``ValueError``) for bad input.
 
     ``check_index``: ``True`` (default) checks every index on the device, without a
     synchronisation: an index outside [0, G) fails ``torch._assert_async`` at the next
@@ -665,7 +665,7 @@ def gate_residual_backward(grad_out, gate, y, index, *, check_index: bool | str 
     or float32), ``gate``: (G, D) of that dtype, ``index``: (N,) int64 or int32 in [0, G).
     Returns ``grad_y`` (N, D), bitwise equal to eager's, and ``grad_gate`` (G, D),
     deterministic: float32 sums in :data:`SUMMATION_ORDER`, rounded once. Scratch: one
-    float32 buffer of n_chunks(N) * G * D elements. Raises :class:`runner.errors.OpInputError`
+    float32 buffer of n_chunks(N) * G * D elements. Raises :class:`kernels.errors.OpInputError`
     (one line) for bad input. ``check_index`` as in :func:`gate_residual_forward`; with
     ``False``, rows with an out-of-range index give NaN ``grad_y`` rows and add nothing to
     ``grad_gate``.

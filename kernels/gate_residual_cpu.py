@@ -144,7 +144,7 @@ def gate_residual_cpu(residual, gate, y, index):
     """Forward on CPU tensors: the GPU kernel's result, bit for bit.
 
     Shapes and dtypes as in :mod:`kernels.gate_residual`; returns a new (N, D) tensor.
-    Raises :class:`runner.errors.OpInputError` for bad input.
+    Raises :class:`kernels.errors.OpInputError` for bad input.
     """
     residual, gate, y, index = check_inputs(residual, gate, y, index, device="cpu")
     forward, _ = _LOOPS[residual.dtype]
@@ -157,7 +157,7 @@ def gate_residual_backward_cpu(grad_out, gate, y, index, *, check_index: bool = 
     """(grad_y, grad_gate) on CPU tensors, in SUMMATION_ORDER; the GPU kernels' bits.
 
     ``grad_out`` (N, D) of ``y``'s dtype, ``gate`` (G, D), ``y`` (N, D), ``index`` (N,).
-    Raises :class:`runner.errors.OpInputError` for bad input (``check_index=False`` skips
+    Raises :class:`kernels.errors.OpInputError` for bad input (``check_index=False`` skips
     the index range, for callers that checked it, as the autograd Function's forward did).
     """
     grad_out, gate, y, index = check_backward_inputs(grad_out, gate, y, index, device="cpu",

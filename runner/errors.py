@@ -12,6 +12,11 @@ from __future__ import annotations
 
 import signal
 
+# Bad input to an op (shape, dtype, device, index range): raised by kernels/, which must not
+# import the runner (issue 12), so the class lives there; a ValueError, not a MatrixError
+# (an implementation's failure inside a cell is data, caught by runner/case_run.py).
+from kernels.errors import OpInputError as OpInputError
+
 
 class MatrixError(Exception):
     """Base class of every error the runner reports to the user (exit code 1)."""
@@ -39,8 +44,6 @@ class ReportError(MatrixError):
     exit_code = 3
 
 
-class OpInputError(MatrixError, ValueError):
-    """Bad input to the gate_residual op: shape, dtype, device or index range."""
 
 
 class BackendError(MatrixError):
