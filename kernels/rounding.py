@@ -10,8 +10,13 @@ Two facts decide the bits (``../shared/NOTES.md``, measured on an H200 with numb
   and fails if an ``fma`` appears.
 * Storage conversions give the results of the instructions PyTorch's ``c10::BFloat16`` /
   ``c10::Half`` use on the GPU (``cvt.rn.bf16.f32`` on sm_80+, ``cvt.rn.f16.f32``): round to
-  nearest even, NaN stored as the canonical ``0x7FFF``. float16 uses ``cvt`` itself; bfloat16
-  the same rounding in integer operations (see :func:`store_bf16`).
+  nearest even, NaN stored as the canonical ``0x7FFF``. float16 uses ``cvt`` itself
+  (``np.float16(x)``, and the intrinsics :func:`f32_from_f16_bits` / :func:`f16_bits_from_f32`
+  on the 32-bit words of the vector kernels); bfloat16 the same rounding in integer
+  operations (see :func:`store_bf16`).
+
+This module imports nothing from ``kernels`` (``kernels/vector.py`` used to hold the float16
+intrinsics and import this module back under the simulator: a cycle, issue 12).
 
 Each storage dtype has a ``load_*`` (storage element -> float32, exact) and a ``store_*``
 (float32 -> storage element, round to nearest even). bfloat16 is held in ``int16`` arrays
@@ -32,7 +37,40 @@ from numba import config, cuda, float32
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 
 if not SIMULATOR:
-    from numba.cuda import libdevice
+    from llvmlite import ir
+    from numba.cuda import libdevice, types
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def f32_from_f16_bits(typingctx, bits):
+        """float16 bits in the low 16 bits of a uint32 -> float32 (``cvt.f32.f16``, exact).
+
+        ``fpext`` on LLVM's ``half``, which NVVM lowers to ``cvt.f32.f16``: the instruction
+        ``c10::Half`` uses on the GPU (``__half2float``), so the bits are eager's by
+        construction; a software conversion's branches made the float16 vector kernels
+        ALU-bound (H200: 0.873 ms vs 0.509 ms for bfloat16, ``docs/performance.md``).
+        """
+        sig = types.float32(bits)
+
+        def codegen(context, builder, sig, args):
+            low = builder.trunc(context.cast(builder, args[0], sig.args[0], types.uint32),
+                                ir.IntType(16))
+            return builder.fpext(builder.bitcast(low, ir.HalfType()), ir.FloatType())
+
+        return sig, codegen
+
+    @intrinsic
+    def f16_bits_from_f32(typingctx, x):
+        """float32 -> float16 bits as uint32 (``fptrunc``, lowered to ``cvt.rn.f16.f32``:
+        nearest even, as ``__float2half``)."""
+        sig = types.uint32(types.float32)
+
+        def codegen(context, builder, sig, args):
+            half = builder.fptrunc(args[0], ir.HalfType())
+            return builder.zext(builder.bitcast(half, ir.IntType(16)), ir.IntType(32))
+
+        return sig, codegen
+
     @cuda.jit(device=True, inline="always")
     def f32_from_u32(b):
         """uint32 -> the float32 with those bits."""
@@ -232,25 +270,23 @@ def rnd_bf16(x):
 
 
 if SIMULATOR:  # pragma: no cover - the software conversions, with the instructions' results
-    _f32_from_f16_bits, _f16_bits_from_f32 = decode_f16, encode_f16
-else:  # cvt.f32.f16 / cvt.rn.f16.f32, as c10::Half does (kernels/vector.py)
-    from kernels.vector import f16_bits_from_f32 as _f16_bits_from_f32
-    from kernels.vector import f32_from_f16_bits as _f32_from_f16_bits
+    f32_from_f16_bits, f16_bits_from_f32 = decode_f16, encode_f16
+# else: the cvt.f32.f16 / cvt.rn.f16.f32 intrinsics defined at the top, as c10::Half does
 
 
 @_jit
 def get_f16(h, j):
-    return _f32_from_f16_bits((h >> np.uint32(16 * j)) & LOW16)
+    return f32_from_f16_bits((h >> np.uint32(16 * j)) & LOW16)
 
 
 @_jit
 def put_f16(x, j):
-    return _f16_bits_from_f32(x) << np.uint32(16 * j)
+    return f16_bits_from_f32(x) << np.uint32(16 * j)
 
 
 @_jit
 def rnd_f16(x):
-    return _f32_from_f16_bits(_f16_bits_from_f32(x))
+    return f32_from_f16_bits(f16_bits_from_f32(x))
 
 
 @_jit

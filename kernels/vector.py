@@ -1,4 +1,4 @@
-"""16-byte vector loads and stores, and hardware float16 conversions, for numba.cuda kernels.
+"""16-byte vector loads and stores for numba.cuda kernels.
 
 numba-cuda 0.30 loads an array element with one instruction of the element's width: an
 ``int64`` array gives 8-byte loads, and nothing wider exists among numba's scalar types. The
@@ -9,11 +9,9 @@ lowers to ``ld.global.v4.u32`` / ``st.global.v4.u32`` (PTX ISA, "Data Movement a
 Conversion Instructions: ld / st", vector operands). ``tests/test_contraction.py`` reads the
 PTX to check that they do.
 
-``f32_from_f16_bits`` / ``f16_bits_from_f32`` convert with ``fpext`` / ``fptrunc`` on LLVM's
-``half`` type, which NVVM lowers to ``cvt.f32.f16`` / ``cvt.rn.f16.f32``: the instructions
-``c10::Half`` uses on the GPU (``__half2float`` / ``__float2half``), so the bits are eager's
-by construction. They replace a software conversion whose branches made the float16
-kernels ALU-bound (measured on the H200: 0.873 ms vs 0.509 ms for bfloat16).
+The hardware float16 conversions the vector kernels use (``cvt.f32.f16`` /
+``cvt.rn.f16.f32``) are in ``kernels/rounding.py``, with every other rounding; this module
+imports nothing from ``kernels`` (no import cycle).
 
 Arrays: 2-D, C-contiguous ``uint32`` (a view of the tensor's bytes; a row of D elements of
 ``itemsize`` bytes is ``D * itemsize / 4`` words). ``q`` counts 16-byte vectors in a row:
@@ -22,8 +20,7 @@ pointer and of every row (``D * itemsize % 16 == 0``) and ``0 <= row < shape[0]`
 ``0 <= q < shape[1] / 4``; nothing is checked in the kernel (no wraparound either).
 
 Under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) the same names are plain Python over
-numpy arrays, and the float16 conversions are the software ones of ``kernels/rounding.py``
-(``decode_f16`` / ``encode_f16``, with the same results as the instructions).
+numpy arrays.
 """
 
 from __future__ import annotations
@@ -88,29 +85,6 @@ if not SIMULATOR:
 
         return sig, codegen
 
-    @intrinsic
-    def f32_from_f16_bits(typingctx, bits):
-        """float16 bits in the low 16 bits of a uint32 -> float32 (``cvt.f32.f16``, exact)."""
-        sig = types.float32(bits)
-
-        def codegen(context, builder, sig, args):
-            low = builder.trunc(context.cast(builder, args[0], sig.args[0], types.uint32),
-                                ir.IntType(16))
-            return builder.fpext(builder.bitcast(low, ir.HalfType()), ir.FloatType())
-
-        return sig, codegen
-
-    @intrinsic
-    def f16_bits_from_f32(typingctx, x):
-        """float32 -> float16 bits as uint32 (``cvt.rn.f16.f32``: nearest even)."""
-        sig = types.uint32(types.float32)
-
-        def codegen(context, builder, sig, args):
-            half = builder.fptrunc(args[0], ir.HalfType())
-            return builder.zext(builder.bitcast(half, ir.IntType(16)), _I32)
-
-        return sig, codegen
-
 else:  # pragma: no cover - exercised only with NUMBA_ENABLE_CUDASIM=1
 
     def load_vec(array, row, q):
@@ -122,15 +96,5 @@ else:  # pragma: no cover - exercised only with NUMBA_ENABLE_CUDASIM=1
         for i, w in enumerate((w0, w1, w2, w3)):
             array[row, base + i] = np.uint32(w)
 
-    def f32_from_f16_bits(bits):
-        from kernels.rounding import decode_f16
 
-        return decode_f16(np.uint32(bits))
-
-    def f16_bits_from_f32(x):
-        from kernels.rounding import encode_f16
-
-        return encode_f16(np.float32(x))
-
-
-__all__ = ["f16_bits_from_f32", "f32_from_f16_bits", "load_vec", "store_vec"]
+__all__ = ["load_vec", "store_vec"]
