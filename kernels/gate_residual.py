@@ -35,6 +35,16 @@ from numba.cuda import types
 
 from kernels.checks import check_backward_inputs, check_grad_out, check_inputs
 from kernels.errors import OpInputError
+from kernels.geometry import (
+    BLOCK_COLS,
+    MAX_GRID_Y,
+    backward_geometry,
+    block_cols_for,
+    forward_geometry,
+    pick_width,
+    reduce_geometry,
+    shared_fits,
+)
 from kernels.launch import Launcher, array_type
 from kernels.rounding import CODECS, LANE_CODECS, add_rn, mul_rn
 from kernels.vector import load_vec, store_vec
@@ -49,14 +59,6 @@ SUMMATION_ORDER = (
     "index[i] == k in increasing i; then t = +0.0 and t = fadd_rn(t, s_c) over chunks c in "
     "increasing c; float32 throughout; t rounded once to the storage dtype."
 )
-
-#: Threads per block along the columns.
-BLOCK_COLS = 128
-#: Dynamic shared memory per block for the grad_gate accumulators, bytes (portable limit).
-MAX_SHARED_BYTES = 48 * 1024
-#: Largest grid.y: the hardware limit is 65535; rows (or chunks) beyond it are looped.
-MAX_GRID_Y = 65535
-
 
 def _make_element_backward(load, store, in_shared: bool):
     """The element backward_chunks kernel, with its accumulators in shared memory
@@ -338,18 +340,6 @@ def vec_kernels_for(dtype: str):
     return _VEC_KERNELS[dtype]
 
 
-def pick_width(units: int, cap: int) -> int:
-    """Threads per block (a multiple of 32, at most ``cap``) that covers ``units`` with the
-    fewest idle threads; ties go to the larger block. Launch shape only: bits never depend
-    on it."""
-    best, best_waste = 32, None
-    for width in range(32, cap + 1, 32):
-        waste = -(-units // width) * width - units
-        if best_waste is None or waste <= best_waste:
-            best, best_waste = width, waste
-    return best
-
-
 def kernels_for(dtype: str):
     """The (forward, backward_chunks, reduce_chunks, backward_chunks_global) element
     numba.cuda kernels for a dtype (the last for G too large for shared memory).
@@ -367,22 +357,6 @@ def kernels_for(dtype: str):
 def n_chunks(n_rows: int) -> int:
     """Number of CHUNK_ROWS-row chunks the grad_gate reduction splits N rows into."""
     return -(-n_rows // CHUNK_ROWS)
-
-
-def block_cols_for(n_gate: int) -> int:
-    """Threads per block for backward_chunks so that G float32 accumulators fit in shared memory.
-
-    Raises ``ValueError`` when G > MAX_SHARED_BYTES / (4 * 32) = 384 gate rows.
-    """
-    width = BLOCK_COLS
-    while width > 32 and n_gate * width * 4 > MAX_SHARED_BYTES:
-        width //= 2
-    if n_gate * width * 4 > MAX_SHARED_BYTES:
-        raise ValueError(
-            f"{n_gate} float32 accumulators per thread (gate rows x lanes) exceed the "
-            f"{MAX_SHARED_BYTES // (4 * 32)} that fit in shared memory"
-        )
-    return width
 
 
 # --------------------------------------------------------------------------- launch geometry
@@ -406,29 +380,6 @@ def backward_vec_geometry(chunks: int, vectors: int, n_gate: int, lanes: int,
     cap = block_cols_for(n_gate * lanes)
     width = block_cols or pick_width(vectors, min(cap, 256))
     return (math.ceil(vectors / width), min(chunks, max_grid_y)), width, n_gate * lanes * width * 4
-
-
-def forward_geometry(n_rows: int, width: int, block_cols: int = BLOCK_COLS,
-                     max_grid_y: int = MAX_GRID_Y) -> tuple[tuple, int]:
-    """(grid, block) of the element forward: one element per thread."""
-    return (math.ceil(width / block_cols), min(n_rows, max_grid_y)), block_cols
-
-
-def backward_geometry(chunks: int, width: int, n_gate: int, block_cols: int | None = None,
-                      max_grid_y: int = MAX_GRID_Y) -> tuple[tuple, int, int]:
-    """(grid, block, shared bytes) of the element backward."""
-    cols = block_cols or block_cols_for(n_gate)
-    return (math.ceil(width / cols), min(chunks, max_grid_y)), cols, n_gate * cols * 4
-
-
-def shared_fits(n_accumulators: int) -> bool:
-    """Whether ``n_accumulators`` float32 per thread fit in shared memory at 32 threads."""
-    return n_accumulators * 32 * 4 <= MAX_SHARED_BYTES
-
-
-def reduce_geometry(numel: int) -> tuple[int, int]:
-    """(grid, block) of the chunk reduction: one thread per grad_gate element."""
-    return max(1, math.ceil(numel / 256)), 256
 
 
 def _flag_array():

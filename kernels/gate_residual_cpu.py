@@ -12,8 +12,9 @@ places, not NaN payloads, with eager.)
 
 Storage values are decoded to float32 with numpy (exact) before the loops, and the loops
 round to the storage dtype with integer operations on the float32 bits (round to nearest
-even, overflow to infinity, float16 subnormals). numba on the CPU does not contract ``a * b +
-c`` into an FMA without ``fastmath`` (checked by the fp32 tests against eager).
+even, overflow to infinity, float16 subnormals): ``kernels/rounding_cpu.py``. numba on the CPU
+does not contract ``a * b + c`` into an FMA without ``fastmath`` (checked by the fp32 tests
+against eager).
 
 Example::
 
@@ -29,56 +30,9 @@ from numba import njit
 
 from kernels.checks import check_backward_inputs, check_inputs
 from kernels.gate_residual import CHUNK_ROWS
-
-_NAN32 = np.uint32(0x7FFFFFFF).view(np.float32)
-
-
-@njit(inline="always")
-def _canon(x):
-    return _NAN32 if x != x else x
-
-
-@njit(inline="always")
-def mul_rn(a, b):
-    """float32 product, round to nearest even, canonical NaN."""
-    return _canon(np.float32(a * b))
-
-
-@njit(inline="always")
-def add_rn(a, b):
-    """float32 sum, round to nearest even, canonical NaN."""
-    return _canon(np.float32(a + b))
-
-
-@njit(inline="always")
-def round_bf16(x):
-    """float32 -> the nearest bfloat16 value (ties to even), returned as float32."""
-    if x != x:
-        return _NAN32
-    u = np.float32(x).view(np.uint32)
-    u = np.uint32(u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))
-    return np.uint32(u & np.uint32(0xFFFF0000)).view(np.float32)
-
-
-@njit(inline="always")
-def round_f16(x):
-    """float32 -> the nearest float16 value (ties to even, subnormals, overflow), as float32."""
-    if x != x:
-        return _NAN32
-    a = abs(x)
-    if a >= np.float32(65520.0):  # max float16 65504 plus half its ULP: ties go to inf
-        return np.float32(np.inf) if x > 0 else np.float32(-np.inf)
-    if a < np.float32(6.103515625e-05):  # 2**-14: float16 subnormal range, quantum 2**-24
-        return np.float32(np.rint(x * np.float32(16777216.0)) * np.float32(5.960464477539063e-08))
-    u = np.float32(x).view(np.uint32)
-    u = np.uint32(u + np.uint32(0x0FFF) + ((u >> np.uint32(13)) & np.uint32(1)))
-    return np.uint32(u & np.uint32(0xFFFFE000)).view(np.float32)
-
-
-@njit(inline="always")
-def round_f32(x):
-    """float32 -> float32 (the storage dtype is float32: nothing to round)."""
-    return x
+from kernels.rounding_cpu import add_rn, mul_rn, round_bf16, round_f16, round_f32
+from kernels.rounding_cpu import as_f32 as _as_f32
+from kernels.rounding_cpu import from_f32 as _from_f32
 
 
 def _make_loops(rnd):
@@ -119,25 +73,6 @@ _LOOPS = {
     torch.float16: _make_loops(round_f16),
     torch.float32: _make_loops(round_f32),
 }
-
-
-def _as_f32(t: torch.Tensor) -> np.ndarray:
-    """Exact float32 numpy copy of a CPU tensor of a storage dtype (autograd detached)."""
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        bits = t.view(torch.int16).numpy().astype(np.uint16).astype(np.uint32) << np.uint32(16)
-        return bits.view(np.float32)
-    return t.numpy().astype(np.float32)
-
-
-def _from_f32(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    """Storage tensor from float32 values that are already representable in ``dtype``."""
-    if dtype == torch.bfloat16:
-        bits = (a.view(np.uint32) >> np.uint32(16)).astype(np.uint16).view(np.int16)
-        return torch.from_numpy(bits).view(torch.bfloat16)
-    if dtype == torch.float16:
-        return torch.from_numpy(a.astype(np.float16))
-    return torch.from_numpy(a)
 
 
 def gate_residual_cpu(residual, gate, y, index):
