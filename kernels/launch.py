@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import array
 import ctypes
+import math
 import os
 import time
 
@@ -39,6 +40,18 @@ COMPILE_SECONDS = [0.0]
 def array_type(dtype: types.Type, ndim: int) -> types.Array:
     """numba type of a C-contiguous array argument: ``array(<dtype>, <ndim>d, C)``."""
     return types.Array(dtype, ndim, "C")
+
+
+def array_params(ptr: int, shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """The kernel parameters of one C-contiguous array in numba's array ABI (what numba-cuda's
+    ``_Kernel._prepare_args`` passes): ``0, 0, size, itemsize, ptr, *shape, *strides``, the
+    strides in bytes. Example: ``array_params(p, (3, 5), 2) == (0, 0, 15, 2, p, 3, 5, 10, 2)``."""
+    strides, stride = [], itemsize
+    for extent in reversed(shape):
+        strides.append(stride)
+        stride *= extent
+    size = math.prod(shape)
+    return (0, 0, size, itemsize, ptr, *shape, *reversed(strides))
 
 
 class Launcher:
