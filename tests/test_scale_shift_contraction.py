@@ -73,3 +73,29 @@ def test_backward_keeps_its_sums_where_it_says(dtype):
     assert "ld.shared" not in ptx_global and "ld.global.f32" in ptx_global, "global accumulators"
     for text in (ptx, ptx_global):
         assert ".local" not in text, "local memory"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("index", ["int64", "int32"])
+def test_torch_launch_signatures_compile_and_match_the_packed_parameters(dtype, index):
+    """What the CUDA entry points launch without numba's dispatcher (kernels/launch.py): each
+    launcher's signature compiles for its kernel, and the parameters packed from tensors (CPU
+    tensors here: only pointers, shapes and item sizes are read) are as many 8-byte words as
+    that signature takes in numba's array ABI (5 + 2 * ndim per array)."""
+    import torch
+
+    td, ti = getattr(torch, dtype), getattr(torch, index)
+    n, d, g = 5, 7, 3
+    e = torch.zeros(n, d, dtype=td)
+    p = torch.zeros(g, d, dtype=td)
+    idx, flag = torch.zeros(n, dtype=ti), torch.ones(1, dtype=torch.uint8)
+    partial = torch.zeros(K.n_chunks(n), 2 * g, d)
+    packed = {0: (e, e, p, p, idx, flag), 1: (e, partial, e, e, p, idx, flag),
+              2: (p, p, partial), 3: (e, partial, e, e, p, idx, flag)}
+    for which, tensors in packed.items():
+        launcher = K._launcher(which, td, ti)
+        ptx = ptx_of(launcher.dispatcher, launcher.argtypes)
+        assert ".entry" in ptx and not FMA.search(ptx), NAMES[which]
+        words = sum(5 + 2 * a.ndim for a in launcher.argtypes)
+        assert len(K._params(*tensors)) == words, NAMES[which]
+        assert [a.ndim for a in launcher.argtypes] == [t.dim() for t in tensors], NAMES[which]
