@@ -8,6 +8,10 @@ Each implementation is compared with the baseline (bit for bit) and with the ref
 are the baseline's or the reference's: a case holds at most three implementations' outputs
 at a time. The sha256 of inputs and outputs are computed by worker threads (hashlib releases
 the GIL) while the next implementation runs; the case waits for them at its end.
+
+Every implementation's timing loops come last, back to back, once the case's checks are
+done, with the GPU to this cell alone (:mod:`runner.gpu_lock`); every other stretch of GPU
+work holds the shared lock, so cells of other modes may run beside this one.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from runner import batch_invariance, compare, timing
+from runner import batch_invariance, compare, gpu_lock, timing
 from runner.implementations import Implementation
 from runner.phases import PhaseClock
 
@@ -159,65 +163,115 @@ def _run_one(ctx: CaseContext, impl: Implementation, x, on_device: dict, key: st
     is_reference = impl.role == "accuracy_reference"
     repeats = 1 if is_reference else ctx.matrix.repeats
     try:
-        inputs = on_device if impl.device is None else {
-            k: v.to(impl.device) for k, v in x.tensors.items()}
-        with ctx.clock.run(impl.name):
+        inputs = _inputs_for(impl, x, on_device)
+        with ctx.clock.run(impl.name), gpu_lock.shared():
             first, same, mutated = run_repeats(impl, inputs, repeats, ctx.inference)
         entry["mutated_inputs"][key] = mutated
-        if not is_reference and ctx.with_timings:
-            with ctx.clock("timings"):
-                entry["timings"][key] = timings(impl, inputs, ctx.device, ctx.matrix,
-                                                ctx.inference)
         if (ctx.matrix.batch_invariance is not None and impl.has_backward
                 and not ctx.inference and not is_reference):
-            with ctx.clock("batch_invariance"):
+            with ctx.clock("batch_invariance"), gpu_lock.shared():
                 entry.setdefault("batch_invariant", {})[key] = batch_invariance.check(
                     impl, inputs, max_size=ctx.matrix.batch_invariance.max_size, full=first)
     except Exception as err:  # an implementation's failure is data, not a crash
-        oom = out_of_memory(err)
-        entry.update(status="oom" if oom else "error", reason=f"case {key}: {one_line(err)}",
-                     traceback=traceback.format_exc()[-4000:])
-        if oom and ctx.device == "cuda":
-            torch.cuda.empty_cache()
+        _failed(ctx, entry, key, err)
         return None
     entry["repeatable"][key] = same if repeats > 1 else {k: None for k in same}
     return first
 
 
+def _inputs_for(impl: Implementation, x, on_device: dict) -> dict:
+    """The case's inputs on ``impl``'s device (the cell's unless it names its own)."""
+    return on_device if impl.device is None else {
+        k: v.to(impl.device) for k, v in x.tensors.items()}
+
+
+def _failed(ctx: CaseContext, entry: dict, key: str, err: BaseException) -> None:
+    """Record an implementation's failure on case ``key`` (status ``oom`` or ``error``)."""
+    oom = out_of_memory(err)
+    entry.update(status="oom" if oom else "error", reason=f"case {key}: {one_line(err)}",
+                 traceback=traceback.format_exc()[-4000:])
+    if oom and ctx.device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _time_all(ctx: CaseContext, ran: list, x, on_device: dict, key: str) -> None:
+    """The timing loops of every implementation that ran on this case, back to back, with
+    the GPU to this cell alone (:func:`runner.gpu_lock.exclusive`: no other cell's kernels,
+    none of this cell's hashing copies), after all of the case's checks."""
+    if not ctx.with_timings or not ran:
+        return
+    with ctx.clock("timings"), gpu_lock.exclusive():
+        for impl in ran:
+            entry = ctx.results[impl.name]
+            try:
+                entry["timings"][key] = timings(impl, _inputs_for(impl, x, on_device),
+                                                ctx.device, ctx.matrix, ctx.inference)
+            except Exception as err:  # as in _run_one: the others go on
+                _failed(ctx, entry, key, err)
+
+
+def _same_bits(cmp_entry: dict, name: str) -> bool:
+    """Whether tensor ``name`` of a comparison entry (:func:`layout` of
+    :func:`runner.compare.bitwise`) has every bit of the baseline's."""
+    cmp = cmp_entry["out"][0] if name == "out" else cmp_entry.get("grads", {}).get(name)
+    return cmp is not None and cmp["differ"] == 0
+
+
 def run_case(ctx: CaseContext, case, x, key: str, dtype: str) -> None:
     """Run every implementation on one case's inputs ``x`` (:class:`runner.inputs.
     CaseInputs`) and record it under ``key`` in ``ctx.results`` (and the hashes' futures
-    resolved before it returns)."""
+    resolved before it returns).
+
+    Each implementation is compared with the baseline first. A tensor with every bit of the
+    baseline's takes the baseline's sha256 and accuracy figures, which are functions of the
+    bits alone (:func:`runner.compare.tensor_sha256`, :func:`runner.compare.accuracy` on the
+    same reference): the same figures without hashing or measuring the same bytes twice (at
+    N = 32768 a tensor is 352 MB of bf16). Every other tensor is hashed and measured.
+    """
     matrix = ctx.matrix
-    with ctx.clock("inputs"):
+    with ctx.clock("inputs"), gpu_lock.shared():
         on_device = {k: v.to(ctx.device) for k, v in x.tensors.items()}
     pending: dict[str, dict] = {}
+    ran: list = []
     ref = base = None
+    base_hashes: dict = {}
+    base_accuracy: dict = {}
     for impl in ctx.impls:
         first = _run_one(ctx, impl, x, on_device, key, dtype)
         if first is None:
             continue
-        pending[impl.name] = _hash_later(ctx, first)
         entry = ctx.results[impl.name]
+        if impl.role != "accuracy_reference":
+            ran.append(impl)
         if impl.name == matrix.accuracy_reference:
             ref = first
+            pending[impl.name] = _hash_later(ctx, first)
             continue
-        if impl.name == matrix.baseline:
-            base = first
-        if ref is not None and impl.role != "accuracy_reference":
-            with ctx.clock("accuracy"):
-                entry["accuracy"][key] = layout(
-                    first, lambda k, m=first, r=ref: compare.accuracy(m[k], r[k]), out_list=False)
+        same: set[str] = set()
         if base is not None and impl.name != matrix.baseline:
-            with ctx.clock("comparisons"):
+            with ctx.clock("comparisons"), gpu_lock.shared():
                 cmp_entry = layout(first, lambda k, m=first, b=base: compare.bitwise(m[k], b[k]))
             entry.setdefault(f"vs {matrix.baseline}", {})[key] = cmp_entry
             ctx.results[matrix.baseline].setdefault(f"vs {impl.name}", {})[key] = cmp_entry
             ctx.broken += [f"{impl.name}.{t}@{key}"
                            for t in claims_broken(impl, cmp_entry, ctx.target)]
+            same = {k for k in first if _same_bits(cmp_entry, k) and k in base_hashes}
+        pending[impl.name] = {**_hash_later(ctx, {k: v for k, v in first.items()
+                                                   if k not in same}),
+                              **{k: base_hashes[k] for k in same}}
+        if ref is not None and impl.role != "accuracy_reference":
+            with ctx.clock("accuracy"), gpu_lock.shared():
+                figures = {k: (dict(base_accuracy[k]) if k in same and k in base_accuracy
+                               else compare.accuracy(first[k], ref[k])) for k in first}
+            entry["accuracy"][key] = layout(first, figures.__getitem__, out_list=False)
+        if impl.name == matrix.baseline:
+            base, base_hashes = first, pending[impl.name]
+            base_accuracy = figures if ref is not None else {}
         del first
     if base is None:
         ctx.no_baseline.append(key)
+    del base, ref
+    _time_all(ctx, ran, x, on_device, key)
     with ctx.clock("hashing"):
         for name, hashes in pending.items():
             ctx.results[name]["sha256"][key] = {k: f.result() for k, f in hashes.items()}

@@ -22,7 +22,7 @@ import os
 import time
 from collections.abc import Callable
 
-from runner import compare, environment, precompile
+from runner import compare, environment, gpu_lock, precompile
 from runner.case_run import TENSORS, CaseContext, out_of_memory, run_case
 from runner.cells import cases_on
 from runner.implementations import Implementation
@@ -222,8 +222,9 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
                  and report["results"][i.name]["status"] == "ok"]
     calls = precompile.plan(matrix, cases, compiling, target=cell.target, inference=inference)
     workers = precompile.workers_for(calls, environment.available_cpus())
-    if workers:
-        with clock("precompile"):
+    env["gpu_lock"] = gpu_lock.path() is not None
+    if workers:  # their compiling may time kernels on the GPU (autotuning): shared lock
+        with clock("precompile"), gpu_lock.shared():
             env["precompile"] = precompile.run(
                 calls, torch_settings=mode.torch.model_dump(), d=p.D, g=p.G,
                 target=cell.target, workers=workers)

@@ -25,12 +25,38 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(_INT_VIEW[t.dtype]) if t.dtype in _INT_VIEW else t
 
 
+_SIDE_STREAMS: dict = {}
+
+
+def _copy_to_host(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the CPU. A CUDA tensor is copied on a side stream of the calling thread that
+    first waits for the work queued so far on the current stream (so ``t`` is complete): the
+    hashing threads' device-to-host copies then do not stall the kernels the cell queues
+    meanwhile on its own stream. The copy holds :data:`runner.gpu_lock.COPIES` and the
+    shared GPU lock, so it never overlaps a timing loop."""
+    if not t.is_cuda:
+        return t
+    import threading
+
+    key = (threading.get_ident(), t.device.index)
+    stream = _SIDE_STREAMS.get(key)
+    if stream is None:
+        stream = _SIDE_STREAMS[key] = torch.cuda.Stream(device=t.device)
+    from runner import gpu_lock
+
+    with gpu_lock.COPIES, gpu_lock.shared():  # never during a timing loop (runner/gpu_lock.py)
+        stream.wait_stream(torch.cuda.current_stream(t.device))
+        with torch.cuda.stream(stream):
+            host = t.to("cpu")  # pageable memory: returns once the copy is done
+    return host
+
+
 def tensor_sha256(t: torch.Tensor) -> str:
     """sha256 hex digest of a tensor's bytes (moved to the CPU, made contiguous, row-major)."""
-    t = t.detach().cpu().contiguous()
+    t = _copy_to_host(t.detach()).contiguous()
     if t.dtype == torch.bfloat16:
         t = t.view(torch.int16)
-    return hashlib.sha256(t.numpy().tobytes()).hexdigest()
+    return hashlib.sha256(t.numpy().reshape(-1).view("u1")).hexdigest()
 
 
 def ordered(t: torch.Tensor) -> torch.Tensor:

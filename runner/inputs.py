@@ -23,7 +23,9 @@ Example::
 
 from __future__ import annotations
 
+import concurrent.futures as futures
 import hashlib
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,13 +93,25 @@ def to_storage(values: np.ndarray, dtype: str) -> torch.Tensor:
     if dtype == "bfloat16":  # in blocks: whole-tensor uint32 temporaries cost gigabytes
         out = np.empty(v32.shape, dtype=np.int16)
         flat_in, flat_out = v32.reshape(-1), out.reshape(-1)
+        kernel = _bf16_kernel() if flat_in.size >= _PARALLEL_AT_LEAST else None
+        if kernel is not None:
+            kernel(np.ascontiguousarray(flat_in).view(np.uint32), flat_out.view(np.uint16))
+            return torch.from_numpy(out).view(torch.bfloat16)
         for start in range(0, flat_in.size, _BLOCK):
             flat_out[start:start + _BLOCK] = bf16_bits(flat_in[start:start + _BLOCK]).view(
                 np.int16)
         return torch.from_numpy(out).view(torch.bfloat16)
-    if dtype == "float16":
-        with np.errstate(over="ignore"):
-            return torch.from_numpy(v32.astype(np.float16))
+    if dtype == "float16":  # numpy's cast, block by block on threads (it drops the GIL)
+        out16 = np.empty(v32.shape, dtype=np.float16)
+        flat_in, flat_out = v32.reshape(-1), out16.reshape(-1)
+
+        def cast(start: int) -> None:
+            with np.errstate(over="ignore"):
+                flat_out[start:start + _BLOCK] = flat_in[start:start + _BLOCK]
+
+        with futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+            list(pool.map(cast, range(0, flat_in.size, _BLOCK)))
+        return torch.from_numpy(out16)
     if dtype == "float32":
         return torch.from_numpy(v32)
     raise ValueError(f"unknown storage dtype {dtype!r}; choose from bfloat16, float16, float32")
@@ -198,6 +212,35 @@ def _parallel_kernel():
         except Exception:  # no compiler backend, read-only cache: the numpy path serves
             _PARALLEL_KERNEL.append(None)
     return _PARALLEL_KERNEL[0]
+
+
+_BF16_KERNEL: list = []
+
+
+def _bf16_kernel():
+    """The numba (CPU, parallel) twin of :func:`bf16_bits` (float32 bits in, bfloat16 bits
+    out, the same integer arithmetic), compiled on first use and cached on disk; None where
+    numba cannot compile here (tests/test_inputs.py checks the two against each other)."""
+    if not _BF16_KERNEL:
+        try:
+            from numba import njit, prange
+
+            @njit(parallel=True, cache=True)
+            def kernel(u, out):
+                for j in prange(u.shape[0]):
+                    w = u[j]
+                    if (w & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):  # NaN
+                        out[j] = np.uint16(((w >> np.uint32(16)) & np.uint32(0x8000))
+                                           | np.uint32(0x7FC0))
+                    else:
+                        out[j] = np.uint16((w + np.uint32(0x7FFF)
+                                            + ((w >> np.uint32(16)) & np.uint32(1)))
+                                           >> np.uint32(16))
+
+            _BF16_KERNEL.append(kernel)
+        except Exception:  # no compiler backend, read-only cache: the numpy path serves
+            _BF16_KERNEL.append(None)
+    return _BF16_KERNEL[0]
 
 
 def _values32(key: int, pick_key: int, count: int, table: np.ndarray | None) -> np.ndarray:

@@ -69,6 +69,30 @@ for step in $steps; do
             timer=""; [ -x /usr/bin/time ] && timer="/usr/bin/time -v"
             $timer timeout -s TERM "${MATRIX_TIMEOUT:-540}" python3 -m runner matrix ${MATRIX_ARGS:---stack host --target cuda} 2>&1 | tee "$out/matrix.log" | tail -60 || rc=1
             tar czf "$out/matrix-reports.tgz" reports/*-cuda.json reports/README.md reports/index.html reports/summary.* reports/*.svg 2>/dev/null ;;
+    modes)  # MODES (default: the host stack's six) as concurrent cells on this one GPU: the
+            # first alone until its first case is done (its compile workers fill inductor's
+            # cache), then the rest, MODE_JOBS at a time. Cells share the GPU under
+            # runner/gpu_lock.py: timing loops run with the GPU to themselves.
+            modes=${MODES:-"plain deterministic tf32 inference vllm_batch_invariant sglang_ieee"}
+            reports=${MODE_REPORTS:-$out/reports}; mkdir -p "$reports" "$PWD/build"
+            export GATE_RESIDUAL_GPU_LOCK=$PWD/build/gpu.lock
+            deadline=$(( $(date +%s) + ${MATRIX_TIMEOUT:-540} ))
+            first=${modes%% *}; rest=${modes#"$first"}
+            t0=$(date +%s)
+            # RL-Kernel's extension builds meanwhile (~80 s; a cell importing it first waits
+            # on torch's build lock instead of building it again)
+            PYTHONPATH=$PWD/.carry/rl-kernel-h3:$PYTHONPATH python3 -c "import time; t = time.time(); from rl_engine.kernels.ops import base; print('rl_engine._C built:', base._EXT_AVAILABLE, getattr(base, '_EXT_ERROR', None), f'{time.time() - t:.0f} s')" > "$out/rlbuild.log" 2>&1 &
+            timeout -s TERM "${MATRIX_TIMEOUT:-540}" python3 -m runner matrix --stack host --target "${MODE_TARGET:-cuda}" --mode "$first" --reports "$reports" ${MATRIX_ARGS:-} > "$out/matrix-$first.log" 2>&1 &
+            lead=$!
+            until ls "$reports"/.run-*/host-"$first"-"${MODE_TARGET:-cuda}".json "$reports/host-$first-${MODE_TARGET:-cuda}.json" >/dev/null 2>&1 || ! kill -0 $lead 2>/dev/null; do sleep 1; done
+            echo "$first: first case done after $(( $(date +%s) - t0 )) s; starting:$rest"
+            left=$(( deadline - $(date +%s) ))
+            printf '%s\n' $rest | GATE_RESIDUAL_PRECOMPILE=${FOLLOWER_PRECOMPILE:-3} xargs -P "${MODE_JOBS:-5}" -I{} \
+              sh -c "timeout -s TERM $left python3 -m runner matrix --stack host --target ${MODE_TARGET:-cuda} --mode {} --reports '$reports' ${MATRIX_ARGS:-} > '$out/matrix-{}.log' 2>&1; echo '{}: exit' \$? after \$(( \$(date +%s) - $t0 )) s"
+            wait $lead; echo "$first: exit $? after $(( $(date +%s) - t0 )) s"
+            echo "all modes: $(( $(date +%s) - t0 )) s wall"
+            # (the tables are rendered where the reports are committed: python -m runner report)
+            tail -n 5 "$out"/matrix-*.log ;;
     bench)  python3 -m runner.bench ${BENCH_ARGS:-} --out "$out" 2>&1 | tee "$out/bench.log" | tail -60 || rc=1 ;;
     profile) python3 scripts/profile_host.py 1 > "$out/profile-host.txt" 2>&1 || rc=1; grep "us/call" "$out/profile-host.txt" ;;
   esac

@@ -110,3 +110,25 @@ def test_the_parallel_generator_gives_the_numpy_definitions_bits(fresh_seed, mon
     assert parallel.sha256() == reference.sha256()
     for name, t in reference.tensors.items():
         assert torch.equal(compare.bits(t), compare.bits(parallel.tensors[name])), name
+
+
+def test_parallel_bf16_rounding_matches_numpy_definition():
+    """The numba twin of bf16_bits gives the same bits on every float32 pattern class:
+    random words (NaN payloads of both signs included), ties, infinities, zeros, extremes."""
+    from runner import inputs as I
+
+    rng = np.random.default_rng()
+    words = rng.integers(0, 2**32, size=(1 << 17), dtype=np.uint64).astype(np.uint32)
+    edge = np.array([0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 0x7F800001, 0xFFFFFFFF,
+                     0, 0x80000000, 0x7F7FFFFF, 0xFF7FFFFF, 1, 0x00008000, 0x00018000,
+                     0x3F808000, 0x3F818000], dtype=np.uint32)
+    words[:edge.size] = edge
+    kernel = I._bf16_kernel()
+    assert kernel is not None, "numba is a dependency: the parallel path must compile here"
+    got = np.empty(words.size, dtype=np.uint16)
+    kernel(words, got)
+    with np.errstate(invalid="ignore"):
+        want = I.bf16_bits(words.view(np.float32))
+    assert np.array_equal(got, want)
+    via_storage = I.to_storage(words.view(np.float32), "bfloat16").view(torch.int16).numpy()
+    assert np.array_equal(via_storage.view(np.uint16), want)

@@ -1,0 +1,127 @@
+"""runner/gpu_lock.py: several cells on one GPU, timings alone.
+
+Each test runs real processes that take the lock file and log (time, event) lines; the
+assertions are on the order of those events, never on a speed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from runner import gpu_lock
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_HOLDER = textwrap.dedent("""
+    import sys, time
+    from runner import gpu_lock
+    kind, hold, log = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    def note(what):
+        with open(log, "a") as f:
+            f.write(f"{time.monotonic():.6f} {kind} {what}\\n")
+    note("asks")
+    with getattr(gpu_lock, kind)():
+        note("in")
+        time.sleep(hold)
+        note("out")
+""")
+
+
+def _start(kind: str, hold: float, log: Path, lock: Path) -> subprocess.Popen:
+    env = {**os.environ, gpu_lock.ENV: str(lock), "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-c", _HOLDER, kind, str(hold), str(log)], env=env)
+
+
+def _events(log: Path) -> list[tuple[float, str, str]]:
+    rows = [line.split() for line in log.read_text().splitlines()]
+    return sorted((float(t), k, w) for t, k, w in rows)
+
+
+def _wait_for(log: Path, what: str, timeout: float = 20.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if log.exists() and what in log.read_text():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no {what!r} in {log.read_text() if log.exists() else '(no log)'}")
+
+
+def test_exclusive_waits_for_shared_holders_and_keeps_new_ones_out(tmp_path):
+    log, lock = tmp_path / "log", tmp_path / "gpu.lock"
+    first = _start("shared", 1.5, log, lock)
+    _wait_for(log, "shared in")
+    timer = _start("exclusive", 0.8, log, lock)
+    _wait_for(log, "exclusive asks")
+    time.sleep(0.3)  # the timer now holds the turnstile
+    late = _start("shared", 0.1, log, lock)
+    for p in (first, timer, late):
+        assert p.wait(timeout=30) == 0
+    order = [(k, w) for _, k, w in _events(log) if w in ("in", "out")]
+    # the timer starts only after the first holder left, and the late shared holder, which
+    # asked while the timer waited, starts only after the timer is done
+    assert order.index(("exclusive", "in")) > order.index(("shared", "out"))
+    ex_out = order.index(("exclusive", "out"))
+    late_in = [i for i, e in enumerate(order) if e == ("shared", "in")][-1]
+    assert late_in > ex_out
+
+
+def test_shared_holders_overlap(tmp_path):
+    log, lock = tmp_path / "log", tmp_path / "gpu.lock"
+    procs = [_start("shared", 1.0, log, lock) for _ in range(2)]
+    for p in procs:
+        assert p.wait(timeout=30) == 0
+    ins = [t for t, _, w in _events(log) if w == "in"]
+    outs = [t for t, _, w in _events(log) if w == "out"]
+    assert max(ins) < min(outs), "two cells' untimed GPU work must be able to overlap"
+
+
+def test_a_killed_holder_releases_the_lock(tmp_path):
+    log, lock = tmp_path / "log", tmp_path / "gpu.lock"
+    holder = _start("exclusive", 60, log, lock)
+    _wait_for(log, "exclusive in")
+    waiter = _start("shared", 0.0, log, lock)
+    _wait_for(log, "shared asks")
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=10)
+    assert waiter.wait(timeout=20) == 0
+    assert "shared in" in log.read_text()
+
+
+def test_threads_share_one_process_lock_and_exclusive_is_refused_inside_shared(monkeypatch,
+                                                                              tmp_path):
+    monkeypatch.setenv(gpu_lock.ENV, str(tmp_path / "gpu.lock"))
+    inside = threading.Barrier(2, timeout=10)
+
+    def worker():
+        with gpu_lock.shared():
+            inside.wait()
+            time.sleep(0.2)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    with gpu_lock.shared():
+        inside.wait()  # both threads inside at once: one process, one shared lock
+        with pytest.raises(RuntimeError, match="inside shared"):
+            with gpu_lock.exclusive():
+                pass
+    t.join(timeout=10)
+    with gpu_lock.exclusive():  # and the process can still take it alone afterwards
+        pass
+
+
+def test_without_the_setting_nothing_is_locked(monkeypatch):
+    monkeypatch.delenv(gpu_lock.ENV, raising=False)
+    assert gpu_lock.path() is None
+    with gpu_lock.shared(), gpu_lock.shared():
+        pass
+    with gpu_lock.exclusive():
+        pass
