@@ -85,7 +85,7 @@ def install_project(session: nox.Session, *extras: str) -> None:
 @nox.session(venv_params=VENV)
 def matrix(session: nox.Session) -> None:
     """Run the matrix (docker stacks whose image exists, in containers), then the tables."""
-    install_project(session, "docker")
+    install_project(session, "docker", "report")
     run_runner(session, "runner", "matrix", *session.posargs, **STOP)
 
 

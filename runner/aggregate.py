@@ -23,8 +23,8 @@ from runner.errors import SelectionError
 from runner.report import LoadedReport
 
 __all__ = ["ABSENT", "FACETS", "STATUSES", "Cell", "Filters", "Row", "Table", "case_order",
-           "cell_label", "cmp_kind", "find_cell", "format_cmp", "load_cells", "ms", "num",
-           "status_kind", "text"]
+           "cell_label", "cmp_kind", "find_cell", "format_cmp", "load_cells", "matches", "ms",
+           "num", "status_kind", "text"]
 
 ABSENT = "—"
 """Shown for a tensor or value the report does not have."""
@@ -236,6 +236,28 @@ def _quote(name: str) -> str:
     return '"' + name.encode("unicode_escape").decode("ascii").replace('"', '\\"') + '"'
 
 
+def _fold(value: str) -> str:
+    return " ".join(value.casefold().split())
+
+
+def matches(wanted: str, value: str, present: Sequence[str] = ()) -> bool:
+    """Whether a filter value as typed selects ``value``: equal ignoring case and runs of
+    spaces, else a part of it, unless some value in ``present`` equals it whole (then only
+    that one): ``--gpu H200`` selects "NVIDIA H200", ``--stack vllm`` every stack with
+    "vllm" in its name, ``--mode plain`` mode "plain" and not "plain_tf32".
+
+    Example:
+        >>> matches("h200", "NVIDIA H200"), matches("plain", "plain_tf32", ["plain"])
+        (True, False)
+    """
+    w, v = _fold(wanted), _fold(value)
+    if not w:
+        return False
+    if w == v:
+        return True
+    return w in v and not any(_fold(p) == w for p in present)
+
+
 @dataclass(frozen=True)
 class Filters:
     """What to show: each facet's allowed values (empty: all), and implementations.
@@ -270,28 +292,39 @@ class Filters:
         """The filters as command-line options, ``""`` when none is set."""
         return " ".join(f"--{f} {v}" for f in (*FACETS, "impl") for v in getattr(self, f))
 
-    def check(self, cells: Sequence[Cell]) -> None:
-        """Raise :class:`SelectionError` for a value no report has, naming those it has.
+    def resolve(self, cells: Sequence[Cell]) -> Filters:
+        """These filters with each value as typed replaced by the values of ``cells`` it
+        selects (:func:`matches`: ``--gpu H200`` becomes ``--gpu "NVIDIA H200"``).
 
         Raises:
-            SelectionError: e.g. ``--stack: no report has stack "hots"; choose from host``.
+            SelectionError: a value that selects nothing, naming the values present, e.g.
+                ``--stack: no report has stack "hots"; choose from host``.
         """
+        found = {}
         for facet in FACETS:
             present = list(dict.fromkeys(c.facet(facet) for c in cells
                                          if getattr(c, facet) is not None))
-            self._check_values(facet, getattr(self, facet), present)
+            found[facet] = self._resolve(facet, getattr(self, facet), present)
         impls = list(dict.fromkeys(i for c in cells for i in c.results))
-        self._check_values("impl", self.impl, impls)
+        return replace(self, **found, impl=self._resolve("impl", self.impl, impls))
+
+    def check(self, cells: Sequence[Cell]) -> None:
+        """Raise :class:`SelectionError` where :meth:`resolve` would."""
+        self.resolve(cells)
 
     @staticmethod
-    def _check_values(name: str, wanted: tuple[str, ...], present: list[str]) -> None:
+    def _resolve(name: str, wanted: tuple[str, ...], present: list[str]) -> tuple[str, ...]:
+        out: list[str] = []
         for value in wanted:
-            if value not in present:
+            hits = [p for p in present if matches(value, p, present)]
+            if not hits:
                 raise SelectionError(f"--{name}: no report has {name} {_quote(value)}; "
                                      f"choose from {', '.join(present) or 'nothing'}")
+            out += [h for h in hits if h not in out]
+        return tuple(out)
 
     def keeps(self, cell: Cell) -> bool:
-        """Whether ``cell`` passes every facet filter."""
+        """Whether ``cell`` passes every facet filter (values as :meth:`resolve` gives them)."""
         return all(not getattr(self, f) or cell.facet(f) in getattr(self, f) for f in FACETS)
 
     def keeps_impl(self, *impls: str) -> bool:

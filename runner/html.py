@@ -1,47 +1,47 @@
-"""Render the tables as ``reports/index.html``: one self-contained page, no network assets.
+"""Render the tables as ``reports/index.html``: one self-contained page that opens to the answer.
 
-The page holds, in order: the summary, filters by stack, mode, GPU and dtype (client-side:
-checkboxes, "only" buttons, "show all"), a heatmap of pair x case x tensor per cell and dtype
-(green: equal bits; red, darker with the share of differing elements; grey: absent), the
-identical-bits tables as a matrix of cells (one column per cell, a letter per group of
-identical sha256; the verdict is recomputed for the cells shown), then every other table of
-:mod:`runner.tables` with colour for equal/differ and status.
+The first screen holds the summary and staleness line, filters that take what people type
+(GPU, stack, mode, pair: a part of the name, any case, alternatives separated by commas, so
+``h200`` finds "NVIDIA H200"), the headline (:mod:`runner.table_headline`: implementation
+pairs × GPU × stack × mode, each mark a link to the cell's page ``cells/<cell>.md``) in a box
+of its own, and the pictures (``plots/*.svg``, inlined). Below: cells without comparisons,
+one line per reason; the cells table; where bits differ across cells; benchmarks; unreadable
+files. Per-cell tables (bitwise, accuracy, timings, environment) are on the cell pages, so the
+page stays small at any matrix size: past :data:`HTML_MARKS` marks the headline merges modes,
+then stacks (:func:`runner.pages.choose_level`).
 
-CSS and JavaScript live in ``runner/assets/`` and are inlined; the cells' facets are embedded
-as JSON (a cell's ``dtype`` is the list of its cases' dtypes). Rows and columns that belong to
-one cell carry ``data-cell="<index>"``, rows about one dtype ``data-dtype="<dtype>"`` (a
-case's own: a table's ``dtype`` column, a heatmap row, a problem of the identical-bits
-tables); the script hides those whose cell or dtype the filters leave out. Everything else is
-rendered here, so the page reads the same with scripts off (unfiltered).
+CSS and JavaScript live in ``runner/assets/`` and are inlined; the cells' and columns' facets
+are embedded as JSON (every ``<``, ``>``, ``&`` escaped). Elements with ``data-cell`` or
+``data-col`` are hidden by the filters; everything is rendered here, so the page reads the
+same with scripts off (unfiltered).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runner.aggregate import ABSENT, Cell, Table, num, status_kind, text
-from runner.report import TENSORS
-from runner.table_bits import NOTHING_TO_COMPARE, AcrossRow, format_count, pair_results
-from runner.table_cases import DTYPE_NAMES, base_case, case_dtypes, cell_dtypes, dtype_label
+from runner.aggregate import ABSENT, Cell, Table, status_kind
+from runner.table_cases import DTYPE_NAMES, cell_dtypes
+from runner.table_headline import LEVELS, Column, Headline, name_list, not_run, staleness
 
 if TYPE_CHECKING:
     from runner.tables import Tables
 
-__all__ = ["FILTER_FACETS", "render_html"]
+__all__ = ["FILTER_FACETS", "HTML_MARKS", "render_html"]
 
 ASSETS = Path(__file__).resolve().parent / "assets"
-FILTER_FACETS = ("stack", "mode", "gpu", "dtype")
+FILTER_FACETS = ("gpu", "stack", "mode", "pair")
 """The facets the page filters on, in the order of its controls."""
+HTML_MARKS = 6000
+"""The most headline marks (pairs × columns) the page shows before it merges columns."""
+MAX_ACROSS_ROWS = 200
 
 _TITLE = "gate_residual reproducibility matrix"
-_BINS = (1e-3, 1e-2, 1e-1, 0.5)
-_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-_PALETTE = 8
 _WRAP = 60
 _NUMBER = re.compile(r"^([-+]?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?x?|inf)$")
 
@@ -80,10 +80,11 @@ def _attr_dtype(dtype: str | None) -> str:
 
 
 def _facets(cell: Cell) -> dict[str, Any]:
-    """The cell's filter values; ``dtype`` is the list of its cases' dtypes."""
-    out: dict[str, Any] = {f: cell.facet(f) for f in FILTER_FACETS}
-    out["dtype"] = cell_dtypes(cell) or [ABSENT]
-    return out
+    """The cell's filter values as the headline shows them (``CPU`` for a cpu target), and
+    ``dtype``, the list of its cases' dtypes."""
+    gpu = "CPU" if cell.target == "cpu" else cell.facet("gpu")
+    return {"gpu": gpu, "stack": cell.facet("stack"), "mode": cell.facet("mode"),
+            "dtype": cell_dtypes(cell) or [ABSENT]}
 
 
 def _badge(cell: Cell) -> str:
@@ -151,177 +152,168 @@ def _table(table: Table, ids: _Ids) -> str:
     return "\n".join(out)
 
 
-def _heat_class(cmp: dict[str, Any] | None) -> str:
-    if cmp is None:
-        return "hx"
-    if cmp.get("equal"):
-        return "h0"
-    numel = cmp.get("numel") or 0
-    share = (cmp.get("differ") or 0) / numel if numel else 1.0
-    return f"h{1 + sum(share >= b for b in _BINS)}"
+def _column_head(column: Column, head: str | None) -> str:
+    stale = column.stale(head)
+    status = column.status()
+    return (f'<span class="gpu">{_e(column.gpu)}</span><br>{_e(column.stack)}<br>'
+            f'<span class="mode">{_e(column.mode)}</span>'
+            + (f'<br><span class="st-warn">{_e(status)}</span>' if status else "")
+            + (f'<br><span class="stale" title="not made at the current commit, or from a '
+               f'dirty tree">⚠ {_e("; ".join(stale))}</span>' if stale else ""))
 
 
-def _heat_tip(cmp: dict[str, Any] | None) -> str:
-    """``35088/48384 differ, max |a−b| 0.375, 31258 ULP apart`` (``equal``, ``—``)."""
-    if cmp is None or cmp.get("equal"):
-        return format_count(cmp)
-    ulp = cmp.get("max_ulp")
-    return (f"{format_count(cmp)} differ, max |a−b| {num(cmp.get('max_abs'))}, "
-            f"{'-' if ulp is None else ulp} ULP apart")
+def _headline(h: Headline, names: dict[int, str]) -> str:
+    from runner.pages import LEGEND
 
-
-def _heatmap(cells: Sequence[Cell], filters: Any) -> str:
-    results = {c.index: pair_results(c, filters) for c in cells}
-    cases = list(dict.fromkeys(base_case(r.case) for rs in results.values() for r in rs))
-    ncols = len(cases) * len(TENSORS)
-    out = ['<section id="heatmap" class="level2"><h2>Heatmap: pair × case × tensor</h2>',
-           '<p class="note">One row per cell, implementation pair and dtypes (storage/index), '
-           'one square per case and tensor; hover for the figures. <span class="legend">'
-           '<span class="h h0"></span> equal bits <span class="h h1"></span><span class="h h2">'
-           '</span><span class="h h3"></span><span class="h h4"></span><span class="h h5"></span>'
-           ' bits differ in &lt;0.1%, &lt;1%, &lt;10%, &lt;50%, ≥50% of elements '
-           '<span class="h hx"></span> absent (no backward) '
-           '<span class="h hn"></span> case not run</span></p>']
-    if not cells:
-        return "\n".join([*out, '<p class="empty">No reports.</p></section>'])
-    out.append('<p class="count" id="count-t-heat"></p>')
-    out.append('<div class="scroll"><table class="heat data" id="t-heat"><thead><tr>'
-               '<th rowspan="2">cell</th><th rowspan="2">pair</th>')
-    out += [f'<th colspan="{len(TENSORS)}" class="case">{_e(c)}</th>' for c in cases]
-    out.append("</tr><tr>" + "".join(f'<th class="tensor">{t}</th>' for _ in cases
-                                     for t in TENSORS) + "</tr></thead><tbody>")
-    for cell in cells:
-        head = f'<th class="cellname">{_e(cell.label)} {_badge(cell)}</th>'
-        rows = results[cell.index]
-        if not rows:
-            reason = text(cell.reason) if cell.reason else "no comparisons"
-            out.append(f'<tr data-cell="{cell.index}">{head}<td>{ABSENT}</td>'
-                       f'<td colspan="{ncols}" class="nopairs">{_e(reason)}</td></tr>')
-            continue
-        by_pair: dict[tuple[str, str], dict[str, tuple[str, dict[str, Any]]]] = {}
-        for r in rows:
-            key = (r.pair, dtype_label(cell, r.case))
-            by_pair.setdefault(key, {})[base_case(r.case)] = (r.case, r.tensors)
-        for (pair, dtypes), by_case in by_pair.items():
-            tds = []
-            for case in cases:
-                for tensor in TENSORS:
-                    if case not in by_case:
-                        tds.append('<td class="h hn" title="case not run"></td>')
-                        continue
-                    own, tensors = by_case[case]
-                    cmp = tensors.get(tensor)
-                    tip = f"{cell.label} · {pair} · {own} · {tensor}: {_heat_tip(cmp)}"
-                    tds.append(f'<td class="h {_heat_class(cmp)}" title="{_e(tip)}"></td>')
-            dtype = case_dtypes(cell, next(iter(by_case.values()))[0])[0]
-            shown = "" if dtypes == ABSENT else f" <span class=\"dt\">{_e(dtypes)}</span>"
-            out.append(f'<tr data-cell="{cell.index}"{_attr_dtype(dtype)}>{head}'
-                       f'<td class="pair">{_e(pair)}{shown}</td>' + "".join(tds) + "</tr>")
-    out.append("</tbody></table></div></section>")
-    return "\n".join(out)
-
-
-def _matrix(title: str, key: str, rows: Sequence[AcrossRow], cells: Sequence[Cell],
-            inputs: bool) -> str:
-    """Across-cells rows as a matrix: one column per cell with bits, a group letter each."""
-    members = sorted({i for r in rows for _, m in r.groups for i in m})
-    out = [f'<section id="{key}" class="level3"><h3>{_e(title)}</h3>']
-    if not rows:
-        return "\n".join([*out, f'<p class="empty">{NOTHING_TO_COMPARE}</p></section>'])
-    lead = ("problem", "case", "differing") if inputs else ("problem", "impl", "case", "tensor")
-    if not inputs:
-        out.append('<p class="toggle"><label><input type="checkbox" class="only-variants" '
-                   f'data-table="t-{key}"> only rows where the bits differ or are void</label></p>')
-    out.append(f'<p class="count" id="count-t-{key}"></p>')
-    out.append(f'<div class="scroll"><table class="data matrix" id="t-{key}"><thead><tr>'
-               + "".join(f"<th>{h}</th>" for h in (*lead, "verdict"))
-               + "".join(f'<th class="vert"{_attr_cell(i)}><span>{_e(cells[i].label)}</span></th>'
-                         for i in members) + "</tr></thead><tbody>")
-    for r in rows:
-        group_of = {i: n for n, (_, m) in enumerate(r.groups) for i in m}
-        shas = {n: sha for n, (sha, _) in enumerate(r.groups)}
-        lead_values = ((r.problem, r.case, r.tensor if r.void else "") if inputs
-                       else (r.problem, r.impl, r.case, r.tensor))
-        verdict = r.verdict() if (r.void or not inputs or r.count == 1) else "agree"
+    merged = ("" if h.level == 0 else f" Columns are merged ({_e(LEVELS[h.level])}: the worst "
+              'mark of their cells) to keep this page small; one column per mode: '
+              '<a href="cells/README.md">cells/README.md</a>.')
+    out = ['<section id="headline" class="level2"><h2>Can I swap one implementation for '
+           "another?</h2>",
+           '<details class="legend"><summary>Rows: candidate vs baseline; columns: GPU × stack '
+           f"(library versions) × mode. How to read a mark</summary><p>{_inline(LEGEND)}"
+           f"{merged}</p></details>"]
+    if not h.columns:
+        return "\n".join([*out, '<p class="empty">No cell has comparisons yet.</p></section>'])
+    out.append('<p class="count" id="count-t-headline"></p>')
+    out.append('<div class="scroll headbox"><table class="data headline" id="t-headline">'
+               '<thead><tr><th class="pair">pair</th>')
+    out += [f'<th data-col="{n}">{_column_head(c, h.head)}</th>' for n, c in enumerate(h.columns)]
+    out.append("</tr></thead><tbody>")
+    for pair in h.pairs:
         tds = []
-        for i in members:
-            n = group_of.get(i)
-            if n is None:
-                tds.append(f'<td class="g"{_attr_cell(i)}></td>')
+        for n, column in enumerate(h.columns):
+            mark = h.marks.get((pair, n))
+            if mark is None:
+                tds.append(f'<td data-col="{n}" class="k-absent">—</td>')
                 continue
-            letter = _LETTERS[n % len(_LETTERS)]
-            tip = f"{cells[i].label}: group {letter}, sha256 {shas[n][:16]}…"
-            tds.append(f'<td class="g g{n % _PALETTE}" data-g="{letter}"{_attr_cell(i)} '
-                       f'title="{_e(tip)}">{letter}</td>')
-        kind = r.kind() if (r.void or not inputs) else "eq"
-        static = ' data-static="1"' if inputs else ""
-        out.append(f'<tr data-across="1" data-void="{int(r.void)}"{_attr_dtype(r.dtype)}>'
-                   + "".join(f"<td>{_e(v)}</td>" for v in lead_values)
-                   + f'<td class="verdict k-{kind or "none"}"{static}>{_e(verdict)}</td>'
+            label = _e(mark.label())
+            if mark.compared:
+                href = (f"cells/{names[column.cells[0].index]}" if len(column.cells) == 1
+                        else "cells/README.md")
+                label = f'<a href="{_e(href)}">{label}</a>'
+            tds.append(f'<td data-col="{n}" class="k-{mark.kind()}">{label}</td>')
+        out.append(f'<tr data-pair="{_e(pair)}"><th class="pair">{_e(pair)}</th>'
                    + "".join(tds) + "</tr>")
-    out.append("</tbody></table></div></section>")
+    out.append("</tbody></table></div>")
+    if h.never:
+        out.append(f'<details class="legend"><summary>{len(h.never)} pairs not compared in any '
+                   "column shown</summary><p>" + _e("; ".join(
+                       f"{p} ({why or 'no comparison'})" for p, why in h.never.items()))
+                   + ".</p></details>")
+    out.append("</section>")
     return "\n".join(out)
 
 
-def _filters(cells: Sequence[Cell]) -> str:
-    out = ['<form id="filters" class="filters" onsubmit="return false">']
-    facets = [_facets(c) for c in cells]
+_SVG_HEAD = re.compile(r"^.*?(?=<svg)", re.S)
+
+
+def _plots(plots: dict[str, tuple[str, str]]) -> str:
+    out = ['<section id="plots" class="level2"><h2>Pictures</h2><div class="plots">']
+    for name, (title, svg) in plots.items():
+        out.append(f'<figure><a href="plots/{_e(name)}" title="open {_e(name)}">'
+                   f'{_SVG_HEAD.sub("", svg, count=1)}</a><figcaption>{_e(title)}</figcaption>'
+                   "</figure>")
+    if not plots:
+        out.append('<p class="empty">No figures: no report has comparisons or accuracy '
+                   "figures yet.</p>")
+    out.append("</div></section>")
+    return "\n".join(out)
+
+
+def _not_run(cells: Sequence[Cell]) -> str:
+    groups = not_run(cells)
+    out = ['<section id="not-run" class="level2"><h2>Cells without comparisons</h2>']
+    if not groups:
+        out.append('<p class="empty">Every cell shown has comparisons.</p>')
+    else:
+        out.append("<ul>")
+        out += [f'<li><span class="badge st-{status_kind(s) or "none"}">{len(m)} {_e(s)}</span> '
+                f"{_e(r)} <span class=\"names\">({_e(name_list(m))})</span></li>"
+                for s, r, m in groups]
+        out.append("</ul>")
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def _filters(cells: Sequence[Cell], h: Headline) -> str:
+    values = {"gpu": [c.gpu for c in h.columns], "stack": [c.stack for c in h.columns],
+              "mode": [c.mode for c in h.columns], "pair": h.pairs}
+    out = ['<form id="filters" class="filters" onsubmit="return false" role="search">']
+    hints = {"gpu": "GPU, e.g. h200", "stack": "stack or version, e.g. vllm",
+             "mode": "mode, e.g. plain", "pair": "pair, e.g. numba"}
     for facet in FILTER_FACETS:
-        values: dict[str, int] = {}
-        for found in facets:
-            for value in found[facet] if isinstance(found[facet], list) else [found[facet]]:
-                values[value] = values.get(value, 0) + 1
-        out.append(f'<fieldset data-dim="{facet}"><legend>{"GPU" if facet == "gpu" else facet}'
-                   "</legend>")
-        for value, count in values.items():
-            shown = "(none)" if value == ABSENT else value
-            out.append(f'<span class="opt"><label><input type="checkbox" data-dim="{facet}" '
-                       f'value="{_e(value)}" checked> {_e(shown)} <span class="n">{count}</span>'
-                       f'</label><button type="button" class="only" data-dim="{facet}" '
-                       f'value="{_e(value)}" title="show only {_e(shown)}">only</button></span>')
-        out.append("</fieldset>")
+        found = list(dict.fromkeys(values[facet]))[:200]
+        out.append(f'<label>{"GPU" if facet == "gpu" else facet} <input type="search" '
+                   f'data-dim="{facet}" list="dl-{facet}" placeholder="{_e(hints[facet])}" '
+                   f'autocomplete="off"></label><datalist id="dl-{facet}">'
+                   + "".join(f'<option value="{_e(v)}">' for v in found) + "</datalist>")
     out.append('<button type="button" id="reset">Show all</button>'
                '<output id="shown" aria-live="polite"></output></form>')
     return "\n".join(out)
 
 
-def _nav(sections: Iterable[tuple[str, str]]) -> str:
-    links = " · ".join(f'<a href="#{key}">{_e(title)}</a>' for key, title in sections)
-    return f'<nav class="contents">{links}</nav>'
+def _across(tables: Tables, ids: _Ids) -> str:
+    by_key = {t.key: t for t in tables.sections}
+    table = by_key.get("across-outputs")
+    if table is None or not tables.across.comparable:
+        return ""
+    rows = [r for r in table.rows if any(k in ("diff", "void") for k in r.kinds)]
+    shown = rows[:MAX_ACROSS_ROWS]
+    cut = (f" {len(rows) - len(shown)} more such rows, and every group: `summary.json` "
+           "(`across`).") if len(rows) > len(shown) else ""
+    return _table(Table("across-outputs", "Where bits differ across cells", table.headers,
+                        shown, note="Our cells grouped by the sha256 of each tensor's bits "
+                        "within one problem: only the implementations and cases whose bits "
+                        "differ between cells (or whose inputs differ: `void`)." + cut,
+                        empty="The bits agree across every cell shown."), ids)
 
 
 def _asset(name: str) -> str:
     return (ASSETS / name).read_text(encoding="utf-8")
 
 
-def render_html(tables: Tables) -> str:
+def render_html(tables: Tables, plots: dict[str, tuple[str, str]] | None = None,
+                h: Headline | None = None) -> str:
     """The page for built tables (:func:`runner.tables.build_tables`), as one string.
+
+    Args:
+        plots: ``{file name: (title, SVG)}`` (:func:`runner.plots.render_plots`); none
+            when None.
+        h: the headline to show; when None, :func:`runner.pages.choose_level` with
+            :data:`HTML_MARKS`.
 
     Example:
         >>> page = render_html(build_tables(read_reports(Path("reports"))))
         >>> page.startswith("<!DOCTYPE html>") and "http" not in page.split("<body>")[0]
         True
     """
+    from runner.pages import choose_level, page_names
+
     cells = tables.cells
+    h = h or choose_level(cells, tables, HTML_MARKS)
+    names = page_names(cells)
     ids = _Ids()
-    body = []
-    nav = [("heatmap", "Heatmap")]
-    for table in tables.sections:
-        if table.key == "across-inputs":
-            rows = tables.across.inputs if tables.across.comparable else []
-            body.append(_matrix("Inputs", ids(table.key), rows, cells, True))
-        elif table.key == "across-outputs":
-            rows = tables.across.rows if tables.across.comparable else []
-            body.append(_matrix("Outputs", ids(table.key), rows, cells, False))
-            if table.footer:
-                body.append(f'<p class="footer">{_inline(table.footer)}</p>')
-        else:
-            key = table.key
-            body.append(_table(table, ids))
-            if table.level <= 2:
-                nav.append((key if ids.seen[key] == 1 else f"{key}-{ids.seen[key]}",
-                            table.title))
-    data = _script_json([_facets(c) for c in cells])
+    ids("headline")
+    by_key = {t.key: t for t in tables.sections}
+    cells_table = by_key.get("cells")
+    compared = {c.index for col in h.columns for c in col.cells}
+    body = [_headline(h, names), _plots(plots or {}), _not_run(cells)]
+    if cells_table is not None:
+        rows = [r for r in cells_table.rows if r.cell in compared]
+        body.append(_table(Table("cells", "Cells with comparisons", cells_table.headers, rows,
+                                 note="Each cell's tables (bitwise, accuracy, timings, "
+                                      "environment) are on its page: `cells/<cell>.md`; all "
+                                      "of them: `cells/README.md`.",
+                                 empty="No cell has comparisons."), ids))
+    body.append(_across(tables, ids))
+    body += [_table(t, ids) for t in tables.sections
+             if t.key.startswith("bench") or t.key == "unreadable"]
+    stale = [c for c in cells if c.ours and staleness(c, tables.head)]
+    head = tables.head[:12] if tables.head else "unknown"
+    data = _script_json({"cells": [_facets(c) for c in cells],
+                         "columns": [{"gpu": c.gpu, "stack": c.stack, "mode": c.mode}
+                                     for c in h.columns]})
     return "\n".join([
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -329,14 +321,16 @@ def render_html(tables: Tables) -> str:
         f"<title>{_TITLE}</title>",
         f"<style>\n{_asset('report.css')}</style></head><body>",
         f"<header><h1>{_TITLE}</h1>",
-        '<p class="gen">Generated by <code>nox -s report</code> (runner/tables.py, '
-        "runner/html.py) from the JSON reports in this directory; do not edit by hand. "
-        'The same tables in Markdown: <a href="README.md">README.md</a>; for other tools: '
+        f'<p class="summary">{_inline(tables.summary_line())} Current commit <code>{_e(head)}'
+        f"</code>: {len(stale)} of {sum(c.ours for c in cells)} of our reports made at "
+        "another commit or from a dirty tree (⚠).</p>",
+        '<p class="gen">Generated by <code>nox -s report</code> from the JSON reports in this '
+        'directory; do not edit. Markdown: <a href="README.md">README.md</a>, every cell: '
+        '<a href="cells/README.md">cells/README.md</a>; for tools: '
         '<a href="summary.csv">summary.csv</a>, <a href="summary.json">summary.json</a>.</p>',
-        f'<p class="summary">{_inline(tables.summary_line())}</p>',
-        _nav(nav), "</header>",
-        _filters(cells),
-        "<main>", _heatmap(cells, tables.filters), *body, "</main>",
+        "</header>",
+        _filters(cells, h),
+        "<main>", *body, "</main>",
         f'<script type="application/json" id="cells-data">{data}</script>',
         f"<script>\n{_asset('report.js')}</script>",
         "</body></html>", ""])

@@ -366,7 +366,7 @@ def test_html_data_block_cannot_end_or_comment_out_the_script(tmp_path: Path) ->
     assert block is not None
     data = block.group(1)
     assert "<" not in data and ">" not in data and "&" not in data
-    assert HOSTILE_TEXT in {c["stack"] for c in json.loads(data)}
+    assert HOSTILE_TEXT in {c["stack"] for c in json.loads(data)["cells"]}
     assert "<img" not in page and "<!--<script>" not in page
 
 

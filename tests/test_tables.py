@@ -28,6 +28,7 @@ TABLES = DATA / "tables"
 H200 = DATA / "h200" / "host-plain-cuda.json"
 REFERENCE = Path(__file__).parent.parent / "reports" / "reference" / "gate_residual_b200.json"
 REF = "reference:gate_residual_b200 (NVIDIA B200)"
+HEAD = "0123456789abcdef"  # the "current commit" of the golden files: every report is stale
 
 
 def section(text: str, title: str) -> str:
@@ -63,18 +64,22 @@ def golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (reports / "reference").mkdir()
     shutil.copy(REFERENCE, reports / "reference" / REFERENCE.name)
     (reports / "corrupt.json").write_text('{"schema_version": 1, "kind": x}\n')
-    write_tables(reports)
+    write_tables(reports, head=HEAD)
     return reports
 
 
 @pytest.fixture(scope="module")
 def md(golden: Path) -> str:
-    return (golden / "README.md").read_text(encoding="utf-8")
+    """Every table of the golden reports in one Markdown document (README.md shows the
+    headline; the per-cell tables are on the cell pages)."""
+    reports = [r for r in read_reports(golden) if r.path.name != "summary.json"]
+    return markdown(build_tables(reports, relative_to=golden, bench_dir=golden / "bench",
+                                 head=HEAD))
 
 
-@pytest.mark.parametrize("name", ["README.md", "summary.csv"])
+@pytest.mark.parametrize("name", ["README.md", "summary.csv", "cells/README.md"])
 def test_golden(golden: Path, name: str) -> None:
-    expected = TABLES / "expected" / name
+    expected = TABLES / "expected" / name.replace("/", "-")
     text = (golden / name).read_text(encoding="utf-8")
     if os.environ.get("UPDATE_GOLDEN"):
         expected.write_text(text, encoding="utf-8")
@@ -199,7 +204,8 @@ def test_ab_from_the_command_line(golden: Path, tmp_path: Path) -> None:
     assert main(["report", "--reports", str(golden), "--out", str(out),
                  "--ab", "host-plain-cuda", "docker-torch213-plain-cuda",
                  "--ab", "host-plain-cuda", "gate_residual_b200"]) == 3
-    text = (out / "README.md").read_text(encoding="utf-8")
+    assert "[ab.md](ab.md)" in (out / "README.md").read_text(encoding="utf-8")
+    text = (out / "ab.md").read_text(encoding="utf-8")
     assert "## A/B: host-plain-cuda vs docker-torch213-plain-cuda" in text
     assert f"## A/B: host-plain-cuda vs {REF}" in text
     assert "## A/B: docker-torch213-plain-cuda vs host-compile-cpu" not in text
@@ -209,7 +215,8 @@ def test_ab_from_the_command_line(golden: Path, tmp_path: Path) -> None:
     times = keyed(section(text, "Time (median ms)"), 3)
     assert times[("eager", "257", "bfloat16/int64")] == ["0.01", "0.02", "2.00x", "0.03", "0.09",
                                                          "3.00x"]
-    assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUTS)
+    assert sorted(p.name for p in out.iterdir()) == sorted([*OUTPUTS, "ab.md", "cells",
+                                                            "plots"])
 
 
 def test_accuracy_and_determinism(md: str) -> None:
@@ -346,10 +353,19 @@ def test_summary_csv_and_json(golden: Path) -> None:
 def test_write_tables_is_deterministic_and_atomic(golden: Path, tmp_path: Path) -> None:
     reports = tmp_path / "reports"
     shutil.copytree(golden, reports)
-    first = {n: (reports / n).read_bytes() for n in OUTPUTS}
-    assert write_tables(reports) == reports / "README.md"
-    assert {n: (reports / n).read_bytes() for n in OUTPUTS} == first  # no timestamps
-    assert not [p for p in reports.iterdir() if p.name.startswith(".")]  # no temp files left
+
+    def outputs() -> dict[str, bytes]:
+        return {p.relative_to(reports).as_posix(): p.read_bytes() for p in reports.rglob("*")
+                if p.is_file() and p.suffix != ".json" or p.name == "summary.json"}
+
+    first = outputs()
+    assert "cells/host-plain-cuda.md" in first and "plots/bits-differ.svg" in first
+    assert write_tables(reports, head=HEAD) == reports / "README.md"
+    assert outputs() == first  # no timestamps, no random ids in the SVG
+    assert not [p for p in reports.rglob(".*")]  # no temp files left
+    (reports / "cells" / "gone-plain-cpu.md").write_text("an old page")
+    write_tables(reports, head=HEAD)
+    assert not (reports / "cells" / "gone-plain-cpu.md").exists()  # pages of gone cells
 
 
 def test_write_tables_elsewhere(tmp_path: Path) -> None:
@@ -357,9 +373,10 @@ def test_write_tables_elsewhere(tmp_path: Path) -> None:
     shutil.copytree(TABLES / "reports", reports)
     other = tmp_path / "elsewhere" / "TABLES.md"
     assert write_tables(reports, other) == other
-    assert f"| {(reports / 'host-plain-cuda.json').as_posix()} " in other.read_text("utf-8")
+    index = (other.parent / "cells" / "README.md").read_text("utf-8")
+    assert f"| {(reports / 'host-plain-cuda.json').as_posix()} " in index
     assert sorted(p.name for p in other.parent.iterdir()) == sorted(
-        ["TABLES.md", *OUTPUTS[1:]])
+        ["TABLES.md", *OUTPUTS[1:], "ab.md", "cells", "plots"])
     assert not (reports / "README.md").exists()
 
 
@@ -390,3 +407,17 @@ def test_cells_keep_order_ours_then_foreign() -> None:
     cells = load_cells([read_report(REFERENCE), *read_reports(TABLES / "reports")])
     assert [c.label for c in cells][-1] == REF
     assert [c.index for c in cells] == list(range(len(cells)))
+
+
+def test_filters_take_what_people_type() -> None:
+    """``--gpu H200`` selects "NVIDIA H200"; a value equal to one present selects it alone."""
+    reports = [*read_reports(TABLES / "reports"), read_report(REFERENCE)]
+    t = build_tables(reports, filters=Filters(gpu=("h200",)))
+    assert {c.gpu for c in t.cells} == {"NVIDIA H200"} and t.filters.gpu == ("NVIDIA H200",)
+    assert "Filtered by `--gpu NVIDIA H200`" in t.summary_line()
+    assert {c.label for c in build_tables(reports, filters=Filters(stack=("DOCKER",))).cells} == {
+        "docker-sglang-plain-cuda", "docker-torch213-plain-cuda", "docker-vllm-plain-cuda"}
+    assert [c.label for c in build_tables(reports, filters=Filters(stack=("host",))).cells] == [
+        "host-compile-cpu", "host-plain-cuda"]  # "host" whole, not every stack holding it
+    with pytest.raises(SelectionError, match='--gpu: no report has gpu "a100"'):
+        build_tables(reports, filters=Filters(gpu=("a100",)))

@@ -1,94 +1,63 @@
-// Inlined into reports/index.html by runner/html.py: the client-side filters.
-// Elements with data-cell="<i>" belong to cell i of the JSON in #cells-data; a cell is
-// shown when, for every facet, its value (one of its values, for a list: a cell's dtypes)
-// is checked. Rows with data-dtype="<dtype>" are about one case dtype and are shown only
-// when that dtype is checked. Identical-bits verdicts are recomputed over the cells shown.
+// Inlined into reports/index.html by runner/html.py: the filters, which take what people type.
+// Each box (GPU, stack, mode, pair) holds text: a part of a name, in any case; commas separate
+// alternatives ("h200, b200"); an empty box allows everything. Headline columns
+// (data-col="<n>", facets in #cells-data .columns) and rows (data-pair) are hidden when they
+// do not match; so are rows of other tables that belong to one cell (data-cell="<i>").
 "use strict";
 (function () {
-  const cells = JSON.parse(document.getElementById("cells-data").textContent);
+  const data = JSON.parse(document.getElementById("cells-data").textContent);
   const form = document.getElementById("filters");
-  const boxes = Array.from(form.querySelectorAll("input[type=checkbox]"));
-  const dims = Array.from(new Set(boxes.map((b) => b.dataset.dim)));
+  const boxes = Array.from(form.querySelectorAll("input[data-dim]"));
+  const cols = Array.from(document.querySelectorAll("[data-col]"));
+  const pairs = Array.from(document.querySelectorAll("tr[data-pair]"));
   const tagged = Array.from(document.querySelectorAll("[data-cell]"));
-  const typed = Array.from(document.querySelectorAll("[data-dtype]"));
-  const acrossRows = Array.from(document.querySelectorAll("tr[data-across]"));
   const tables = Array.from(document.querySelectorAll("table.data"));
 
-  function allowedValues() {
-    const allowed = {};
-    dims.forEach((d) => { allowed[d] = new Set(); });
-    boxes.forEach((b) => { if (b.checked) { allowed[b.dataset.dim].add(b.value); } });
-    return allowed;
-  }
-
-  function shownCells(allowed) {
-    const any = (d, v) => (Array.isArray(v) ? v.some((x) => allowed[d].has(x))
-                                            : allowed[d].has(v));
-    return cells.map((c) => dims.every((d) => any(d, c[d])));
-  }
-
-  const toggles = Array.from(document.querySelectorAll("input.only-variants"));
-
-  function verdict(tr, shown) {
-    if (tr.dataset.void === "1") { return; }
-    const cell = tr.querySelector("td.verdict");
-    const marked = Array.from(tr.querySelectorAll("td[data-g]"))
-      .filter((td) => shown[Number(td.dataset.cell)]);
-    const n = marked.length;
-    const groups = new Set(marked.map((td) => td.dataset.g)).size;
-    let text = "no cell shown";
-    let kind = "absent";
-    if (n === 1) { text = "1 cell only"; kind = "none"; }
-    else if (n > 1 && groups === 1) { text = "identical (" + n + " cells)"; kind = "eq"; }
-    else if (n > 1) { text = groups + " variants (" + n + " cells)"; kind = "diff"; }
-    if (cell.dataset.static === "1" && n > 1) { kind = "eq"; text = "agree"; }
-    cell.textContent = text;
-    cell.className = "verdict k-" + kind;
-  }
-
-  function onlyVariants(offDtype) {
-    toggles.forEach((box) => {
-      const table = document.getElementById(box.dataset.table);
-      Array.from(table.tBodies[0].rows).forEach((tr) => {
-        const kind = tr.querySelector("td.verdict").className;
-        tr.hidden = (box.checked && !/k-(diff|void)/.test(kind)) || offDtype(tr);
-      });
+  function wanted() {
+    const out = {};
+    boxes.forEach((b) => {
+      out[b.dataset.dim] = b.value.split(",").map((s) => s.trim().toLowerCase())
+        .filter((s) => s.length > 0);
     });
+    return out;
+  }
+
+  function fits(parts, value) {
+    if (!parts || parts.length === 0) { return true; }
+    const v = String(value).toLowerCase();
+    return parts.some((p) => v.includes(p));
+  }
+
+  function keeps(w, facets) {
+    return ["gpu", "stack", "mode"].every((d) => fits(w[d], facets[d]));
   }
 
   function apply() {
-    const allowed = allowedValues();
-    const shown = shownCells(allowed);
-    const offDtype = (el) => Boolean(allowed.dtype && el.dataset.dtype !== undefined
-                                     && !allowed.dtype.has(el.dataset.dtype));
-    tagged.forEach((el) => { el.hidden = !shown[Number(el.dataset.cell)] || offDtype(el); });
-    typed.forEach((el) => { if (el.dataset.cell === undefined) { el.hidden = offDtype(el); } });
-    acrossRows.forEach((tr) => verdict(tr, shown));
-    onlyVariants(offDtype);
+    const w = wanted();
+    const shownCols = data.columns.map((c) => keeps(w, c));
+    cols.forEach((el) => { el.hidden = !shownCols[Number(el.dataset.col)]; });
+    pairs.forEach((tr) => { tr.hidden = !fits(w.pair, tr.dataset.pair); });
+    const shownCells = data.cells.map((c) => keeps(w, c));
+    tagged.forEach((el) => { el.hidden = !shownCells[Number(el.dataset.cell)]; });
     tables.forEach((t) => {
-      const rows = t.tBodies.length ? Array.from(t.tBodies[0].rows) : [];
       const out = document.getElementById("count-" + t.id);
-      if (out) {
-        const visible = rows.filter((r) => !r.hidden).length;
-        out.textContent = visible + " of " + rows.length + " rows shown";
+      if (!out || !t.tBodies.length) { return; }
+      const rows = Array.from(t.tBodies[0].rows);
+      const visible = rows.filter((r) => !r.hidden).length;
+      let text = visible + " of " + rows.length + " rows shown";
+      if (t.id === "t-headline") {
+        text += ", " + shownCols.filter(Boolean).length + " of " + shownCols.length + " columns";
       }
+      out.textContent = text;
     });
-    const n = shown.filter(Boolean).length;
-    document.getElementById("shown").textContent = n + " of " + cells.length + " cells shown";
+    const n = shownCells.filter(Boolean).length;
+    document.getElementById("shown").textContent = n + " of " + data.cells.length +
+      " cells shown";
   }
 
-  boxes.forEach((b) => b.addEventListener("change", apply));
-  toggles.forEach((b) => b.addEventListener("change", apply));
-  form.querySelectorAll("button.only").forEach((button) => {
-    button.addEventListener("click", () => {
-      boxes.forEach((b) => {
-        if (b.dataset.dim === button.dataset.dim) { b.checked = b.value === button.value; }
-      });
-      apply();
-    });
-  });
+  boxes.forEach((b) => b.addEventListener("input", apply));
   document.getElementById("reset").addEventListener("click", () => {
-    boxes.forEach((b) => { b.checked = true; });
+    boxes.forEach((b) => { b.value = ""; });
     apply();
   });
   apply();

@@ -1,0 +1,62 @@
+"""The tables at 1,000 cells: size limits and render time (issue 15).
+
+The reports are synthesised by ``scripts/bench_tables.py`` from the H200 report in
+tests/data/h200 (five cases, three implementations; one in twenty failed), over 100 stacks,
+5 modes and 2 targets. Limits: ``README.md`` under 200 KB, ``index.html`` under 1.5 MB, and
+``write_tables`` end to end (read, validate, build, render every page and picture, write)
+under 15 s on the 2-core CPU machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+
+import pytest
+
+from runner.tables import write_tables
+
+ROOT = Path(__file__).parent.parent
+CELLS = 1000
+README_LIMIT = 200 * 1024
+HTML_LIMIT = 1.5 * 1024 * 1024
+SECONDS = 15.0
+
+
+def _synthesise():
+    spec = importlib.util.spec_from_file_location("bench_tables",
+                                                  ROOT / "scripts" / "bench_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.synthesise
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
+    reports = tmp_path_factory.mktemp("scale") / "reports"
+    reports.mkdir()
+    _synthesise()(reports, CELLS)
+    start = time.perf_counter()
+    write_tables(reports, head="0" * 40)
+    return reports, time.perf_counter() - start
+
+
+def test_thousand_cells_render_in_time(rendered: tuple[Path, float]) -> None:
+    _, seconds = rendered
+    assert seconds < SECONDS, f"write_tables took {seconds:.1f} s for {CELLS} cells"
+
+
+def test_thousand_cells_stay_within_the_size_limits(rendered: tuple[Path, float]) -> None:
+    reports, _ = rendered
+    readme = (reports / "README.md").stat().st_size
+    page = (reports / "index.html").stat().st_size
+    assert readme < README_LIMIT, f"README.md is {readme / 1024:.0f} KB"
+    assert page < HTML_LIMIT, f"index.html is {page / 1024:.0f} KB"
+    assert len(list((reports / "cells").glob("*.md"))) == CELLS + 1  # a page each + index
+    text = (reports / "README.md").read_text(encoding="utf-8")
+    assert text.index("## Can I swap") < text.index("## Pictures")
+    assert "50 error" in text  # one in twenty failed: collapsed to one line
+    # no rendered table wider than a screen: at most COLUMNS_PER_TABLE marks a row
+    widest = max(line.count("](cells/") for line in text.splitlines())
+    assert 0 < widest <= 4
