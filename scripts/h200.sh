@@ -75,6 +75,8 @@ for step in $steps; do
             # runner/gpu_lock.py: timing loops run with the GPU to themselves.
             modes=${MODES:-"plain deterministic tf32 inference vllm_batch_invariant sglang_ieee"}
             reports=${MODE_REPORTS:-$out/reports}; mkdir -p "$reports" "$PWD/build"
+            # partial reports of an earlier call (same source): their cells run only what is missing
+            [ -d .carry/resume ] && cp .carry/resume/*.json "$reports"/ 2>/dev/null
             export GATE_RESIDUAL_GPU_LOCK=$PWD/build/gpu.lock
             deadline=$(( $(date +%s) + ${MATRIX_TIMEOUT:-540} ))
             first=${modes%% *}; rest=${modes#"$first"}
@@ -84,7 +86,7 @@ for step in $steps; do
             PYTHONPATH=$PWD/.carry/rl-kernel-h3:$PYTHONPATH python3 -c "import time; t = time.time(); from rl_engine.kernels.ops import base; print('rl_engine._C built:', base._EXT_AVAILABLE, getattr(base, '_EXT_ERROR', None), f'{time.time() - t:.0f} s')" > "$out/rlbuild.log" 2>&1 &
             timeout -s TERM "${MATRIX_TIMEOUT:-540}" python3 -m runner matrix --stack host --target "${MODE_TARGET:-cuda}" --mode "$first" --reports "$reports" ${MATRIX_ARGS:-} > "$out/matrix-$first.log" 2>&1 &
             lead=$!
-            until ls "$reports"/.run-*/host-"$first"-"${MODE_TARGET:-cuda}".json "$reports/host-$first-${MODE_TARGET:-cuda}.json" >/dev/null 2>&1 || ! kill -0 $lead 2>/dev/null; do sleep 1; done
+            until [ -n "$(ls "$reports"/.run-*/host-"$first"-"${MODE_TARGET:-cuda}".json "$reports/host-$first-${MODE_TARGET:-cuda}.json" 2>/dev/null)" ] || ! kill -0 $lead 2>/dev/null; do sleep 1; done
             echo "$first: first case done after $(( $(date +%s) - t0 )) s; starting:$rest"
             left=$(( deadline - $(date +%s) ))
             printf '%s\n' $rest | GATE_RESIDUAL_PRECOMPILE=${FOLLOWER_PRECOMPILE:-3} xargs -P "${MODE_JOBS:-5}" -I{} \
@@ -92,7 +94,12 @@ for step in $steps; do
             wait $lead; echo "$first: exit $? after $(( $(date +%s) - t0 )) s"
             echo "all modes: $(( $(date +%s) - t0 )) s wall"
             # (the tables are rendered where the reports are committed: python -m runner report)
-            tail -n 5 "$out"/matrix-*.log ;;
+            python3 -c "import json, glob; [print(r['cell']['id'], r['status'], r['duration_s'], 's', len(r['cases']), 'cases', {k: v for k, v in r.get('phases', {}).items() if not isinstance(v, dict)}) for r in (json.load(open(p)) for p in sorted(glob.glob('$reports/*.json')))]" 2>&1 || true
+            # the device tool returns a few files only: the reports travel as one archive
+            tar czf "$out/modes-reports.tgz" -C "$reports" $(cd "$reports" && ls *.json) && rm -rf "$reports"
+            for f in "$out"/matrix-*.log; do tail -n 3 "$f"; done > "$out/modes-tails.log"
+            tar czf "$out/modes-logs.tgz" -C "$out" $(cd "$out" && ls matrix-*.log rlbuild.log) && rm -f "$out"/matrix-*.log
+            cat "$out/modes-tails.log" ;;
     bench)  python3 -m runner.bench ${BENCH_ARGS:-} --out "$out" 2>&1 | tee "$out/bench.log" | tail -60 || rc=1 ;;
     profile) python3 scripts/profile_host.py 1 > "$out/profile-host.txt" 2>&1 || rc=1; grep "us/call" "$out/profile-host.txt" ;;
   esac
