@@ -71,6 +71,12 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--timeout", type=float, default=3600.0, help="seconds per cell")
     m.add_argument("--abba", metavar="MODE_B", help="run each cell's process in A-B-B-A order "
                    "against this mode and record repeatable_across_processes")
+    m.add_argument("--cluster", metavar="ray://HOST:PORT|auto", help="run the cells as tasks "
+                   "of this Ray cluster (auto: $RAY_ADDRESS); needs .[ray] (docs/cluster.md)")
+    m.add_argument("--gpu-model", metavar="NAME", help='with --cluster: run every cell on '
+                   'nodes offering the resource "gpu:NAME", e.g. "NVIDIA H200"')
+    m.add_argument("--retries", type=int, default=2, help="with --cluster: runs again of a "
+                   "cell whose node died (default: %(default)s)")
 
     c = sub.add_parser("cell", help="run one cell in this process (used by the backends)")
     selection(c)
@@ -110,7 +116,9 @@ def _cmd_matrix(args) -> int:
     outcomes = run.run_matrix(args.matrix, reports_dir=args.reports, stacks=args.stack,
                               modes=args.mode, targets=args.target, cases=args.case,
                               backend=args.backend, force=args.force, timeout_s=args.timeout,
-                              gpus=args.gpus, abba=args.abba, build=args.build)
+                              gpus=args.gpus, abba=args.abba, build=args.build,
+                              cluster=args.cluster, gpu_model=args.gpu_model,
+                              retries=args.retries)
     print(run.summary(outcomes))
     from runner.tables import OUTPUTS
 

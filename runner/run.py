@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from runner import cluster as cluster_mod
 from runner import implementations, staging, tables
 from runner import report as report_io
 from runner.backends import BACKENDS, DockerBackend, prepare_stacks, resolve, route
@@ -173,7 +174,8 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
                cases: Sequence[str] | None = None, backend: str = "host", force: bool = False,
                timeout_s: float = DEFAULT_TIMEOUT_S, render: bool = True,
                gpus: str = "all", abba: str | None = None, build: bool = False,
-               ) -> list[CellOutcome]:
+               cluster: str | None = None, gpu_model: str | None = None,
+               retries: int = 2) -> list[CellOutcome]:
     """Run the selected cells and write one report per cell, then the tables.
 
     ``backend`` is host, docker or auto (docker when an engine answers); a cell of a
@@ -190,7 +192,10 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
     (:func:`plan_partial`). ``abba`` (a mode name): each selected cell runs in A-B-B-A
     order against its partner in that mode (:mod:`runner.abba`), always (no reuse), and
     both cells' reports record ``repeatable_across_processes``; cells of mode ``abba``
-    itself run only as partners.
+    itself run only as partners. ``cluster`` (a Ray address, :mod:`runner.cluster`): the
+    cells that must run go to the cluster's nodes at once, each needing ``gpu_model``'s
+    resource when given, each retried ``retries`` times where its node dies; their
+    reports come back here and are written as here.
 
     Raises :class:`ConfigError` (nothing run or written) for a bad matrix.yaml, a selection
     that matches nothing, an explicitly requested target this host lacks, an unknown
@@ -208,7 +213,10 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
     matrix = load_matrix(matrix_path, known_implementations=implementations.KNOWN)
     made = {"docker": DockerBackend(gpus=gpus, matrix_dir=Path(matrix_path).parent,
                                     build=build)}
-    chosen, note = resolve(backend, made["docker"])  # ConfigError, BackendError
+    if cluster is None:
+        chosen, note = resolve(backend, made["docker"])  # ConfigError, BackendError
+    else:  # the nodes' engines run the docker stacks: none is asked for here
+        chosen, note = cluster_mod.backend_choice(backend, abba), None
     cells = select(expand(matrix), stacks=stacks, modes=modes, targets=targets)
     if abba is not None:
         if abba not in matrix.modes:
@@ -229,15 +237,42 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
                           f"{', '.join(sorted({c.target for c in cells}))} (each case's "
                           f"targets: {matrix_path.name})")
     is_partial = len(chosen_cases) < len(matrix.cases)
-    check_case_sizes(matrix, chosen_cases, matrix_path, host_memory_bytes())
-    has_gpu = cuda_available()
+    if cluster is None and gpu_model is not None:
+        raise ConfigError("--gpu-model: places cells on a cluster's nodes; add --cluster")
+    if cluster is not None:  # ConfigError without Ray, BackendError when it does not answer
+        session = cluster_mod.connect(cluster, gpu_model=gpu_model, retries=retries,
+                                      build=build, matrix_dir=Path(matrix_path).parent)
+    else:
+        session = None
+    try:
+        return _run_cells(matrix, matrix_path, reports_dir, cells, chosen_cases, session,
+                          chosen=chosen, note=note, backend=backend, made=made,
+                          targets=targets, is_partial=is_partial, force=force,
+                          timeout_s=timeout_s, abba=abba, render=render)
+    finally:
+        if session is not None:
+            session.close()
+
+
+def _run_cells(matrix, matrix_path: Path, reports_dir: Path, cells, chosen_cases, session, *,
+               chosen: str, note: str | None, backend: str, made: dict, targets, is_partial,
+               force: bool, timeout_s: float, abba: str | None, render: bool,
+               ) -> list[CellOutcome]:
+    """:func:`run_matrix` from the cells it selected on: run them here or, with
+    ``session`` (a :class:`runner.cluster.Cluster`), on its nodes."""
+    if session is not None:
+        check_case_sizes(matrix, chosen_cases, matrix_path, session.memory_bytes())
+        has_gpu = True  # a node's, if any: cells no node can run are skipped below
+    else:
+        check_case_sizes(matrix, chosen_cases, matrix_path, host_memory_bytes())
+        has_gpu = cuda_available()
     if targets and "cuda" in targets and not has_gpu:
         raise ConfigError("--target: cuda was requested but torch sees no CUDA device here")
     if note:
         print(f"[runner] {note}", flush=True)
-    skipped_stacks = prepare_stacks(  # BackendError; with --build, builds what is missing
+    skipped_stacks = {} if session is not None and chosen == "docker" else prepare_stacks(
         matrix, [c for c in cells if c.target != "cuda" or has_gpu], backend, chosen, note,
-        made["docker"])
+        made["docker"])  # BackendError; with --build, builds what is missing
     try:
         reports_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -248,7 +283,8 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
     project = project_state()
     project["diff_sha256"] = uncommitted_digest() if project.get("dirty") else None
     _salvage_stale(reports_dir, matrix)
-    outcomes: list[CellOutcome] = []
+    outcomes: list[CellOutcome | None] = []
+    jobs: dict[int, tuple] = {}  # for the cluster: outcome index -> (job, plan, resume, stamp)
     for cell in cells:
         path = reports_dir / f"{cell.id}.json"
         run_id = uuid.uuid4().hex
@@ -256,6 +292,8 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
         why_not = skipped_stacks.get(cell.stack)
         if why_not is None and cell.target == "cuda" and not has_gpu:
             why_not = "target cuda: torch sees no CUDA device on this host"
+        if why_not is None and session is not None:
+            why_not = session.unoffered(cluster_mod.needs(matrix, cell, session.gpu_model))
         if why_not:
             skipped = skeleton(matrix, cell, chosen_cases, backend=backend_name or chosen,
                                run_id=run_id, status="skipped", reason=why_not)
@@ -266,9 +304,9 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
                 print(f"[runner] cell {cell.id}: skipped: {shown}", flush=True)
             outcomes.append(CellOutcome(cell.id, "skipped", shown, path))
             continue
-        if backend_name not in made:
+        if session is None and backend_name not in made:
             made[backend_name] = BACKENDS[backend_name]()
-        runner_backend = made[backend_name]
+        runner_backend = session or made[backend_name]  # a session: docker image tags
         if abba is not None:
             outcomes += _run_abba(runner_backend, matrix, cell, abba, chosen_cases, project,
                                   matrix_path=matrix_path, reports_dir=reports_dir,
@@ -300,25 +338,29 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
             print(f"[runner] cell {cell.id}: resuming: {len(resume['cases'])} case(s) done, "
                   f"running the {len(to_run)} missing on {backend_name}", flush=True)
         else:
-            print(f"[runner] cell {cell.id}: running {len(to_run)} case(s) on {backend_name}",
-                  flush=True)
+            print(f"[runner] cell {cell.id}: running {len(to_run)} case(s) on {backend_name}"
+                  + (" (cluster)" if session is not None else ""), flush=True)
+        stamp = functools.partial(_stamp, backend=runner_backend, matrix=matrix, cell=cell,
+                                  cases=chosen_cases, project=project)
+        settle = functools.partial(_settle, plan=plan, resume=resume, stamp=stamp,
+                                   backend=runner_backend, matrix=matrix, cell=cell,
+                                   project=project, force=force, reports_dir=reports_dir)
+        if session is not None:  # run below, all at once; the outcome filled in then
+            jobs[len(outcomes)] = (cluster_mod.Job(
+                len(outcomes), cell, to_run, run_id, backend_name,
+                cluster_mod.needs(matrix, cell, session.gpu_model)), settle)
+            outcomes.append(None)
+            continue
         result = _run_staged(runner_backend, matrix, cell, to_run, resume,
                              matrix_path=matrix_path, reports_dir=reports_dir, run_id=run_id,
-                             timeout_s=timeout_s,
-                             stamp=functools.partial(_stamp, backend=runner_backend,
-                                                     matrix=matrix, cell=cell,
-                                                     cases=chosen_cases, project=project))
-        status, reason = result["status"], result.get("reason")
-        if plan is not None:
-            extra = _fingerprint_extra(runner_backend, matrix, cell)
-            result, status, reason = finish_partial(plan, result, matrix, cell, project, extra,
-                                                    force=force)
-        if result is not None and status == "partial":
-            if staging.keep_partial(result, reports_dir) is None:
-                reason = f"{reason}; kept the ok report of the same fingerprint"
-        elif result is not None:
-            _write(result, reports_dir)
-        outcomes.append(CellOutcome(cell.id, status, reason, path))
+                             timeout_s=timeout_s, stamp=stamp)
+        outcomes.append(settle(result, stamped=True))
+    if jobs:
+        def arrived(job, report: dict) -> None:
+            outcomes[job.key] = jobs[job.key][1](report)
+
+        session.run([job for job, _ in jobs.values()], matrix=matrix, matrix_path=matrix_path,
+                    timeout_s=timeout_s, commit=project.get("commit"), on_report=arrived)
     if render:
         try:
             tables.write_tables(reports_dir)
@@ -326,6 +368,29 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
             raise ReportError(f"{reports_dir}: cannot write the tables: "
                               f"{err.strerror or err}") from err
     return outcomes
+
+
+def _settle(result: dict, *, plan, resume: dict | None, stamp, backend, matrix, cell,
+            project: dict, force: bool, reports_dir: Path, stamped: bool = False,
+            ) -> CellOutcome:
+    """Write a cell's report as the runner does for every cell (stamped with its
+    fingerprint unless ``stamped``, merged into ``resume`` or the ``--case`` ``plan``, a
+    partial one kept by :func:`runner.staging.keep_partial`); return its outcome."""
+    if not stamped:
+        result = stamp(result)
+        if resume is not None:
+            result = staging.combine(resume, result, matrix)
+    status, reason = result["status"], result.get("reason")
+    if plan is not None:
+        extra = _fingerprint_extra(backend, matrix, cell)
+        result, status, reason = finish_partial(plan, result, matrix, cell, project, extra,
+                                                force=force)
+    if result is not None and status == "partial":
+        if staging.keep_partial(result, reports_dir) is None:
+            reason = f"{reason}; kept the ok report of the same fingerprint"
+    elif result is not None:
+        _write(result, reports_dir)
+    return CellOutcome(cell.id, status, reason, reports_dir / f"{cell.id}.json")
 
 
 def _stamp(result: dict, *, backend, matrix, cell, cases, project: dict) -> dict:
