@@ -2,6 +2,7 @@
 
     nox -s matrix                       # every cell this host can run, then the tables
     nox -s matrix -- --target cpu --case 257
+    nox -s matrix -- --cluster ray://HEAD:10001 --gpu-model "NVIDIA H200"   # docs/cluster.md
     nox -s matrix -- --build --stack cpu-torch2.13   # builds a missing image first (else skipped)
     nox -s build -- --stack cpu-torch2.13   # the images of the docker stacks (all by default)
     nox -s base_image                   # root: the local base image (debootstrap + import)
@@ -85,7 +86,8 @@ def install_project(session: nox.Session, *extras: str) -> None:
 @nox.session(venv_params=VENV)
 def matrix(session: nox.Session) -> None:
     """Run the matrix (docker stacks whose image exists, in containers), then the tables."""
-    install_project(session, "docker", "report")
+    cluster = any(a == "--cluster" or a.startswith("--cluster=") for a in session.posargs)
+    install_project(session, "docker", "report", *(["ray"] if cluster else []))
     run_runner(session, "runner", "matrix", *session.posargs, **STOP)
 
 
