@@ -420,9 +420,14 @@ def _run_staged(backend, matrix, cell, cases, resume: dict | None, *, matrix_pat
             partial = stamp(partial)
             if resume is not None:
                 partial = staging.combine(resume, partial, matrix)
-            if staging.keep_partial(partial, reports_dir) is not None:
+            if staging.keep_partial(partial, reports_dir) is None:
+                pass
+            elif partial.get("status") == "partial":
                 print(f"\n[runner] cell {cell.id}: kept {len(partial['cases'])} finished "
                       "case(s) as a partial report; the next run resumes it", flush=True)
+            else:  # the cell had ended: only its runner was stopped
+                print(f"\n[runner] cell {cell.id}: kept its finished report "
+                      f"({partial['status']}, {len(partial['cases'])} cases)", flush=True)
         raise
     finally:
         shutil.rmtree(stage, ignore_errors=True)

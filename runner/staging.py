@@ -81,15 +81,20 @@ def _age_s(path: Path) -> float:
         return 0.0
 
 
+def _with_cases(data: dict | None) -> bool:
+    """Whether a report read from a stage holds cases worth keeping: a ``partial`` one, or a
+    finished one (the cell ended and its runner was stopped before it put it in place)."""
+    return bool(data and data.get("status") in _FAILED_WITH_DATA and data.get("cases"))
+
+
 def salvage(stage: Path, cell_id: str) -> dict | None:
-    """The ``partial`` report a stopped cell left in ``stage``, or None."""
+    """The report a stopped cell left in ``stage`` (``partial``, or its final report when
+    only the runner was stopped after the cell's end), or None."""
     path = stage / f"{cell_id}.json"
     if not path.is_file():
         return None
     loaded = report_io.read_report(path)
-    if loaded.data and loaded.data.get("status") == "partial" and loaded.data.get("cases"):
-        return loaded.data
-    return None
+    return loaded.data if _with_cases(loaded.data) else None
 
 
 def keep_partial(partial: dict, reports_dir: Path) -> Path | None:
@@ -106,7 +111,7 @@ def keep_partial(partial: dict, reports_dir: Path) -> Path | None:
 
 def clean_stale(reports_dir: Path) -> list[tuple[Path, list[dict]]]:
     """Remove the staging directories of runs that are gone, returning each with the
-    ``partial`` reports found in it, stamped with the fingerprint its runner recorded (None
+    reports found in it (:func:`salvage`'s kinds), stamped with the fingerprint its runner recorded (None
     if it recorded none); not yet written: the caller keeps them."""
     out = []
     for stage in sorted(reports_dir.glob(".run-*")):
@@ -119,10 +124,14 @@ def clean_stale(reports_dir: Path) -> list[tuple[Path, list[dict]]]:
         found = []
         for path in sorted(stage.glob("*.json")):
             loaded = report_io.read_report(path)
-            if loaded.data and loaded.data.get("status") == "partial" and loaded.data.get("cases"):
-                found.append({**loaded.data, "fingerprint": stamp,
-                              "reason": "stopped with its runner (the runner died); the next "
-                                        "run of this cell runs only the missing cases"})
+            if not _with_cases(loaded.data):
+                continue
+            if loaded.data.get("status") != "partial":  # finished: its own reason stands
+                found.append({**loaded.data, "fingerprint": stamp})
+                continue
+            found.append({**loaded.data, "fingerprint": stamp,
+                          "reason": "stopped with its runner (the runner died); the next "
+                                    "run of this cell runs only the missing cases"})
         shutil.rmtree(stage, ignore_errors=True)
         out.append((stage, found))
     return out

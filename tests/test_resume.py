@@ -170,3 +170,34 @@ def test_a_dead_runners_stage_is_salvaged_by_the_next_run(tmp_path):
     assert "left by a run that died; kept partial report(s) of host-plain-cpu" in again.stdout
     assert "resuming:" in again.stdout
     assert report(tmp_path)["status"] == "ok" and not list(tmp_path.glob(".run-*"))
+
+
+def test_a_finished_report_in_the_stage_survives_a_stopped_runner(tmp_path):
+    """The cell ended and wrote its final report into the stage, then the runner was stopped
+    (SIGTERM at a deadline, seen on the H200) before putting it in place: the report is
+    kept, stamped, not thrown away with the stage."""
+    from runner import report as report_io
+    from runner.run import _run_staged
+
+    data = json.loads((ROOT / "tests" / "data" / "reports" / "host-plain-cuda.json").read_text())
+    assert data["status"] == "ok" and data["cases"]
+    cell_id = data["cell"]["id"]
+
+    class EndsThenStopped:
+        def run(self, matrix, cell, cases, *, matrix_path, reports_dir, run_id, timeout_s):
+            report_io.write_report(data, reports_dir)
+            raise KeyboardInterrupt
+
+    class Cell:
+        id = cell_id
+
+    def stamp(report: dict) -> dict:
+        return {**report, "fingerprint": "f" * 64}
+
+    with pytest.raises(KeyboardInterrupt):
+        _run_staged(EndsThenStopped(), None, Cell(), [], None, matrix_path=MATRIX,
+                    reports_dir=tmp_path, run_id="r1", timeout_s=10, stamp=stamp)
+    kept = report(tmp_path) if cell_id == CELL else read_report(tmp_path / f"{cell_id}.json").data
+    assert kept["status"] == "ok" and kept["cases"] == data["cases"]
+    assert kept["fingerprint"] == "f" * 64
+    assert not list(tmp_path.glob(".run-*"))
