@@ -253,18 +253,17 @@ class Cluster:
         :class:`runner.errors.Interrupted`) after cancelling the tasks left.
         """
         from runner.cluster_progress import Progress
-
-        ray = self.ray
-        text = Path(matrix_path).read_text(encoding="utf-8")
         from runner.environment import PROJECT_ROOT
 
+        ray = self.ray
+        data = Path(matrix_path).read_bytes()  # the node compares the bytes of its own copy
         try:
             rel = str(Path(matrix_path).resolve().relative_to(PROJECT_ROOT))
         except ValueError:
             rel = None
-        base = {"matrix_text": text, "matrix_rel": rel, "build": self.build,
-                "matrix_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
-                "timeout_s": timeout_s, "commit": commit}
+        base = {"matrix_text": data.decode("utf-8"), "matrix_rel": rel, "build": self.build,
+                "matrix_sha256": hashlib.sha256(data).hexdigest(), "timeout_s": timeout_s,
+                "commit": commit}
         progress = Progress(self, {job.key: job.cell.id for job in jobs})
         remote = ray.remote(run_on_node)
         pending: dict = {}
