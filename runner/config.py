@@ -46,7 +46,8 @@ from pydantic_core import PydanticCustomError
 from runner import files, pins
 from runner.errors import ConfigError
 
-__all__ = ["DTYPES", "INDEX_DTYPES", "KNOWN_IMPLEMENTATIONS", "SCHEMA_VERSION", "TARGETS",
+__all__ = ["DTYPES", "INDEX_DTYPES", "KNOWN_IMPLEMENTATIONS", "LIBRARY_DISTRIBUTIONS",
+           "SCHEMA_VERSION", "TARGETS",
            "BatchInvariance", "Case", "DockerStack", "FrozenMap", "HostStack", "Libraries",
            "Matrix", "Mode",
            "PipOptions", "Problem", "Stack", "Timing", "TorchSettings", "load_matrix",
@@ -57,6 +58,11 @@ KNOWN_IMPLEMENTATIONS: tuple[str, ...] = (
     "eager", "numba", "fp64", "compiled", "compiled_emulate", "sglang_indexed_gate_triton",
     "sglang_indexed_gate_triton_inplace", "sglang_residual_gate_add_jit",
     "vllm_omni_gated_residual", "vllm_omni_h3_fused", "rl_kernel_h3")
+LIBRARY_DISTRIBUTIONS: tuple[str, ...] = ("sglang", "vllm-omni")
+"""The keys ``libraries.versions`` may use: the distributions of the library implementations
+that run per version (runner/implementations/versioned.py; RL-Kernel runs from a source tree,
+``libraries.rl_kernel``, not per version). tests/test_config.py checks them against the
+registry."""
 MAX_REPEATS = 1000
 """``repeats`` at most: each repeat runs every implementation on every case once more."""
 MAX_TIMING_CALLS = 100_000
@@ -253,6 +259,21 @@ class Libraries(_Frozen):
     versions: _map_of(Distribution,
                       _list_of(Annotated[StrictStr, AfterValidator(_pep440)])) = FrozenMap()
     rl_kernel: HostPath | None = None
+
+    @field_validator("versions")
+    @classmethod
+    def _known_distributions(cls, v: Mapping[str, Any]) -> Mapping[str, Any]:
+        unknown = [key for key in v if key not in LIBRARY_DISTRIBUTIONS]
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], LIBRARY_DISTRIBUTIONS, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            others = f"; unknown too: {', '.join(map(_show, unknown[1:]))}" if unknown[1:] else ""
+            raise PydanticCustomError("matrix", "unknown distribution", {
+                "path": _path(["libraries", "versions", unknown[0]]),
+                "expected": "a distribution with versioned library implementations ("
+                            f"{_one_of(list(LIBRARY_DISTRIBUTIONS))})",
+                "got": f"unknown key {_show(unknown[0])}{hint}{others}"})
+        return v
 
 
 class TorchSettings(_Frozen):
@@ -709,9 +730,7 @@ def _describe(err: ValidationError, root: type[BaseModel]) -> str:
     elif kind == "literal_error":
         expected = _one_of(re.findall(r"'([^']*)'", ctx["expected"]))
     elif kind in ("union_tag_invalid", "union_tag_not_found"):
-        parts.append(ctx["discriminator"].strip("'"))
-        expected = _one_of([str(_tag(v)) for v in _variants(node)])
-        got = _show(ctx["tag"]) if "tag" in ctx else "nothing (the key is missing)"
+        parts, expected, got = _tag_problem(parts, node, ctx, found)
     elif kind == "too_short":
         expected = "a non-empty " + ("mapping" if ctx["field_type"] == "Dictionary" else "list")
     elif kind == "string_pattern_mismatch":
@@ -726,6 +745,27 @@ def _describe(err: ValidationError, root: type[BaseModel]) -> str:
         expected = f"a valid value ({errors[0]['msg']})"
     path = parts[0] if kind == "matrix" and "path" in ctx else _path(parts)
     return f"{path}: expected {expected}, got {got}" + (f" (+{more} more)" if more else "")
+
+
+def _tag_problem(parts: list[int | str], node: Any, ctx: Mapping[str, Any],
+                 found: Any) -> tuple[list[int | str], str, str]:
+    """(key path, expected, got) for a union's tag (a stack's ``kind``) that is wrong or
+    missing: the bad value with the closest kind, or else the unknown key that is most
+    likely the tag misspelled, with its value; the allowed kinds either way."""
+    tag = ctx["discriminator"].strip("'")
+    tags = [str(_tag(v)) for v in _variants(node)]
+    if "tag" in ctx:
+        value = found.get(tag, ctx["tag"]) if isinstance(found, Mapping) else ctx["tag"]
+        close = difflib.get_close_matches(str(value), tags, n=1)
+        hint = f" (did you mean {close[0]}?)" if close and isinstance(value, str) else ""
+        return [*parts, tag], _one_of(tags), _show(value) + hint
+    known = set(_fields(node))
+    unknown = [k for k in found if k not in known] if isinstance(found, Mapping) else []
+    if not unknown:
+        return [*parts, tag], _one_of(tags), "nothing (the key is missing)"
+    key = (difflib.get_close_matches(str(tag), map(str, unknown), n=1, cutoff=0) or unknown)[0]
+    return ([*parts, key], f"the key {tag} ({_one_of(tags)})",
+            f"unknown key {_show(key)} (did you mean {tag}?) = {_show(found[key])}")
 
 
 def _follow_up(error: Any) -> bool:

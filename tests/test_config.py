@@ -444,3 +444,13 @@ def test_shipped_file_edited_on_disk(tmp_path: Path) -> None:
     expected = r"matrix.yaml: cases\[2\].n: expected an integer >= 1, got 0$"
     with pytest.raises(ConfigError, match=expected):
         load_matrix(write(tmp_path, text))
+
+
+def test_library_distributions_are_the_registry_s_versioned_ones() -> None:
+    """``libraries.versions`` may name exactly the distributions whose library
+    implementations run per version (RL-Kernel runs from a source tree)."""
+    from runner.config import LIBRARY_DISTRIBUTIONS
+    from runner.implementations import libraries
+
+    versioned = {impl.distribution for impl in libraries.LIBRARIES} - {"RL-Kernel"}
+    assert set(LIBRARY_DISTRIBUTIONS) == versioned
