@@ -23,7 +23,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -36,6 +36,13 @@ from referencing.jsonschema import DRAFT202012
 
 from runner import files
 from runner.errors import ReportError
+from runner.report_checks import (
+    CELL_ID_RE,
+    comparison_problems,
+    json_problems,
+    ours_problems,
+    path_str,
+)
 
 __all__ = ["SCHEMA_PATH", "SCHEMA_VERSION", "TENSORS", "UPGRADES", "LoadedReport", "PairRow",
            "ReadResult", "iter_pairs", "read_report", "read_reports", "remove_stale_temp_files",
@@ -46,9 +53,6 @@ SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "report.schema.json"
 TENSORS = ("out", "res", "y", "gate")
 """Tensor names in display order: the forward output, then the three gradients."""
 
-CELL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_CASE_DTYPES_RE = re.compile(r"^[0-9]+(?:-specials)?-([a-z0-9]+)-(int[0-9]+)$")
 _MAX_MESSAGE = 240
 _NOT_A_REPORT = (
     "not a report: no schema_version and not the reference layout "
@@ -93,154 +97,9 @@ def _foreign_validator() -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(ref, registry=registry)
 
 
-def _path_str(parts: Iterator[Any] | list[Any] | tuple[Any, ...]) -> str:
-    """``results.numba["vs eager"]["257"].out[0].max_abs``; ``(root)`` for the document."""
-    text = ""
-    for part in parts:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        elif _IDENT_RE.match(str(part)):
-            text += f".{part}" if text else str(part)
-        else:
-            text += f"[{json.dumps(str(part))}]"
-    return text or "(root)"
-
-
 def _one_line(message: str) -> str:
     line = " ".join(message.split())
     return line if len(line) <= _MAX_MESSAGE else line[: _MAX_MESSAGE - 1] + "…"
-
-
-def _json_problems(value: Any, path: tuple[Any, ...] = ()) -> Iterator[str]:
-    """What ``json.dump(allow_nan=False)`` would reject or silently change, with its path."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                yield f"{_path_str(path)}: object key {key!r} is not a string"
-            else:
-                yield from _json_problems(item, (*path, key))
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            yield from _json_problems(item, (*path, i))
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            yield (
-                f"{_path_str(path)}: non-finite number {value!r} "
-                f'(JSON has none; encode infinity as "inf")'
-            )
-    elif value is not None and not isinstance(value, (str, int, bool)):
-        yield f"{_path_str(path)}: {type(value).__name__} is not a JSON type"
-
-
-def _cmp_problems(cmp: Mapping[str, Any], path: tuple[Any, ...]) -> Iterator[str]:
-    """A CMP's counts against each other: ``equal`` against ``differ``, every count against
-    ``numel``, ``max_abs`` of equal bits."""
-    where = _path_str(path)
-    equal, differ, numel = cmp["equal"], cmp["differ"], cmp["numel"]
-    if equal != (differ == 0):
-        yield f"{where}: equal is {equal} but differ is {differ}"
-    if differ > numel:
-        yield f"{where}: differ {differ} exceeds numel {numel}"
-    for key in ("nan_differ", "nan_payload_differ"):
-        if cmp.get(key, 0) > differ:
-            yield f"{where}: {key} {cmp[key]} exceeds differ {differ}"
-    first = cmp.get("first_differ")
-    if first is not None and (equal or first >= numel):
-        yield f"{where}: first_differ {first} with equal {equal} and numel {numel}"
-    if equal and cmp["max_abs"] != 0:
-        yield f"{where}: equal bits but max_abs is {cmp['max_abs']}"
-
-
-_SYMMETRIC = ("equal", "differ", "numel", "max_abs", "max_ulp", "nan_differ",
-              "nan_payload_differ", "first_differ")
-"""CMP figures that do not depend on the direction of the comparison."""
-
-
-def _comparison_tensors(comparison: Mapping[str, Any]) -> Iterator[tuple[tuple[Any, ...], Any]]:
-    """``(path below the case, CMP)`` for every CMP of one ``results[a]["vs b"][case]``."""
-    for i, cmp in enumerate(comparison.get("out", [])):
-        yield ("out", i), cmp
-    for name, cmp in comparison.get("grads", {}).items():
-        yield ("grads", name), cmp
-
-
-def _comparison_problems(report: Mapping[str, Any], cases: set[str]) -> Iterator[str]:
-    """Every ``"vs <x>"`` map (ours and foreign): case keys listed, each CMP consistent, and
-    both directions of a pair (``results[a]["vs b"]``, ``results[b]["vs a"]``) agreeing."""
-    results = report["results"]
-    for impl, entry in results.items():
-        for vs_key, by_case in entry.items():
-            if not vs_key.startswith("vs "):
-                continue
-            if vs_key[3:] == impl or vs_key[3:] not in results:
-                yield (f"{_path_str(('results', impl, vs_key))}: compares with "
-                       f"{'itself' if vs_key[3:] == impl else 'no implementation of the report'}")
-                continue
-            mirror = (results.get(vs_key[3:]) or {}).get(f"vs {impl}") or {}
-            for case, comparison in by_case.items():
-                here = ("results", impl, vs_key, case)
-                if case not in cases:
-                    yield f'{_path_str(here)}: case "{case}" is not listed in cases'
-                other = dict(_comparison_tensors(mirror.get(case) or {}))
-                for sub, cmp in _comparison_tensors(comparison):
-                    yield from _cmp_problems(cmp, (*here, *sub))
-                    back = other.get(sub)
-                    if back is None or impl > vs_key[3:]:
-                        continue  # each pair is compared once, from its first name
-                    for key in _SYMMETRIC:
-                        if key in cmp and key in back and cmp[key] != back[key]:
-                            there = ("results", vs_key[3:], f"vs {impl}", case, *sub)
-                            yield (f"{_path_str((*here, *sub))}: {key} is {cmp[key]} but "
-                                   f"{_path_str(there)} says {back[key]}")
-                            break
-
-
-def _numel_problems(report: Mapping[str, Any]) -> Iterator[str]:
-    """Our reports say N, D and G: each CMP's ``numel`` must be N x D (``out`` and the
-    gradients of ``residual`` and ``y``) or G x D (``gate``)."""
-    problem, inputs = report.get("problem"), report.get("inputs") or {}
-    if not problem:
-        return
-    d, g = problem["D"], problem["G"]
-    for impl, entry in report["results"].items():
-        for vs_key, by_case in entry.items():
-            if not vs_key.startswith("vs "):
-                continue
-            for case, comparison in by_case.items():
-                n = (inputs.get(case) or {}).get("n")
-                if n is None:
-                    continue
-                for sub, cmp in _comparison_tensors(comparison):
-                    want = g * d if sub[-1] == "gate" else n * d
-                    if cmp["numel"] != want:
-                        where = _path_str(("results", impl, vs_key, case, *sub))
-                        rows = "G" if sub[-1] == "gate" else "N"
-                        yield f"{where}: numel is {cmp['numel']}, not {rows} x D = {want}"
-
-
-def _semantic_problems(report: Mapping[str, Any]) -> Iterator[str]:
-    """Rules beyond the schema; only called on a schema-valid report."""
-    cell_id = report["cell"]["id"]
-    if not CELL_ID_RE.fullmatch(cell_id):  # jsonschema's $ lets "x\n" pass
-        yield f"cell.id: expected a name matching {CELL_ID_RE.pattern}, got {cell_id!r}"
-    cases = {str(c) for c in report["cases"]}
-    g = (report.get("problem") or {}).get("G")
-    for key, given in report.get("inputs", {}).items():
-        where = _path_str(("inputs", key))
-        if key not in cases:
-            yield f'{where}: case "{key}" is not listed in cases'
-        counts = given.get("index_counts")
-        if counts is not None and (len(counts) != g if g else False):
-            yield f"{where}.index_counts: {len(counts)} counts for G = {g} gate rows"
-        if counts is not None and sum(counts) != given["n"]:
-            yield f"{where}.index_counts: they sum to {sum(counts)}, not n = {given['n']}"
-        named = _CASE_DTYPES_RE.match(key)
-        if named and any(given.get(k, v) != v for k, v in zip(
-                ("dtype", "index_dtype"), named.groups(), strict=True)):
-            yield (f"{where}: case {key} names {'/'.join(named.groups())} but its inputs are "
-                   f"{given.get('dtype')}/{given.get('index_dtype')}")
-    yield from _numel_problems(report)
-    yield from _comparison_problems(report, cases)
 
 
 def _fast_valid(report: Any) -> bool:
@@ -256,21 +115,27 @@ def _fast_valid(report: Any) -> bool:
 
 def _foreign_semantic_problems(report: Mapping[str, Any]) -> Iterator[str]:
     """The rules beyond the schema that a foreign report's comparisons must keep."""
-    yield from _comparison_problems(report, {str(c) for c in report["cases"]})
+    yield from comparison_problems(report, {str(c) for c in report["cases"]})
 
 
 def _first_problem(
     report: Any, validator: jsonschema.Draft202012Validator,
     semantic: Callable[[Mapping[str, Any]], Iterator[str]] | None = None,
+    json_checked: bool = False,
 ) -> str | None:
-    """One line naming the worst problem and how many others there are, or None."""
-    problems = list(_json_problems(report))
+    """One line naming the worst problem and how many others there are, or None.
+
+    ``json_checked``: the caller knows every value is a finite JSON value (parsed text
+    without a literal that could be NaN or infinite), so the walk of
+    :func:`~runner.report_checks.json_problems` is skipped.
+    """
+    problems = [] if json_checked else list(json_problems(report))
     first, count = (problems[0], len(problems)) if problems else (None, 0)
     if first is None and not (validator is _validator() and _fast_valid(report)):
         errors = list(validator.iter_errors(report))
         if errors:
             worst = best_match(errors)
-            first, count = f"{_path_str(worst.absolute_path)}: {worst.message}", len(errors)
+            first, count = f"{path_str(worst.absolute_path)}: {worst.message}", len(errors)
     if first is None and semantic is not None:
         problems = list(semantic(report))
         first, count = (problems[0], len(problems)) if problems else (None, 0)
@@ -284,11 +149,13 @@ def validate(report: dict[str, Any]) -> None:
     """Check a schema_version 1 report; raise :class:`ReportError` if it is invalid.
 
     Checks the JSON Schema (``runner/schema/report.schema.json``), that every value is
-    a JSON value (string keys, no NaN/Infinity: infinities are written ``"inf"``), that
-    each CMP has ``equal == (differ == 0)`` and ``differ <= numel``, that the case
-    keys of ``inputs`` and ``"vs <x>"`` maps are listed in ``cases``, that a case's
-    ``index_counts`` has G entries summing to its n, and that a case id naming dtypes
-    (``257-float16-int32``) agrees with its inputs' ``dtype`` and ``index_dtype``.
+    a JSON value (string keys, no NaN/Infinity: infinities are written ``"inf"``), and the
+    rules of :func:`runner.report_checks.ours_problems`: the cell id is
+    ``<stack>-<mode>-<target>``, each CMP has ``equal == (differ == 0)``, counts within
+    ``numel`` and ``numel`` = N x D (G x D for ``gate``), the case keys of ``inputs`` and
+    ``"vs <x>"`` maps are listed in ``cases`` and agree with their inputs (n, specials,
+    dtypes), a case's ``index_counts`` has G entries summing to its n, and both directions
+    of a pair agree.
 
     Raises:
         ReportError: one line, ``<path in the document>: <message>``, e.g.
@@ -299,7 +166,12 @@ def validate(report: dict[str, Any]) -> None:
         Traceback (most recent call last):
         ReportError: invalid report: (root): 'kind' is a required property (and 6 more)
     """
-    problem = _first_problem(report, _validator(), semantic=_semantic_problems)
+    _validate(report)
+
+
+def _validate(report: dict[str, Any], json_checked: bool = False) -> None:
+    """:func:`validate`, optionally without the JSON-value walk (see :func:`_first_problem`)."""
+    problem = _first_problem(report, _validator(), ours_problems, json_checked)
     if problem is not None:
         raise ReportError(f"invalid report: {problem}")
 
@@ -453,6 +325,53 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+OUR_KIND = "gate_residual_matrix"
+"""The ``kind`` of every report this runner writes (``runner.cell.KIND``)."""
+_OUR_KEYS = ("cell", "fingerprint")
+"""Top-level keys that only our reports have (the reference layout has neither)."""
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_CONSTANTS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _parse(text: str) -> tuple[Any, bool]:
+    """The JSON value of ``text``, and whether every number in it is finite (then the walk
+    over every value, :func:`~runner.report_checks.json_problems`, has nothing to find:
+    parsed JSON has string keys and JSON types only).
+
+    Raises:
+        json.JSONDecodeError, RecursionError, ValueError: as :func:`json.loads`.
+    """
+    finite = True
+
+    def constant(name: str) -> float:
+        nonlocal finite
+        finite = False
+        return _CONSTANTS[name]
+
+    def number(literal: str) -> float:
+        nonlocal finite
+        value = float(literal)
+        if finite and not math.isfinite(value):  # 1e999
+            finite = False
+        return value
+
+    return json.loads(text, parse_constant=constant, parse_float=number), finite
+
+
+def _ours_without_version(data: Mapping[str, Any]) -> str | None:
+    """The problem of a report of ours that lost its ``schema_version``, or None when
+    ``data`` is not one (its ``kind`` is ours, or it has our ``cell`` and ``fingerprint``):
+    such a file is refused, never read as a foreign report."""
+    if data.get("kind") == OUR_KIND:
+        why = f'kind "{OUR_KIND}"'
+    elif all(key in data for key in _OUR_KEYS):
+        why = "keys cell and fingerprint"
+    else:
+        return None
+    return (f"schema_version: missing from a report of this runner ({why}): refused, not "
+            "read as a foreign report")
+
+
 def _is_foreign_layout(data: Mapping[str, Any]) -> bool:
     results = data.get("results")
     has_vs = isinstance(results, dict) and any(
@@ -511,14 +430,14 @@ def read_report(path: Path) -> LoadedReport:
     except OSError as err:
         return LoadedReport(path, None, None, f"cannot read: {err.strerror or err}")
     try:
-        data = json.loads(text)
+        data, json_checked = _parse(text)
     except json.JSONDecodeError as err:
         return LoadedReport(path, None, None, _decode_problem(text, err))
     except RecursionError:
         return LoadedReport(path, None, None, "corrupt JSON: nested too deeply")
     except ValueError as err:  # e.g. an integer of more digits than Python converts
         return LoadedReport(path, None, None, _one_line(f"corrupt JSON: {err}"))
-    if "\\ud" in text.lower():  # a lone surrogate escape cannot be written out again
+    if _SURROGATE_ESCAPE.search(text):  # a lone surrogate escape cannot be written out again
         try:
             json.dumps(data, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
@@ -532,27 +451,34 @@ def read_report(path: Path) -> LoadedReport:
     if "schema_version" in data:
         try:
             data = upgrade(data)
-            validate(data)
+            _validate(data, json_checked)
         except ReportError as err:
             return LoadedReport(path, None, "ours", str(err))
         return LoadedReport(path, data, "ours")
+    ours = _ours_without_version(data)
+    if ours is not None:
+        return LoadedReport(path, None, "ours", ours)
     if _is_foreign_layout(data):
-        problem = _first_problem(data, _foreign_validator(), _foreign_semantic_problems)
+        problem = _first_problem(data, _foreign_validator(), _foreign_semantic_problems,
+                                 json_checked)
         if problem is not None:
             return LoadedReport(path, None, "foreign", f"unreadable foreign report: {problem}")
         return LoadedReport(path, data, "foreign")
     return LoadedReport(path, None, None, _NOT_A_REPORT)
 
 
-def read_reports(directory: Path) -> list[LoadedReport]:
+def read_reports(directory: Path, skip: Collection[str] = ()) -> list[LoadedReport]:
     """Read every ``*.json`` under ``directory`` (recursively, sorted by path).
 
     Files under a ``bench/`` directory (below ``directory``) are skipped, and so is every
     hidden path (a name starting with ``.``): the temporary files of an interrupted
     :func:`write_text_atomic` and a backend's staging directories are never reports. A bad
     file does not stop the others: it comes back with ``problem`` set. So does a second
-    report of one cell (the same ``cell.id``): the file named ``<cell id>.json``, or else the
-    first by path, is read, and each other is flagged as a duplicate and left out.
+    report of one cell (ours: the same ``cell.id``, the file named ``<cell id>.json`` or else
+    the first by path is read; foreign: everything but ``results`` the same, the first by path
+    is read): each other is flagged as a duplicate and left out. Paths whose
+    :func:`os.path.realpath` is in ``skip`` are not read at all (the tables' own
+    ``summary.json``: a huge one took seconds to parse only to be dropped).
 
     Raises:
         ReportError: ``directory`` is not a directory.
@@ -568,30 +494,42 @@ def read_reports(directory: Path) -> list[LoadedReport]:
         p for p in directory.rglob("*.json")
         if "bench" not in (parts := p.relative_to(directory).parts)[:-1]
         and not any(part.startswith(".") for part in parts)
+        and not (skip and os.path.realpath(p) in skip)
     )
     return _flag_duplicates([read_report(p) for p in paths], directory)
 
 
+def _foreign_identity(data: Mapping[str, Any]) -> str:
+    """What makes a foreign report one cell: everything but its ``results`` (kind, op, the
+    library's commit, environment, cases, any timestamps), as canonical JSON."""
+    return json.dumps({k: v for k, v in data.items() if k != "results"}, sort_keys=True)
+
+
 def _flag_duplicates(reports: list[LoadedReport], directory: Path) -> list[LoadedReport]:
-    """``reports`` with every second report of a cell id turned into a problem naming the
-    one kept (relative to ``directory``)."""
-    by_id: dict[str, list[int]] = {}
+    """``reports`` with every second report of a cell turned into a problem naming the one
+    kept (relative to ``directory``). Ours are one cell by ``cell.id`` (the file named
+    ``<cell id>.json`` is kept, else the first by path); foreign ones by
+    :func:`_foreign_identity` (the first by path is kept)."""
+    by_id: dict[tuple[str, str], list[int]] = {}
     for i, r in enumerate(reports):
         if r.ok and r.origin == "ours":
-            by_id.setdefault(str(r.data["cell"]["id"]), []).append(i)
+            by_id.setdefault(("ours", str(r.data["cell"]["id"])), []).append(i)
+        elif r.ok:
+            by_id.setdefault(("foreign", _foreign_identity(r.data)), []).append(i)
     out = list(reports)
-    for cell_id, indices in by_id.items():
+    for (origin, cell_id), indices in by_id.items():
         if len(indices) < 2:
             continue
         named = [i for i in indices if reports[i].path.name == f"{cell_id}.json"]
         kept = (named or indices)[0]
+        there = reports[kept].path.relative_to(directory).as_posix()
+        problem = (f'duplicate cell id "{cell_id}": {there} is that cell\'s report; this one '
+                   "is left out") if origin == "ours" else (
+                   f"duplicate foreign report: {there} is the same cell (all but its results "
+                   "equal); this one is left out")
         for i in indices:
             if i != kept:
-                out[i] = LoadedReport(
-                    reports[i].path, None, "ours",
-                    f'duplicate cell id "{cell_id}": '
-                    f"{reports[kept].path.relative_to(directory).as_posix()} is that cell's "
-                    f"report; this one is left out")
+                out[i] = LoadedReport(reports[i].path, None, reports[i].origin, problem)
     return out
 
 
@@ -609,8 +547,10 @@ class PairRow(NamedTuple):
 
 
 def _ordered_cases(data: Mapping[str, Any], keys: list[str]) -> list[str]:
+    """``keys`` in the order of ``data["cases"]``, then the unlisted ones (sets: linear)."""
     listed = [str(c) for c in data.get("cases", [])]
-    return [c for c in listed if c in keys] + [k for k in keys if k not in listed]
+    present, known = set(keys), set(listed)
+    return [c for c in listed if c in present] + [k for k in keys if k not in known]
 
 
 def iter_pairs(data: Mapping[str, Any]) -> Iterator[PairRow]:

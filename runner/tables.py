@@ -322,7 +322,7 @@ def write_tables(reports_dir: Path, out: Path | None = None, *, filters: Filters
     # this tool's outputs, next to ``out`` and in the reports directory, are never reports
     ours = {os.path.realpath(d / name) for d in (out.parent, reports_dir) for name in OUTPUTS}
     # realpath, not Path.resolve: a symlink loop named *.json is a bad file, not a crash
-    reports = [r for r in read_reports(reports_dir) if os.path.realpath(r.path) not in ours]
+    reports = read_reports(reports_dir, skip=ours)
     tables = build_tables(reports, relative_to=out.parent, filters=filters, ab=ab,
                           bench_dir=reports_dir / "bench",
                           head=current_commit() if head is True else head or None)

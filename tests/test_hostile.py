@@ -87,12 +87,39 @@ BROKEN_OURS = {
     # Python's re.search lets "$" match before a final newline (jsonschema's pattern check)
     "cell id with a trailing newline": (lambda d: d["cell"].update(id="host-plain-cuda\n"),
                                         "cell.id: expected a name matching"),
+    # issue 16's last gaps: the cell id names its stack, mode and target
+    "cell id of another cell": (lambda d: d["cell"].update(id="host-plain-cpu"),
+                                'cell.id: expected <stack>-<mode>-<target> = '
+                                '"host-plain-cuda", got "host-plain-cpu"'),
+    # numel against N x D with N from the case id, with or without the case's inputs
+    "numel not N x D, no inputs": (
+        lambda d: (d["inputs"].pop("257"), _cmp(d, tensor="out").update(numel=5)),
+        'results.numba["vs eager"]["257"].out[0]: numel is 5, not N x D = 2056'),
+    "n, counts and numel of another N": (
+        lambda d: _resize_case(d, "257", 256),
+        'inputs["257"].n: the case id says N = 257, the inputs say n = 256'),
+    "specials not as the case id says": (
+        lambda d: d["inputs"]["257"].update(specials=True),
+        'inputs["257"].specials: the case id says False, the inputs say True'),
     # the two directions of one pair
     "directions disagree": (
         lambda d: _cmp(d, "eager", "numba").update(equal=False, differ=2, max_abs=0.5),
         'results.eager["vs numba"]["257"].grads.gate: equal is False but '
         'results.numba["vs eager"]["257"].grads.gate says True'),
 }
+
+
+def _resize_case(doc: dict[str, Any], case: str, n: int) -> None:
+    """Case ``case`` made consistent for N = ``n`` everywhere but in its id: inputs' n and
+    index_counts, and every N x D numel (the old check read N from inputs[case].n alone)."""
+    g, d = doc["problem"]["G"], doc["problem"]["D"]
+    doc["inputs"][case].update(n=n, index_counts=[n // g + (i < n % g) for i in range(g)])
+    for entry in doc["results"].values():
+        for key, by_case in entry.items():
+            if key.startswith("vs ") and case in by_case:
+                for cmp in [*by_case[case]["out"], *(
+                        c for name, c in by_case[case]["grads"].items() if name != "gate")]:
+                    cmp["numel"] = n * d
 
 
 def _broken(tmp_path: Path, doc: dict[str, Any], change) -> Any:
@@ -165,6 +192,45 @@ def test_duplicate_cell_ids_keep_the_file_named_after_the_cell(tmp_path: Path) -
                                         " is that cell's report; this one is left out")
 
 
+def test_our_report_without_schema_version_is_flagged_not_read_as_foreign(
+        tmp_path: Path) -> None:
+    """It used to be read as a foreign report: no N x D check, no cell id, a row anyway."""
+    for name, change in (("kind", lambda d: None),
+                         ("cell and fingerprint", lambda d: d.update(kind="renamed"))):
+        doc = _good()
+        del doc["schema_version"]
+        change(doc)
+        loaded = _broken(tmp_path, doc, lambda d: None)
+        assert loaded.origin == "ours", name
+        assert loaded.problem.startswith("schema_version: missing from a report of this "
+                                         "runner"), loaded.problem
+        assert name in loaded.problem and "not read as a foreign report" in loaded.problem
+    assert report_mod.OUR_KIND == __import__("runner.cell").cell.KIND
+
+
+def test_duplicate_foreign_reports_keep_the_first_and_flag_the_rest(tmp_path: Path) -> None:
+    """Two copies of the reference report used to render as two identical rows."""
+    (tmp_path / "reference").mkdir()
+    (tmp_path / "reference" / REFERENCE.name).write_text(REFERENCE.read_text())
+    (tmp_path / "zz-copy.json").write_text(REFERENCE.read_text())
+    other = _reference()
+    other["environment"]["cuda"] = "12.9"  # another run: kept
+    (tmp_path / "cu129.json").write_text(json.dumps(other))
+    (tmp_path / "host-plain-cuda.json").write_text(GOOD.read_text())
+    problems = {r.path.relative_to(tmp_path).as_posix(): r.problem
+                for r in read_reports(tmp_path)}
+    assert problems == {
+        "cu129.json": None, "host-plain-cuda.json": None, "reference/gate_residual_b200.json": None,
+        "zz-copy.json": "duplicate foreign report: reference/gate_residual_b200.json is the same "
+                        "cell (all but its results equal); this one is left out"}
+    done = _report_cli(tmp_path)
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
+    assert [line for line in done.stderr.splitlines() if line.startswith("warning: ")] == [
+        f"warning: {tmp_path / 'zz-copy.json'}: {problems['zz-copy.json']}"]
+    assert "3 cell reports: 1 ours (1 ok), 2 foreign; 1 unreadable file." in (
+        tmp_path / "README.md").read_text()
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_symlink_loop_fifo_and_directory_named_json(tmp_path: Path) -> None:
     (tmp_path / "loop.json").symlink_to("loop.json")
@@ -194,7 +260,8 @@ def test_report_command_writes_tables_beside_every_bad_file(tmp_path: Path) -> N
         doc = _good()
         change(doc)
         if doc["cell"]["id"] == "host-plain-cuda":  # not a duplicate: its own problem
-            doc["cell"]["id"] = "x" + str(abs(hash(name)))
+            stack = "x" + str(abs(hash(name)))
+            doc["cell"].update(id=f"{stack}-plain-cuda", stack=stack)
         (tmp_path / f"bad-{len(name)}-{name[:5].replace(' ', '_')}.json").write_text(
             json.dumps(doc))
     (tmp_path / "loop.json").symlink_to("loop.json")
@@ -225,13 +292,18 @@ MATRIX = (ROOT / "matrix.yaml").read_text(encoding="utf-8")
 
 def _matrix_error(tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str],
                   *extra: str) -> str:
-    """Run ``matrix`` on ``text``: exit 2, one line, nothing written; returns the line."""
+    """Run ``matrix`` on ``text``: exit 2, one line, nothing written; returns the line.
+    A matrix that is accepted fails the test without running any cell."""
+    from unittest import mock
+
     from runner.__main__ import main
 
     path = tmp_path / "matrix.yaml"
     path.write_text(text, encoding="utf-8")
     reports = tmp_path / "reports"
-    assert main(["matrix", "--matrix", str(path), "--reports", str(reports), *extra]) == 2
+    with mock.patch("runner.run.prepare_stacks", side_effect=AssertionError("matrix accepted")):
+        code = main(["matrix", "--matrix", str(path), "--reports", str(reports), *extra])
+    assert code == 2, capsys.readouterr().err
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and "matrix.yaml: " in err, err
     assert "Traceback" not in err and not reports.exists()
@@ -276,6 +348,19 @@ SIZES = {
         '.base_image: expected an image "name:tag"'),
     "misspelled required key": (_replace("baseline:", "baselin:"),
                                 'got unknown key "baselin" (did you mean baseline?)'),
+    # issue 16's last gaps: libraries.versions keys, a stack's kind misspelled
+    "libraries.versions unknown distribution": (
+        _replace('  vllm-omni: ["0.28.0"', '  vllm_omni: ["0.28.0"'),
+        'libraries.versions.vllm_omni: expected a distribution with versioned library '
+        'implementations (one of sglang, vllm-omni), got unknown key "vllm_omni" (did you mean '
+        'vllm-omni?)'),
+    "stack kind key misspelled": (
+        _replace("host: {kind: host}", "host: {kid: host}"),
+        'stacks.host.kid: expected the key kind (one of host, docker), got unknown key "kid" '
+        '(did you mean kind?) = "host"'),
+    "stack kind value misspelled": (
+        _replace("host: {kind: host}", "host: {kind: hots}"),
+        'stacks.host.kind: expected one of host, docker, got "hots" (did you mean host?)'),
 }
 
 
@@ -343,8 +428,10 @@ def _hostile_tables(tmp_path: Path):
     from runner.tables import build_tables
 
     doc = _good()
-    doc["cell"]["stack"] = HOSTILE_TEXT  # the schema asks only for a non-empty string
-    doc["cell"]["mode"] = "=HYPERLINK(\"http://x\",\"y\")"
+    # free text the schema asks only to be a non-empty string (stack and mode make the
+    # cell id, which must be a name: they cannot carry markup)
+    doc["environment"]["gpu"] = HOSTILE_TEXT
+    doc["op"] = "=HYPERLINK(\"http://x\",\"y\")"
     doc["status"], doc["reason"] = "error", HOSTILE_TEXT
     (tmp_path / "host-plain-cuda.json").write_text(json.dumps(doc))
     reference = _reference()
@@ -366,7 +453,7 @@ def test_html_data_block_cannot_end_or_comment_out_the_script(tmp_path: Path) ->
     assert block is not None
     data = block.group(1)
     assert "<" not in data and ">" not in data and "&" not in data
-    assert HOSTILE_TEXT in {c["stack"] for c in json.loads(data)["cells"]}
+    assert HOSTILE_TEXT in {c["gpu"] for c in json.loads(data)["cells"]}
     assert "<img" not in page and "<!--<script>" not in page
 
 
@@ -396,8 +483,8 @@ def test_csv_formula_prefixes_are_quoted(tmp_path: Path) -> None:
     from runner.summary import render_csv
 
     rows = list(csv.DictReader(io.StringIO(render_csv(_hostile_tables(tmp_path)))))
-    modes = {r["mode"] for r in rows if r["cell"] == "host-plain-cuda"}
-    assert modes == {"'=HYPERLINK(\"http://x\",\"y\")"}
+    ops = {r["op"] for r in rows if r["cell"] == "host-plain-cuda"}
+    assert ops == {"'=HYPERLINK(\"http://x\",\"y\")"}
     for row in rows:
         for value in row.values():
             assert not value.startswith(("=", "+", "@", "\t", "\r")), value

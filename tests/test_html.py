@@ -9,6 +9,7 @@ and copied to ``artifacts/`` (git-ignored).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -38,9 +39,14 @@ def page_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (reports / "reference").mkdir()
     shutil.copy(REFERENCE, reports / "reference" / REFERENCE.name)
     (reports / "h200").mkdir()
-    text = H200.read_text(encoding="utf-8").replace('"id": "host-plain-cuda"',
-                                                    '"id": "h200-plain-cuda"', 1)
-    (reports / "h200" / "host-plain-cuda-h200.json").write_text(text, encoding="utf-8")
+    h200 = json.loads(H200.read_text(encoding="utf-8"))
+    h200["cell"].update(id="h200-plain-cuda", stack="h200")  # the id is <stack>-<mode>-<target>
+    (reports / "h200" / "h200-plain-cuda.json").write_text(json.dumps(h200), encoding="utf-8")
+    # the reference run again under another CUDA: not a duplicate, and the same column
+    again = json.loads(REFERENCE.read_text(encoding="utf-8"))
+    again["environment"]["cuda"] = "12.9"
+    (reports / "reference-cu129").mkdir()
+    (reports / "reference-cu129" / REFERENCE.name).write_text(json.dumps(again), "utf-8")
     write_tables(reports)
     return reports / "index.html"
 
@@ -85,7 +91,7 @@ def test_headline_has_a_column_per_gpu_stack_mode_and_links_to_cell_pages(html: 
     assert '<span class="gpu">NVIDIA B200</span>' in head
     assert '<span class="gpu">NVIDIA H200</span><br>host (torch 2.11.0)<br>' in head
     assert '<a href="cells/host-compile-cpu.md">' in head
-    # host-plain-cuda and its copy h200-plain-cuda share GPU x stack x mode: one column
+    # the two B200 reference runs share GPU x stack x mode: one column, linked to the list
     assert '<a href="cells/README.md">' in head
     assert 'data-pair="numba vs eager"' in head
     assert "⚠ dirty" in head  # the H200 report was made from a dirty tree
@@ -215,5 +221,5 @@ def test_filters_take_what_people_type(browser: Any, page_path: Path, tmp_path: 
     page.screenshot(tmp_path, "index-filtered.png")
     page.click("#reset")
     assert columns() == everything
-    assert page.text("#shown") == "7 of 7 cells shown"
+    assert page.text("#shown") == "8 of 8 cells shown"
     assert page.messages == []

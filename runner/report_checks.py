@@ -1,0 +1,213 @@
+"""The rules a report must keep beyond its JSON Schema (issue 16), one line per broken rule.
+
+:mod:`runner.report` runs these after the schema (``runner/schema/report.schema.json``) has
+accepted a report, so every value here has the type the schema gives it:
+
+* :func:`json_problems`: what ``json.dump(allow_nan=False)`` would reject or change;
+* :func:`ours_problems`: our reports (``schema_version``): the cell id is
+  ``<stack>-<mode>-<target>``; ``inputs`` per case agree with the case id (N, specials,
+  dtypes) and with G; every CMP's ``numel`` is the case's tensor size, N x D for ``out``,
+  ``res`` and ``y`` and G x D for ``gate``, N read from the case id (``"257-specials"``: 257);
+  and :func:`comparison_problems`;
+* :func:`comparison_problems` (ours and foreign): every ``"vs <x>"`` map names another
+  implementation of the report, its case keys are listed in ``cases``, each CMP is consistent
+  (``equal`` against ``differ``, every count against ``numel``, ``max_abs`` of equal bits),
+  and the two directions of a pair agree.
+
+Each function yields ``<path in the document>: <what is wrong>``; the path is built only for
+a problem (a report of 20,000 cases holds 180,000 CMPs). No module of the runner is imported:
+:mod:`runner.report` imports this one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+__all__ = ["CELL_ID_RE", "comparison_problems", "json_problems", "ours_problems", "path_str"]
+
+CELL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CASE_RE = re.compile(r"^([0-9]+)(-specials)?(?:-([a-z0-9]+)-(int[0-9]+))?$")
+_SYMMETRIC = ("equal", "differ", "numel", "max_abs", "max_ulp", "nan_differ",
+              "nan_payload_differ", "first_differ")
+"""CMP figures that do not depend on the direction of the comparison."""
+
+
+def path_str(parts: Iterator[Any] | list[Any] | tuple[Any, ...]) -> str:
+    """``results.numba["vs eager"]["257"].out[0].max_abs``; ``(root)`` for the document."""
+    text = ""
+    for part in parts:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif _IDENT_RE.match(str(part)):
+            text += f".{part}" if text else str(part)
+        else:
+            text += f"[{json.dumps(str(part))}]"
+    return text or "(root)"
+
+
+def json_problems(value: Any, path: tuple[Any, ...] = ()) -> Iterator[str]:
+    """What ``json.dump(allow_nan=False)`` would reject or silently change, with its path."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                yield f"{path_str(path)}: object key {key!r} is not a string"
+            else:
+                yield from json_problems(item, (*path, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from json_problems(item, (*path, i))
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            yield (
+                f"{path_str(path)}: non-finite number {value!r} "
+                f'(JSON has none; encode infinity as "inf")'
+            )
+    elif value is not None and not isinstance(value, (str, int, bool)):
+        yield f"{path_str(path)}: {type(value).__name__} is not a JSON type"
+
+
+def _cmp_problems(cmp: Mapping[str, Any], path: tuple[Any, ...]) -> Iterator[str]:
+    """A CMP's counts against each other: ``equal`` against ``differ``, every count against
+    ``numel``, ``max_abs`` of equal bits."""
+    equal, differ, numel = cmp["equal"], cmp["differ"], cmp["numel"]
+    first = cmp.get("first_differ")
+    if (equal == (differ == 0) and differ <= numel and cmp.get("nan_differ", 0) <= differ
+            and cmp.get("nan_payload_differ", 0) <= differ
+            and (first is None or (not equal and first < numel))
+            and not (equal and cmp["max_abs"] != 0)):
+        return  # the common case, without building the path
+    where = path_str(path)
+    if equal != (differ == 0):
+        yield f"{where}: equal is {equal} but differ is {differ}"
+    if differ > numel:
+        yield f"{where}: differ {differ} exceeds numel {numel}"
+    for key in ("nan_differ", "nan_payload_differ"):
+        if cmp.get(key, 0) > differ:
+            yield f"{where}: {key} {cmp[key]} exceeds differ {differ}"
+    if first is not None and (equal or first >= numel):
+        yield f"{where}: first_differ {first} with equal {equal} and numel {numel}"
+    if equal and cmp["max_abs"] != 0:
+        yield f"{where}: equal bits but max_abs is {cmp['max_abs']}"
+
+
+def _comparison_tensors(comparison: Mapping[str, Any]) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """``(path below the case, CMP)`` for every CMP of one ``results[a]["vs b"][case]``."""
+    for i, cmp in enumerate(comparison.get("out", [])):
+        yield ("out", i), cmp
+    for name, cmp in comparison.get("grads", {}).items():
+        yield ("grads", name), cmp
+
+
+def comparison_problems(report: Mapping[str, Any], cases: set[str]) -> Iterator[str]:
+    """Every ``"vs <x>"`` map (ours and foreign): case keys listed, each CMP consistent, and
+    both directions of a pair (``results[a]["vs b"]``, ``results[b]["vs a"]``) agreeing."""
+    results = report["results"]
+    for impl, entry in results.items():
+        for vs_key, by_case in entry.items():
+            if not vs_key.startswith("vs "):
+                continue
+            if vs_key[3:] == impl or vs_key[3:] not in results:
+                yield (f"{path_str(('results', impl, vs_key))}: compares with "
+                       f"{'itself' if vs_key[3:] == impl else 'no implementation of the report'}")
+                continue
+            mirror = (results.get(vs_key[3:]) or {}).get(f"vs {impl}") or {}
+            first_name = impl < vs_key[3:]  # each pair is compared once, from its first name
+            for case, comparison in by_case.items():
+                here = ("results", impl, vs_key, case)
+                if case not in cases:
+                    yield f'{path_str(here)}: case "{case}" is not listed in cases'
+                back_case = mirror.get(case) if first_name else None
+                other = dict(_comparison_tensors(back_case)) if back_case else {}
+                for sub, cmp in _comparison_tensors(comparison):
+                    yield from _cmp_problems(cmp, (*here, *sub))
+                    back = other.get(sub)
+                    if back is None:
+                        continue
+                    for key in _SYMMETRIC:
+                        if key in cmp and key in back and cmp[key] != back[key]:
+                            there = ("results", vs_key[3:], f"vs {impl}", case, *sub)
+                            yield (f"{path_str((*here, *sub))}: {key} is {cmp[key]} but "
+                                   f"{path_str(there)} says {back[key]}")
+                            break
+
+
+def _case_rows(case: str) -> tuple[int, bool] | None:
+    """N and whether specials are planted, as a case id says (``"257-specials"``: 257)."""
+    m = _CASE_RE.match(case)
+    return None if m is None else (int(m.group(1)), bool(m.group(2)))
+
+
+def _numel_problems(report: Mapping[str, Any]) -> Iterator[str]:
+    """Each CMP's ``numel`` is its tensor's size in that case: N x D (``out`` and the
+    gradients of ``residual`` and ``y``) or G x D (``gate``), N from the case id. A report
+    without ``problem`` (one that failed before it was known) has no sizes to check."""
+    problem = report.get("problem")
+    if not problem:
+        return
+    d, g = problem["D"], problem["G"]
+    for impl, entry in report["results"].items():
+        for vs_key, by_case in entry.items():
+            if not vs_key.startswith("vs "):
+                continue
+            for case, comparison in by_case.items():
+                rows = _case_rows(case)
+                if rows is None:
+                    continue  # the schema's case_key pattern makes this unreachable
+                for sub, cmp in _comparison_tensors(comparison):
+                    want = g * d if sub[-1] == "gate" else rows[0] * d
+                    if cmp["numel"] != want:
+                        where = path_str(("results", impl, vs_key, case, *sub))
+                        shape = "G x D" if sub[-1] == "gate" else "N x D"
+                        yield (f"{where}: numel is {cmp['numel']}, not {shape} = {want} "
+                               f"(N = {rows[0]}, D = {d}, G = {g})")
+
+
+def _inputs_problems(report: Mapping[str, Any], cases: set[str]) -> Iterator[str]:
+    """``inputs[case]``: listed in ``cases``; ``n`` and ``specials`` as the case id says;
+    ``index_counts`` G counts summing to n; dtypes as a case id naming them says."""
+    g = (report.get("problem") or {}).get("G")
+    for key, given in report.get("inputs", {}).items():
+        where = path_str(("inputs", key))
+        if key not in cases:
+            yield f'{where}: case "{key}" is not listed in cases'
+        named = _CASE_RE.match(key)
+        if named is None:
+            continue  # the schema's case_key pattern makes this unreachable
+        n, specials = int(named.group(1)), bool(named.group(2))
+        if given["n"] != n:
+            yield f"{where}.n: the case id says N = {n}, the inputs say n = {given['n']}"
+        if given["specials"] != specials:
+            yield (f"{where}.specials: the case id says {specials}, "
+                   f"the inputs say {given['specials']}")
+        counts = given.get("index_counts")
+        if counts is not None and g is not None and len(counts) != g:
+            yield f"{where}.index_counts: {len(counts)} counts for G = {g} gate rows"
+        if counts is not None and sum(counts) != given["n"]:
+            yield f"{where}.index_counts: they sum to {sum(counts)}, not n = {given['n']}"
+        dtypes = named.group(3, 4)
+        if dtypes[0] and any(given.get(k, v) != v for k, v in zip(
+                ("dtype", "index_dtype"), dtypes, strict=True)):
+            yield (f"{where}: case {key} names {'/'.join(dtypes)} but its inputs are "
+                   f"{given.get('dtype')}/{given.get('index_dtype')}")
+
+
+def ours_problems(report: Mapping[str, Any]) -> Iterator[str]:
+    """Every rule beyond the schema that our report (``schema_version``) must keep; only
+    called on a schema-valid report."""
+    cell = report["cell"]
+    cell_id = cell["id"]
+    if not CELL_ID_RE.fullmatch(cell_id):  # jsonschema's $ lets "x\n" pass
+        yield f"cell.id: expected a name matching {CELL_ID_RE.pattern}, got {cell_id!r}"
+    made = f"{cell['stack']}-{cell['mode']}-{cell['target']}"
+    if cell_id != made:
+        yield (f"cell.id: expected <stack>-<mode>-<target> = {json.dumps(made)}, "
+               f"got {json.dumps(cell_id)}")
+    cases = {str(c) for c in report["cases"]}
+    yield from _inputs_problems(report, cases)
+    yield from _numel_problems(report)
+    yield from comparison_problems(report, cases)
