@@ -380,8 +380,9 @@ def _first_line(err: BaseException) -> str:
 
 
 def _no_sigterm_note(record: logging.LogRecord) -> bool:
-    """Drop Ray's "SIGTERM handler is not set" (Ray Client connects in a thread of its own;
-    the command line's handlers are kept anyway, see :data:`_SIGNALS`)."""
+    """Drop Ray's "SIGTERM handler is not set" (Ray Client's server connects in a thread of
+    its own, and at level WARNING streams that line back; the command line's handlers are
+    kept anyway, see :data:`_SIGNALS`)."""
     return not str(record.msg).startswith("SIGTERM handler is not set")
 
 
@@ -407,7 +408,8 @@ def connect(address: str, *, gpu_model: str | None = None, retries: int = DEFAUL
     try:
         for attempt in range(CONNECT_TRIES):
             try:
-                ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+                ray.init(address=address, log_to_driver=False, logging_level=(
+                    logging.ERROR if address.startswith("ray://") else logging.WARNING))
                 break
             except ConnectionError as err:  # Ray Client: its server side failed to start
                 if attempt + 1 == CONNECT_TRIES or not address.startswith("ray://"):
