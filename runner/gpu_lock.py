@@ -45,13 +45,19 @@ def path() -> str | None:
     return os.environ.get(ENV) or None
 
 
+_opening = threading.Lock()
+
+
 def _fds(lock_path: str) -> tuple[int, int]:
-    """(main, turnstile) descriptors of ``lock_path``, opened once per process."""
-    if lock_path not in _FILES:
-        main = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
-        turnstile = os.open(lock_path + ".turnstile", os.O_RDWR | os.O_CREAT, 0o666)
-        _FILES[lock_path] = (main, turnstile)
-    return _FILES[lock_path]
+    """(main, turnstile) descriptors of ``lock_path``, opened once per process, whichever
+    thread asks first: flock(2) locks belong to an open file description, so two threads
+    with descriptors of their own would wait for each other."""
+    with _opening:
+        if lock_path not in _FILES:
+            main = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+            turnstile = os.open(lock_path + ".turnstile", os.O_RDWR | os.O_CREAT, 0o666)
+            _FILES[lock_path] = (main, turnstile)
+        return _FILES[lock_path]
 
 
 _mutex = threading.Lock()

@@ -99,12 +99,26 @@ def test_a_killed_holder_releases_the_lock(tmp_path):
 def test_threads_share_one_process_lock_and_exclusive_is_refused_inside_shared(monkeypatch,
                                                                               tmp_path):
     monkeypatch.setenv(gpu_lock.ENV, str(tmp_path / "gpu.lock"))
+    # threads racing to open the lock file first get the one pair of descriptors (two pairs
+    # would be two flock owners in one process: a CI run hung on that)
+    start = threading.Barrier(8, timeout=10)
+    seen = []
+
+    def opener():
+        start.wait()
+        seen.append(gpu_lock._fds(gpu_lock.path()))
+
+    openers = [threading.Thread(target=opener) for _ in range(8)]
+    for t in openers:
+        t.start()
+    for t in openers:
+        t.join(timeout=10)
+    assert len(seen) == 8 and len(set(seen)) == 1
     inside = threading.Barrier(2, timeout=10)
 
     def worker():
         with gpu_lock.shared():
             inside.wait()
-            time.sleep(0.2)
 
     t = threading.Thread(target=worker)
     t.start()
@@ -113,7 +127,8 @@ def test_threads_share_one_process_lock_and_exclusive_is_refused_inside_shared(m
         with pytest.raises(RuntimeError, match="inside shared"):
             with gpu_lock.exclusive():
                 pass
-    t.join(timeout=10)
+        t.join(timeout=10)  # the worker leaves first: this thread releases the file lock
+    assert not t.is_alive()
     with gpu_lock.exclusive():  # and the process can still take it alone afterwards
         pass
 
