@@ -197,17 +197,21 @@ def synthetic(cases: dict[str, dict], repeatable: dict[str, dict[str, dict]]) ->
     data = json.loads(H200.read_text())
     data = copy.deepcopy(data)
     data["cases"] = [int(c) if c.isdigit() else c for c in cases]
-    # every CMP has numel 8: one row of D = 8, one gate row (validate checks N x D, G x D)
+    # D = 8 and one gate row: gate's numel is 8, the others' N x 8 with N from the case id
+    # (validate checks N x D and G x D)
     data["problem"].update(D=8, G=1)
     one_row = {k: v for k, v in data["inputs"]["257"].items() if k != "index_counts"}
-    data["inputs"] = {c: {**one_row, "n": 1} for c in cases}
+    rows = {c: int(c.split("-")[0]) for c in cases}
+    data["inputs"] = {c: {**one_row, "n": rows[c], "specials": "specials" in c} for c in cases}
     for impl in ("numba", "eager"):
         entry = data["results"][impl]
         for key in ("sha256", "accuracy", "timings", "mutated_inputs"):
             entry.pop(key, None)
         entry["repeatable"] = repeatable[impl]
+    sized = {c: {k: v if k == "gate" else {**v, "numel": rows[c] * 8} for k, v in t.items()}
+             for c, t in cases.items()}
     layout = {c: {"out": [t["out"]], **({"grads": {k: v for k, v in t.items() if k != "out"}}
-                                        if len(t) > 1 else {})} for c, t in cases.items()}
+                                        if len(t) > 1 else {})} for c, t in sized.items()}
     data["results"]["numba"]["vs eager"] = layout
     data["results"]["eager"]["vs numba"] = layout
     del data["results"]["fp64"]
