@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from runner.errors import SelectionError
@@ -182,9 +183,35 @@ class Cell:
     def environment(self) -> dict[str, Any]:
         return self.data.get("environment") or {}
 
-    @property
-    def cases(self) -> list[str]:
-        return [str(c) for c in self.data.get("cases", [])]
+    @cached_property
+    def cases(self) -> tuple[str, ...]:
+        """The report's case ids as strings, in its order (computed once: a report may list
+        20,000 cases and the tables ask for them per implementation and pair)."""
+        return tuple(str(c) for c in self.data.get("cases", []))
+
+    @cached_property
+    def case_set(self) -> frozenset[str]:
+        """:attr:`cases` as a set, for membership tests."""
+        return frozenset(self.cases)
+
+    @cached_property
+    def memo(self) -> dict[Any, Any]:
+        """Facts the tables derive from this report once per cell and reuse (a case's
+        dtypes: :func:`runner.table_cases.case_dtypes`); empty at first."""
+        return {}
+
+    def in_order(self, keys: Iterable[str]) -> list[str]:
+        """``keys`` (case ids of some per-case map) in the report's case order, then those
+        it does not list in their own order; linear in the cases and keys.
+
+        Example:
+            >>> cell.in_order(["4097", "9", "1"])   # cases [1, 257, 4097]
+            ['1', '4097', '9']
+        """
+        keys = list(dict.fromkeys(keys))
+        present = set(keys)
+        listed = self.case_set
+        return [c for c in self.cases if c in present] + [k for k in keys if k not in listed]
 
     @property
     def problem_key(self) -> tuple[Any, ...] | None:

@@ -38,13 +38,16 @@ from runner.table_stats import ITEMSIZE, moved_bytes
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["FLOOR", "render_plots"]
+__all__ = ["FLOOR", "MAX_MARKERS", "render_plots"]
 
 FLOOR = 1e-2
 """Where an error of 0 ULP is drawn on the log scale."""
 _TENSOR_TITLES = {"out": "out", "res": "grad_residual", "y": "grad_y", "gate": "grad_gate"}
 _CASE_N = re.compile(r"^([0-9]+)(?:-(?:bfloat16|float16|float32)-int(?:32|64))?$")
 _MAX_TICKS = 60
+MAX_MARKERS = 200
+"""A series of more points is drawn as a line without a marker per point: 20,000 markers
+per line took 3 s to draw into an SVG of megabytes, and overlap into a smear anyway."""
 _SLUG = re.compile(r"[^a-z0-9]+")
 
 
@@ -125,7 +128,8 @@ def _accuracy_figure(gpu: str, by_tensor: dict[str, dict[str, dict[int, float]]]
             if not series:
                 continue
             xs = sorted(series)
-            ax.plot(xs, [series[x] for x in xs], marker="o", markersize=3, linewidth=1,
+            marker = "o" if len(xs) <= MAX_MARKERS else None  # a line alone past that
+            ax.plot(xs, [series[x] for x in xs], marker=marker, markersize=3, linewidth=1,
                     color=f"C{n % 10}", linestyle=("-", "--", ":", "-.")[n // 10 % 4],
                     label=impl)
         ax.set_xscale("log")

@@ -19,6 +19,7 @@ import csv
 import io
 import json
 from collections.abc import Iterator
+from json.encoder import encode_basestring as _string
 from typing import TYPE_CHECKING, Any
 
 from runner.aggregate import Cell
@@ -131,13 +132,100 @@ def render_csv(tables: Tables) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(COLUMNS)
-    for row in summary_rows(tables):
-        writer.writerow([_csv_value(row[k]) for k in COLUMNS])
+    prefixes, words = _FORMULA_PREFIXES, {True: "true", False: "false"}
+    # _csv_value inlined: a call per value was a tenth of the time for 7.7 million values
+    writer.writerows([("" if v is None else words[v] if v is True or v is False else
+                       "'" + v if isinstance(v, str) and v.startswith(prefixes) else v)
+                      for v in map(row.__getitem__, COLUMNS)] for row in summary_rows(tables))
     return buffer.getvalue()
 
 
 def _groups(row: AcrossRow, labels: list[str]) -> list[dict[str, Any]]:
     return [{"sha256": sha, "cells": [labels[i] for i in members]} for sha, members in row.groups]
+
+
+_SCALARS = {None: "null", True: "true", False: "false"}
+
+
+def _float(value: float) -> str:
+    """A float as :mod:`json` writes it (``allow_nan=True``: NaN, Infinity)."""
+    if value != value:
+        return "NaN"
+    if value in (_INF, -_INF):
+        return "Infinity" if value > 0 else "-Infinity"
+    return float.__repr__(value)
+
+
+_INF = float("inf")
+
+
+def _key(key: Any) -> str:
+    """A non-string dict key as :mod:`json` turns it into one."""
+    if isinstance(key, float):
+        return _float(key)
+    if key is None or key is True or key is False:
+        return _SCALARS[key]
+    if isinstance(key, int):
+        return int.__repr__(key)
+    raise TypeError(f"keys must be str, int, float, bool or None, not {type(key).__name__}")
+
+
+def _emit(value: Any, newline: str, out: list[str]) -> None:
+    """Append ``value`` as ``json.dumps(value, indent=1, ensure_ascii=False)`` writes it
+    below an indentation of ``newline`` (``"\n"`` plus one space per level)."""
+    if isinstance(value, str):
+        out.append(_string(value))
+    elif value is None or value is True or value is False:
+        out.append(_SCALARS[value])
+    elif isinstance(value, int):
+        out.append(int.__repr__(value))
+    elif isinstance(value, float):
+        out.append(_float(value))
+    elif isinstance(value, dict):
+        if not value:
+            out.append("{}")
+            return
+        inner, lead = newline + " ", "{"
+        for key, item in value.items():
+            if not isinstance(key, str):
+                key = _key(key)
+            if isinstance(item, str):  # the common leaf without a call
+                out.append(f"{lead}{inner}{_string(key)}: {_string(item)}")
+            else:
+                out.append(f"{lead}{inner}{_string(key)}: ")
+                _emit(item, inner, out)
+            lead = ","
+        out.append(newline + "}")
+    elif isinstance(value, (list, tuple)):
+        if not value:
+            out.append("[]")
+            return
+        inner = newline + " "
+        if all(isinstance(item, str) for item in value):  # a list of names, in one piece
+            out.append(f"[{inner}{(',' + inner).join(map(_string, value))}{newline}]")
+            return
+        lead = "["
+        for item in value:
+            out.append(lead + inner)
+            _emit(item, inner, out)
+            lead = ","
+        out.append(newline + "]")
+    else:
+        out.append(json.dumps(value, ensure_ascii=False))  # its TypeError, as json.dumps
+
+
+def dumps_indented(value: Any) -> str:
+    """``json.dumps(value, indent=1, ensure_ascii=False)``, the same text several times
+    faster: with an indent, :mod:`json` falls back to its pure-Python encoder, which took
+    9 s of the 26 s that ``summary.json`` of a 20,000-case report took to render.
+
+    Example:
+        >>> dumps_indented({"a": [1, 2.5, None], "b": {}})
+        '{\n "a": [\n  1,\n  2.5,\n  null\n ],\n "b": {}\n}'
+    """
+    out: list[str] = []
+    _emit(value, "\n", out)
+    return "".join(out)
 
 
 def render_json(tables: Tables) -> str:
@@ -164,7 +252,7 @@ def render_json(tables: Tables) -> str:
         },
         "unreadable": [{"file": f, "problem": p} for f, p in tables.unreadable],
     }
-    head = json.dumps(doc, indent=1, ensure_ascii=False)
+    head = dumps_indented(doc)
     encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
     rows = ",\n  ".join(map(encode, summary_rows(tables)))
     return head[:-2] + f',\n "rows": [\n  {rows}\n ]\n}}\n' if rows else (

@@ -115,8 +115,8 @@ def ab_tables(a: Cell, b: Cell, filters: Filters | None = None, why: str = "") -
                  empty="No configuration differences.")
     both = [i for i in a.results if i in b.results and filters.keeps_impl(i)]
     only = [f"{', '.join(x)} only in {side}" for side, x in (
-        ("A", [c for c in case_order(a.cases) if c not in b.cases]),
-        ("B", [c for c in case_order(b.cases) if c not in a.cases]),
+        ("A", [c for c in case_order(a.cases) if c not in b.case_set]),
+        ("B", [c for c in case_order(b.cases) if c not in a.case_set]),
         ("A", [i for i in a.results if i not in b.results and filters.keeps_impl(i)]),
         ("B", [i for i in b.results if i not in a.results and filters.keeps_impl(i)])) if x]
     bits, times = [], []

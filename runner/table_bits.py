@@ -101,9 +101,7 @@ def pair_results(cell: Cell, filters: Filters | None = None) -> list[PairResult]
             continue
         forward, mirror = by_direction.get((a, b), {}), by_direction.get((b, a), {})
         # CMP figures are symmetric; a case only in the mirror direction is shown from it.
-        present = list(forward) + [c for c in mirror if c not in forward]
-        cases = [c for c in cell.cases if c in present] + [c for c in present
-                                                           if c not in cell.cases]
+        cases = cell.in_order([*forward, *(c for c in mirror if c not in forward)])
         out += [PairResult(cell, a, b, c, forward.get(c, mirror.get(c, {})))
                 for c in by_dtype.cases(cell, cases)]
     return out

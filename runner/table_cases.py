@@ -41,7 +41,16 @@ def base_case(case: str) -> str:
 
 def case_dtypes(cell: Cell, case: str) -> tuple[str | None, str | None]:
     """(storage dtype, index dtype) of ``case`` in ``cell``; None where the report does not
-    say (a foreign report)."""
+    say (a foreign report). Computed once per cell and case (``cell.memo``): every table
+    asks, per implementation and tensor."""
+    key = ("case_dtypes", case)
+    found = cell.memo.get(key)
+    if found is None:
+        found = cell.memo[key] = _case_dtypes(cell, case)
+    return found
+
+
+def _case_dtypes(cell: Cell, case: str) -> tuple[str | None, str | None]:
     given = (cell.data.get("inputs") or {}).get(case) or {}
     m = CASE_RE.match(case)
     problem = cell.data.get("problem") or {}

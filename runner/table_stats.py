@@ -98,7 +98,7 @@ def accuracy_table(cells: Sequence[Cell], filters: Filters | None = None) -> Tab
             rep = entry.get("repeatable") or {}
             across = entry.get("repeatable_across_processes") or {}
             keys = list(dict.fromkeys([*acc, *rep, *across]))
-            cases = [c for c in cell.cases if c in keys] + [k for k in keys if k not in cell.cases]
+            cases = cell.in_order(keys)
             for case in by_dtype.cases(cell, cases):
                 figures = {"out": (acc.get(case) or {}).get("out"),
                            **((acc.get(case) or {}).get("grads") or {})}
@@ -286,8 +286,7 @@ def timings_table(cells: Sequence[Cell], filters: Filters | None = None) -> Tabl
             timings = entry.get("timings") or {}
             if not filters.keeps_impl(impl):
                 continue
-            cases = [c for c in cell.cases if c in timings] + [c for c in timings
-                                                               if c not in cell.cases]
+            cases = cell.in_order(timings)
             for case in by_dtype.cases(cell, cases):
                 t = timings[case] or {}
                 n = _rows_of(cell, case)
