@@ -42,7 +42,7 @@ from pathlib import Path
 
 from runner import report as report_io
 from runner.cell import skeleton
-from runner.cluster_node import DOCKER, GPU_PREFIX, run_on_node
+from runner.cluster_node import DOCKER, GPU_PREFIX, checkout, run_on_node
 from runner.config import DockerStack
 from runner.errors import BackendError, ConfigError, ImageError, ReportError
 
@@ -263,7 +263,7 @@ class Cluster:
             rel = None
         base = {"matrix_text": data.decode("utf-8"), "matrix_rel": rel, "build": self.build,
                 "matrix_sha256": hashlib.sha256(data).hexdigest(), "timeout_s": timeout_s,
-                "commit": commit}
+                "commit": commit, "checkout": checkout()}
         progress = Progress(self, {job.key: job.cell.id for job in jobs})
         remote = ray.remote(run_on_node)
         pending: dict = {}

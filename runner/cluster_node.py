@@ -9,12 +9,13 @@ goes back to the driver as JSON bytes, which the driver validates and writes (th
 writes nothing the driver keeps). The cell's progress lines go to the queue, with the id of
 the node, so that the driver shows them per node.
 
-A node must run the driver's code: the task compares the node's checkout (git HEAD) with the
-commit the driver stamps on every report and, when they differ, returns an ``error`` report
-saying so instead of running the cell. A docker stack whose image this node lacks is
-``skipped`` with the reason (``--build``: built here first, once per node, keyed by its
-content-hash tag, docs/cluster.md). The cell sees the node's environment, as set for
-``ray start``.
+A node must run the driver's code: unless it runs from the driver's own checkout (the same
+host and directory: a local cluster, where the files are the very same), the task compares
+the node's git HEAD with the commit the driver stamps on every report and, when they differ,
+returns an ``error`` report saying so instead of running the cell. A docker stack whose
+image this node lacks is ``skipped`` with the reason (``--build``: built here first, once per
+node, keyed by its content-hash tag, docs/cluster.md). The cell sees the node's environment,
+as set for ``ray start``.
 
 ``python -m runner.cluster_node`` prints the ``ray start`` line for this host: its GPU
 models (torch) and whether a Docker engine answers (:func:`advertised`).
@@ -29,6 +30,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -121,12 +123,12 @@ def run_on_node(payload: dict, queue=None) -> tuple[str, bytes]:
     ``payload``: ``cell`` (stack, mode, target), ``cases`` (case ids), ``matrix_text``,
     ``matrix_rel`` and ``matrix_sha256`` (the driver's matrix file), ``run_id``,
     ``timeout_s``, ``backend`` (``host`` or ``docker``), ``build``, ``commit`` (the
-    driver's git HEAD), ``key`` and ``attempt`` (the driver's bookkeeping, echoed in the
-    events). ``queue``: the :class:`runner.cluster_progress.Events` actor for ``start``
-    and ``line`` events, or None. Every outcome of the cell is a report (``ok`` ...
-    ``error``, ``skipped``); only a defect of this function, the node's death or a
-    cancellation (Ctrl-C on the driver, which stops the cell's process group or container
-    first) ends the task otherwise.
+    driver's git HEAD) and ``checkout`` (the driver's :func:`checkout`), ``key`` and
+    ``attempt`` (the driver's bookkeeping, echoed in the events). ``queue``: the
+    :class:`runner.cluster_progress.Events` actor for ``start`` and ``line`` events, or
+    None. Every outcome of the cell is a report (``ok`` ... ``error``, ``skipped``); only a
+    defect of this function, the node's death or a cancellation (Ctrl-C on the driver,
+    which stops the cell's process group or container first) ends the task otherwise.
     """
     import ray
 
@@ -150,7 +152,7 @@ def run_on_node(payload: dict, queue=None) -> tuple[str, bytes]:
         frame = dict(matrix=matrix, cell=cell, cases=cases, backend=payload["backend"],
                      run_id=payload["run_id"])
         commit = project_state().get("commit")
-        if commit != payload["commit"]:
+        if payload.get("checkout") != checkout() and commit != payload["commit"]:
             return node, _dumps(skeleton(**frame, status="error", reason=(
                 f"node {node[:8]} runs project commit {_short(commit)}, the driver "
                 f"{_short(payload['commit'])}: check out the driver's commit on every node "
@@ -182,6 +184,13 @@ def run_on_node(payload: dict, queue=None) -> tuple[str, bytes]:
         return node, _dumps(report)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def checkout() -> dict[str, str]:
+    """This process's project checkout: ``{"host": hostname, "root": project directory}``."""
+    from runner.environment import PROJECT_ROOT
+
+    return {"host": socket.gethostname(), "root": str(PROJECT_ROOT)}
 
 
 def _remove_orphans() -> None:

@@ -96,8 +96,8 @@ def test_cells_routed_by_gpu_model_have_the_bits_of_a_local_run(cluster, tmp_pat
                               cluster=cluster.address, gpu_model=GPU_B, modes=["plain"])
     out_b = capsys.readouterr().out
     assert [(o.cell, o.status) for o in local] == [(o.cell, o.status) for o in on_a] == [
-        ("host-plain-cpu", "ok"), ("host-deterministic-cpu", "ok")]
-    assert [(o.cell, o.status) for o in on_b] == [("host-plain-cpu", "ok")]
+        ("host-plain-cpu", "ok"), ("host-deterministic-cpu", "ok")], [o.reason for o in on_a]
+    assert [(o.cell, o.status) for o in on_b] == [("host-plain-cpu", "ok")], on_b
     assert started_on(out_a) == [f"gpu:{GPU_A}"] * 2, out_a
     assert started_on(out_b) == [f"gpu:{GPU_B}"], out_b
     want = reports(tmp_path / "local")
@@ -279,6 +279,35 @@ def test_needs_per_cell():
     assert cluster_mod.parse_address("auto", {"RAY_ADDRESS": "10.0.0.1:6379"}) == "10.0.0.1:6379"
     with pytest.raises(ConfigError, match="from RAY_ADDRESS"):
         cluster_mod.parse_address("auto", {"RAY_ADDRESS": "nonsense"})
+
+
+def test_a_node_of_another_commit_does_not_run_the_cell(tmp_path, monkeypatch):
+    """A node elsewhere (another checkout) at another commit: an error report, no cell."""
+    from runner import cluster_node, environment
+
+    node = SimpleNamespace(get_node_id=lambda: "c" * 56)
+    monkeypatch.setitem(sys.modules, "ray", SimpleNamespace(get_runtime_context=lambda: node))
+    monkeypatch.setattr(environment, "project_state", lambda: {"commit": "1" * 40,
+                                                                 "dirty": False})
+    class Ran(Exception):
+        pass
+
+    def run(*args, **kwargs):
+        raise Ran
+
+    monkeypatch.setattr("runner.backends.HostBackend.run", run)
+    text = yaml.safe_dump(SMALL)
+    payload = {"cell": ("host", "plain", "cpu"), "cases": ["1"], "matrix_text": text,
+               "matrix_rel": None, "matrix_sha256": "", "run_id": "r" * 32, "timeout_s": 60,
+               "backend": "host", "build": False, "commit": "2" * 40, "key": 0, "attempt": 0,
+               "checkout": {"host": "elsewhere", "root": "/srv/gate-residual"}}
+    got, data = cluster_node.run_on_node(payload)
+    report = cluster_mod.decode(data)
+    assert got == "c" * 56 and report["status"] == "error"
+    assert report["reason"].startswith(f"node cccccccc runs project commit {'1' * 12}, the "
+                                       f"driver {'2' * 12}: check out the driver's commit")
+    with pytest.raises(Ran):  # the driver's own checkout: nothing to compare, on to the cell
+        cluster_node.run_on_node({**payload, "checkout": cluster_node.checkout()})
 
 
 class FakeRay:
