@@ -111,10 +111,12 @@ def timings(impl: Implementation, inputs: dict, device: str, matrix,
     return out
 
 
-def one_line(err: BaseException) -> str:
-    """``Type: first line of the message``."""
+def one_line(err: BaseException, limit: int = 2000) -> str:
+    """``Type: first line of the message``, at most ``limit`` characters (a report's reasons
+    are bounded: runner/schema/report.schema.json)."""
     first = (str(err).strip().splitlines() or [""])[0]
-    return f"{type(err).__name__}: {first}" if first else type(err).__name__
+    line = f"{type(err).__name__}: {first}" if first else type(err).__name__
+    return line if len(line) <= limit else line[:limit - 1] + "…"
 
 
 def out_of_memory(err: BaseException) -> bool:

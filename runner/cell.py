@@ -134,8 +134,32 @@ def _case_weight(matrix, case) -> float:
     return 1.0 + case.n * matrix.problem.D * size / 2**26
 
 
+_MAX_REASON = 65536
+"""Characters of a reason the schema takes (runner/schema/report.schema.json)."""
+
+
+def _bounded(text: str) -> str:
+    """``text`` cut to :data:`_MAX_REASON` characters, saying how much was cut."""
+    if len(text) <= _MAX_REASON:
+        return text
+    note = f" … ({len(text) - _MAX_REASON + 80} more characters)"
+    return text[:_MAX_REASON - 80] + note
+
+
 def _finish_status(report: dict, matrix, broken: list[str], no_baseline: list[str]) -> None:
-    """The cell's status and reason from its implementations' (see the module docstring)."""
+    """The cell's status and reason from its implementations' (see the module docstring);
+    every reason bounded (:func:`_bounded`)."""
+    try:
+        _set_status(report, matrix, broken, no_baseline)
+    finally:
+        if report.get("reason"):
+            report["reason"] = _bounded(report["reason"])
+        for entry in report["results"].values():
+            if entry.get("reason"):
+                entry["reason"] = _bounded(entry["reason"])
+
+
+def _set_status(report: dict, matrix, broken: list[str], no_baseline: list[str]) -> None:
     results = report["results"]
     for entry in results.values():
         changed = {k: v for k, v in entry["mutated_inputs"].items() if v}

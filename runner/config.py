@@ -273,6 +273,13 @@ class Libraries(_Frozen):
                 "expected": "a distribution with versioned library implementations ("
                             f"{_one_of(list(LIBRARY_DISTRIBUTIONS))})",
                 "got": f"unknown key {_show(unknown[0])}{hint}{others}"})
+        for key, listed in v.items():  # a version twice would make its row twice
+            repeated = sorted({x for x in listed if list(listed).count(x) > 1})
+            if repeated:
+                raise PydanticCustomError("matrix", "repeated version", {
+                    "path": _path(["libraries", "versions", key]),
+                    "expected": "each version once",
+                    "got": f"{_show(repeated[0])} more than once"})
         return v
 
 

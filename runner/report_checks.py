@@ -196,6 +196,23 @@ def _inputs_problems(report: Mapping[str, Any], cases: set[str]) -> Iterator[str
                    f"{given.get('dtype')}/{given.get('index_dtype')}")
 
 
+def _repeated_case_problems(report: Mapping[str, Any]) -> Iterator[str]:
+    """Case ids listed twice in ``cases`` or ``cases_missing`` (as the report's maps key
+    them: ``1`` and ``"1"`` are one case), found in linear time."""
+    for key in ("cases", "cases_missing"):
+        seen: set[str] = set()
+        repeated: list[str] = []
+        for case in report.get(key) or []:
+            if str(case) in seen:
+                repeated.append(str(case))
+            seen.add(str(case))
+        if repeated:
+            more = f" (and {len(repeated) - 3} more)" if len(repeated) > 3 else ""
+            yield (f"{key}: each case id once, got {json.dumps(repeated[0])} again"
+                   + (f" and {', '.join(json.dumps(r) for r in repeated[1:3])}"
+                      if len(repeated) > 1 else "") + more)
+
+
 def ours_problems(report: Mapping[str, Any]) -> Iterator[str]:
     """Every rule beyond the schema that our report (``schema_version``) must keep; only
     called on a schema-valid report."""
@@ -207,6 +224,7 @@ def ours_problems(report: Mapping[str, Any]) -> Iterator[str]:
     if cell_id != made:
         yield (f"cell.id: expected <stack>-<mode>-<target> = {json.dumps(made)}, "
                f"got {json.dumps(cell_id)}")
+    yield from _repeated_case_problems(report)
     cases = {str(c) for c in report["cases"]}
     yield from _inputs_problems(report, cases)
     yield from _numel_problems(report)

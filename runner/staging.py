@@ -24,6 +24,7 @@ import socket
 from pathlib import Path
 
 from runner import phases
+from runner.errors import ReportError
 from runner import report as report_io
 from runner.merge import MACHINE_KEYS, merge_reports
 
@@ -46,7 +47,11 @@ def open_stage(reports_dir: Path, run_id: str, *, fingerprint: str | None = None
     the ``fingerprint`` the runner stamps on the cell's report (so that a later run can
     resume a partial report salvaged from here)."""
     stage = reports_dir / f".run-{run_id}"
-    stage.mkdir()
+    try:
+        stage.mkdir()
+    except OSError as err:  # e.g. --reports /proc/1: the folder exists, nothing goes in it
+        raise ReportError(f"{reports_dir}: cannot create a staging folder in it: "
+                          f"{err.strerror or err}") from err
     owner = {"pid": os.getpid(), "start": _start_time(os.getpid()), "host": socket.gethostname(),
              "fingerprint": fingerprint}
     (stage / OWNER).write_text(json.dumps(owner), encoding="utf-8")

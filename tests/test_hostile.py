@@ -18,6 +18,7 @@ import json
 import os
 import re
 import subprocess
+import time
 import sys
 import threading
 from pathlib import Path
@@ -101,6 +102,12 @@ BROKEN_OURS = {
     "specials not as the case id says": (
         lambda d: d["inputs"]["257"].update(specials=True),
         'inputs["257"].specials: the case id says False, the inputs say True'),
+    # the third hostile run (2026-12-01): text that would be copied into every summary row,
+    # and case ids repeated (named, where jsonschema's message was cut before saying why)
+    "reason of a megabyte": (lambda d: d.update(reason="x" * (1 << 20)),
+                             "reason: 'xxxx"),
+    "case id listed twice": (lambda d: d["cases"].append(d["cases"][1]),
+                             'cases: each case id once, got "257" again'),
     # the two directions of one pair
     "directions disagree": (
         lambda d: _cmp(d, "eager", "numba").update(equal=False, differ=2, max_abs=0.5),
@@ -361,6 +368,10 @@ SIZES = {
     "stack kind value misspelled": (
         _replace("host: {kind: host}", "host: {kind: hots}"),
         'stacks.host.kind: expected one of host, docker, got "hots" (did you mean host?)'),
+    # third hostile run: a version listed twice made its library row twice
+    "library version listed twice": (
+        _replace('sglang: ["0.5.21", "0.5.22", "0.5.23"]', 'sglang: ["0.5.21", "0.5.21"]'),
+        'libraries.versions.sglang: expected each version once, got "0.5.21" more than once'),
 }
 
 
@@ -545,3 +556,31 @@ def test_a_symlink_loop_as_matrix_is_one_line(tmp_path: Path, capsys) -> None:
     code = main(["matrix", "--matrix", str(loop), "--reports", str(tmp_path / "r")])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_a_hundred_thousand_bad_case_ids_are_flagged_in_seconds(tmp_path: Path) -> None:
+    """Third hostile run: 100,000 ids (mixed ints and strings, repeated) hung `report` for
+    minutes in jsonschema's uniqueItems fallback, which is quadratic; now one line, fast."""
+    doc = _good()
+    doc["cases"] = [*doc["cases"], *([str(i) for i in range(50_000)] + list(range(50_000)))]
+    (tmp_path / f"{doc['cell']['id']}.json").write_text(json.dumps(doc))
+    started = time.monotonic()
+    done = _report_cli(tmp_path)
+    elapsed = time.monotonic() - started
+    assert done.returncode == 3, done.stderr
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "cases" in warnings[0], done.stderr
+    assert elapsed < 60, f"{elapsed:.0f} s for one bad file"
+
+
+@pytest.mark.skipif(not Path("/proc/1").is_dir(), reason="needs Linux's /proc")
+def test_a_reports_folder_that_takes_no_files_is_one_line_exit_3() -> None:
+    """Third hostile run: --reports /proc/1 (it exists; nothing can be made in it) gave
+    'internal error (FileNotFoundError ...)' from the staging folder."""
+    done = subprocess.run(
+        [sys.executable, "-m", "runner", "matrix", "--target", "cpu", "--mode", "plain",
+         "--stack", "host", "--case", "1", "--reports", "/proc/1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3, done.stderr
+    assert "cannot create a staging folder" in done.stderr
+    assert "internal error" not in done.stderr and "Traceback" not in done.stderr
