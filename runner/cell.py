@@ -149,14 +149,10 @@ def _bounded(text: str) -> str:
 def _finish_status(report: dict, matrix, broken: list[str], no_baseline: list[str]) -> None:
     """The cell's status and reason from its implementations' (see the module docstring);
     every reason bounded (:func:`_bounded`)."""
-    try:
-        _set_status(report, matrix, broken, no_baseline)
-    finally:
-        if report.get("reason"):
-            report["reason"] = _bounded(report["reason"])
-        for entry in report["results"].values():
-            if entry.get("reason"):
-                entry["reason"] = _bounded(entry["reason"])
+    _set_status(report, matrix, broken, no_baseline)
+    for holder in (report, *report["results"].values()):
+        if holder.get("reason"):
+            holder["reason"] = _bounded(holder["reason"])
 
 
 def _set_status(report: dict, matrix, broken: list[str], no_baseline: list[str]) -> None:
