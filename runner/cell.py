@@ -238,16 +238,21 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
                             + ")")
     p = matrix.problem
     inference = bool(mode.torch.inference_mode)
-    compiling = [i for i in rows if i.compiles_per_shape
-                 and report["results"][i.name]["status"] == "ok"]
-    calls = precompile.plan(matrix, cases, compiling, target=cell.target, inference=inference)
+    calls = precompile.cell_plan(matrix, cell, cases)
     workers = precompile.workers_for(calls, environment.available_cpus())
     env["gpu_lock"] = gpu_lock.path() is not None
-    if workers:  # their compiling may time kernels on the GPU (autotuning): shared lock
-        with clock("precompile"), gpu_lock.shared():
-            env["precompile"] = precompile.run(
-                calls, torch_settings=mode.torch.model_dump(), d=p.D, g=p.G,
-                target=cell.target, workers=workers)
+    if workers:
+        stamp = precompile.stamp_key(calls, torch_settings=mode.torch.model_dump(),
+                                     mode_env=dict(mode.env), d=p.D, g=p.G, target=cell.target)
+        if precompile.stamped(stamp, calls):  # an earlier precompile filled this cache: load only
+            env["precompile"] = {"workers": 0, "calls": len(calls), "seconds": 0.0,
+                                 "failed": [], "stamp": stamp}
+        else:  # their compiling may time kernels on the GPU (autotuning): shared lock
+            with clock("precompile"), gpu_lock.shared():
+                env["precompile"] = precompile.run(
+                    calls, torch_settings=mode.torch.model_dump(), d=p.D, g=p.G,
+                    target=cell.target, workers=workers)
+            precompile.leave_stamp(stamp, calls, env["precompile"])
     weights = [_case_weight(matrix, c) for c in cases]
     per_case: dict[str, float] = {}
     with futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),

@@ -23,10 +23,24 @@ Usage (what :func:`run` starts)::
 
 ``GATE_RESIDUAL_PRECOMPILE=0`` turns it off (the cell then compiles everything itself);
 ``=N`` asks for N workers.
+
+**Once per cache, for every mode at once.** Workers that only find their graphs in the
+cache still cost a cell 25-40 s (starting, importing torch, tracing each call; measured on
+the H200, 2026-12-01). A finished precompile without failures leaves a *stamp* in inductor's
+cache folder, keyed by everything that decides the graphs (:func:`stamp_key`); a cell whose
+stamp is there skips its workers and loads the graphs itself (``environment.precompile``
+says ``"stamp"``). Deleting inductor's cache deletes the stamps with it; a graph missing
+despite a stamp is compiled by the cell itself, so a stamp can cost time but never bits.
+Before several cells of one host (the H200's six modes), one command fills the cache for
+all of them in one pool of workers, each with its mode's variables and torch settings::
+
+    python -m runner.precompile --matrix matrix.yaml --target cuda --mode plain --mode tf32
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -76,22 +90,118 @@ def workers_for(items: list, cpus: int | None) -> int:
     return n if n >= 2 else 0
 
 
+def cell_plan(matrix, cell, cases) -> list[dict]:
+    """:func:`plan` for one cell: its cases on its target, the matrix's implementations that
+    compile per shape and can run there, forward only in an inference mode."""
+    from runner.cells import cases_on
+    from runner.implementations import versioned
+
+    compiling = [i for i in versioned.rows(matrix)
+                 if i.compiles_per_shape and not i.unavailable_reason(cell.target)]
+    inference = bool(matrix.modes[cell.mode].torch.inference_mode)
+    return plan(matrix, cases_on(cases, cell.target), compiling, target=cell.target,
+                inference=inference)
+
+
+def stamp_key(items: list[dict], *, torch_settings: dict, mode_env: dict, d: int, g: int,
+              target: str) -> str:
+    """sha256 of what decides the compiled graphs besides the calls themselves: the mode's
+    torch settings and variables, D, G, the target, torch's and triton's versions, and the
+    implementations in ``items`` with their source files (where their ``run`` is defined).
+    The calls are kept in the stamp (:func:`stamped` checks them)."""
+    import inspect
+
+    import torch
+
+    from runner import implementations
+
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    sources = {}
+    for name in sorted({item["impl"] for item in items}):
+        path = inspect.getsourcefile(implementations.get(name).run)
+        sources[name] = hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None
+    blob = json.dumps({"torch": torch_settings, "env": mode_env, "D": d, "G": g,
+                       "target": target, "torch_version": torch.__version__,
+                       "triton": triton_version, "sources": sources}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def stamp_path(key: str) -> Path:
+    """Where the stamp of ``key`` lives: inside inductor's cache folder (``TORCHINDUCTOR_
+    CACHE_DIR``, by default ``/tmp/torchinductor_<user>``), so it goes when the cache goes."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return Path(cache_dir()) / "gate-residual-precompiled" / key
+
+
+def _stamped_calls(key: str) -> set:
+    try:
+        data = json.loads(stamp_path(key).read_text(encoding="utf-8"))
+        return {json.dumps(c, sort_keys=True) for c in data["calls"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+
+
+def stamped(key: str, items: list[dict]) -> bool:
+    """Whether precompiles without failures under stamp ``key`` compiled every call of
+    ``items`` into this cache (a resumed cell's calls are a subset of its first run's)."""
+    return bool(items) and {json.dumps(c, sort_keys=True) for c in items} <= _stamped_calls(key)
+
+
+def leave_stamp(key: str, items: list[dict], record: dict) -> None:
+    """Record the calls of a finished precompile (``record``: :func:`run`'s) in the stamp of
+    ``key``, with those already there; a record with failed workers adds none. An unwritable
+    cache folder only loses time."""
+    if record.get("failed"):
+        return
+    path = stamp_path(key)
+    calls = sorted(_stamped_calls(key) | {json.dumps(c, sort_keys=True) for c in items})
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"calls": [json.loads(c) for c in calls],
+                                    "last": record}), encoding="utf-8")
+    except OSError:
+        pass
+
+
 def run(items: list[dict], *, torch_settings: dict, d: int, g: int, target: str,
-        workers: int, timeout_s: float = 300.0) -> dict:
+        workers: int, timeout_s: float = 300.0, env: dict | None = None) -> dict:
     """Run the calls of ``items`` in ``workers`` processes (round robin, so each starts with
     the first cases) and wait for them, at most ``timeout_s``; returns the record for
-    ``environment.precompile``: workers, calls, seconds, and the workers that failed."""
+    ``environment.precompile``: workers, calls, seconds, and the workers that failed.
+    ``env``: the workers' environment (default: this process's)."""
+    return run_groups([(items, torch_settings, env)], d=d, g=g, target=target,
+                      workers=workers, timeout_s=timeout_s)
+
+
+def run_groups(groups: list[tuple], *, d: int, g: int, target: str, workers: int,
+               timeout_s: float = 300.0) -> dict:
+    """:func:`run` for several modes at once: ``groups`` is ``[(items, torch_settings, env or
+    None), ...]``; the ``workers`` processes are shared out in proportion to the calls (at
+    least one per group with calls), so one pool compiles every mode's graphs."""
     started = time.perf_counter()
     procs = []
+    groups = [grp for grp in groups if grp[0]]
+    total = sum(len(grp[0]) for grp in groups) or 1
     with tempfile.TemporaryDirectory(prefix="gate-residual-precompile-") as tmp:
-        for w in range(workers):
-            part = items[w::workers]
-            path = Path(tmp) / f"plan-{w}.json"
-            path.write_text(json.dumps({"torch": torch_settings, "D": d, "G": g,
-                                        "target": target, "calls": part}), encoding="utf-8")
-            procs.append(subprocess.Popen([sys.executable, "-m", "runner.precompile", str(path)],
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                          text=True, errors="replace"))
+        for gi, (items, torch_settings, env) in enumerate(groups):
+            # one compile thread per worker: the workers are the parallelism (inductor's
+            # compile_threads is outside its cache keys, so the cell finds the same entries)
+            env = {"TORCHINDUCTOR_COMPILE_THREADS": "1", **(env or os.environ)}
+            share = max(1, min(len(items), round(workers * len(items) / total)))
+            for w in range(share):
+                path = Path(tmp) / f"plan-{gi}-{w}.json"
+                path.write_text(json.dumps({"torch": torch_settings, "D": d, "G": g,
+                                            "target": target, "calls": items[w::share]}),
+                                encoding="utf-8")
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "runner.precompile", str(path)], env=env,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                    errors="replace"))
         failed = []
         for w, proc in enumerate(procs):
             left = max(timeout_s - (time.perf_counter() - started), 1.0)
@@ -105,7 +215,7 @@ def run(items: list[dict], *, torch_settings: dict, d: int, g: int, target: str,
             if proc.returncode:
                 last = (err or "").strip().splitlines()[-1:] or [""]
                 failed.append(f"worker {w}: exit code {proc.returncode}: {last[0][:200]}")
-    return {"workers": workers, "calls": len(items),
+    return {"workers": len(procs), "calls": sum(len(grp[0]) for grp in groups),
             "seconds": round(time.perf_counter() - started, 3), "failed": failed}
 
 
@@ -145,6 +255,82 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
+                     workers: int | None = None) -> dict:
+    """Fill the compile caches for the host cells ``modes`` x ``target`` of a matrix in one
+    pool of workers (each with its mode's variables over this environment, and its torch
+    settings) and leave each mode's stamp; modes whose stamp is there are not compiled again.
+    Returns ``{mode: "stamped" | "compiled" | "nothing to compile" | "failed: ..."}``.
+    Raises :class:`runner.errors.ConfigError` for a bad matrix or an unknown mode."""
+    from runner.cells import Cell
+    from runner.config import load_matrix
+    from runner.errors import ConfigError
+
+    matrix = load_matrix(matrix_path)
+    unknown = [m for m in modes if m not in matrix.modes]
+    if unknown:
+        raise ConfigError(f"unknown mode(s) {', '.join(unknown)}: the matrix has "
+                          f"{', '.join(matrix.modes)}")
+    p, outcome, groups, keys = matrix.problem, {}, [], {}
+    for mode in modes:
+        items = cell_plan(matrix, Cell("host", mode, target), matrix.cases)
+        spec = matrix.modes[mode]
+        torch_settings = spec.torch.model_dump()
+        key = stamp_key(items, torch_settings=torch_settings, mode_env=dict(spec.env), d=p.D,
+                        g=p.G, target=target)
+        if not items:
+            outcome[mode] = "nothing to compile"
+        elif stamped(key, items):
+            outcome[mode] = "stamped"
+        else:
+            groups.append((items, torch_settings, {**os.environ, **spec.env}))
+            keys[len(groups) - 1] = (mode, key)
+    if groups:
+        from runner import environment
+
+        n = workers or max(2, (environment.available_cpus() or 2) - 2)
+        # two waves: the first mode alone, then the rest at once, whose graphs mostly reuse
+        # the first's Triton kernels (same kernel source: a cache hit) instead of every mode
+        # compiling the same kernels side by side
+        started = time.perf_counter()
+        for wave in ([0], list(range(1, len(groups)))):
+            if not wave:
+                continue
+            record = run_groups([groups[gi] for gi in wave], d=p.D, g=p.G, target=target,
+                                workers=n, timeout_s=900)
+            for gi in wave:
+                mode, key = keys[gi]
+                if record["failed"]:
+                    outcome[mode] = "failed: " + "; ".join(record["failed"])[:300]
+                else:
+                    leave_stamp(key, groups[gi][0], record)
+                    outcome[mode] = "compiled"
+        outcome["seconds"] = round(time.perf_counter() - started, 3)
+    return outcome
+
+
+def _cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runner.precompile",
+                                     description="Fill the compile caches for host cells.")
+    parser.add_argument("--matrix", type=Path, default=Path("matrix.yaml"))
+    parser.add_argument("--target", default="cuda")
+    parser.add_argument("--mode", action="append", required=True)
+    parser.add_argument("--workers", type=int, default=None)
+    args = parser.parse_args(argv)
+    from runner.errors import ConfigError
+
+    try:
+        outcome = precompile_modes(args.matrix, target=args.target, modes=args.mode,
+                                   workers=args.workers)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(outcome))
+    return 1 if any(str(v).startswith("failed") for v in outcome.values()) else 0
+
+
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    if sys.argv[1:2] and sys.argv[1].startswith("--"):
+        sys.exit(_cli(sys.argv[1:]))
     sys.exit(main(sys.argv[1:]))

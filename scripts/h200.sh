@@ -69,37 +69,35 @@ for step in $steps; do
             timer=""; [ -x /usr/bin/time ] && timer="/usr/bin/time -v"
             $timer timeout -s TERM "${MATRIX_TIMEOUT:-540}" python3 -m runner matrix ${MATRIX_ARGS:---stack host --target cuda} 2>&1 | tee "$out/matrix.log" | tail -60 || rc=1
             tar czf "$out/matrix-reports.tgz" reports/*-cuda.json reports/README.md reports/index.html reports/summary.* reports/*.svg 2>/dev/null ;;
-    modes)  # MODES (default: the host stack's six) on this one GPU, one after another in
-            # one runner (MODE_JOBS=1, the default), or as concurrent cells (MODE_JOBS > 1):
-            # the first alone until its first case is done (its compile workers fill
-            # inductor's cache), then the rest, MODE_JOBS at a time, sharing the GPU under
-            # runner/gpu_lock.py (timing loops alone on it). Measured 2026-12-01 on the H200
-            # (docs/performance.md): concurrent cells convoy on the lock, 56 of 180 cases in
-            # 532 s, against 30 + 20 cases in 280 s one after another.
+    modes)  # MODES (default: the host stack's six) on this one GPU, in one command:
+            # 1. one pool of compile workers fills inductor's caches for every mode
+            #    (python -m runner.precompile: the first mode, then the rest, whose graphs
+            #    reuse its Triton kernels), while RL-Kernel's extension builds beside it;
+            # 2. the cells, MODE_JOBS at a time (default: all), sharing the GPU under
+            #    runner/gpu_lock.py: each case's timing loops alone on the GPU, every other
+            #    stretch of GPU work shared. No cell compiles ahead again (the stamps) and
+            #    none waits on the build while holding the lock.
             modes=${MODES:-"plain deterministic tf32 inference vllm_batch_invariant sglang_ieee"}
             reports=${MODE_REPORTS:-$out/reports}; mkdir -p "$reports" "$PWD/build"
             # partial reports of an earlier call (same source): their cells run only what is missing
             [ -d .carry/resume ] && cp .carry/resume/*.json "$reports"/ 2>/dev/null
             deadline=$(( $(date +%s) + ${MATRIX_TIMEOUT:-540} ))
-            first=${modes%% *}; rest=${modes#"$first"}
             t0=$(date +%s)
-            # RL-Kernel's extension builds meanwhile (~80 s; a cell importing it first waits
-            # on torch's build lock instead of building it again)
             PYTHONPATH=$PWD/.carry/rl-kernel-h3:$PYTHONPATH python3 -c "import time; t = time.time(); from rl_engine.kernels.ops import base; print('rl_engine._C built:', base._EXT_AVAILABLE, getattr(base, '_EXT_ERROR', None), f'{time.time() - t:.0f} s')" > "$out/rlbuild.log" 2>&1 &
-            if [ "${MODE_JOBS:-1}" -le 1 ]; then
-              timeout -s TERM "${MATRIX_TIMEOUT:-540}" python3 -m runner matrix --stack host --target "${MODE_TARGET:-cuda}" $(printf -- '--mode %s ' $modes) --reports "$reports" ${MATRIX_ARGS:-} > "$out/matrix-modes.log" 2>&1
-              echo "modes: exit $? after $(( $(date +%s) - t0 )) s"
-            else
-            export GATE_RESIDUAL_GPU_LOCK=$PWD/build/gpu.lock
-            timeout -s TERM "${MATRIX_TIMEOUT:-540}" python3 -m runner matrix --stack host --target "${MODE_TARGET:-cuda}" --mode "$first" --reports "$reports" ${MATRIX_ARGS:-} > "$out/matrix-$first.log" 2>&1 &
-            lead=$!
-            until [ -n "$(ls "$reports"/.run-*/host-"$first"-"${MODE_TARGET:-cuda}".json "$reports/host-$first-${MODE_TARGET:-cuda}.json" 2>/dev/null)" ] || ! kill -0 $lead 2>/dev/null; do sleep 1; done
-            echo "$first: first case done after $(( $(date +%s) - t0 )) s; starting:$rest"
-            left=$(( deadline - $(date +%s) ))
-            printf '%s\n' $rest | GATE_RESIDUAL_PRECOMPILE=${FOLLOWER_PRECOMPILE:-3} xargs -P "${MODE_JOBS}" -I{} \
-              sh -c "timeout -s TERM $left python3 -m runner matrix --stack host --target ${MODE_TARGET:-cuda} --mode {} --reports '$reports' ${MATRIX_ARGS:-} > '$out/matrix-{}.log' 2>&1; echo '{}: exit' \$? after \$(( \$(date +%s) - $t0 )) s"
-            wait $lead; echo "$first: exit $? after $(( $(date +%s) - t0 )) s"
+            build=$!
+            timeout -s TERM $(( deadline - $(date +%s) )) python3 -m runner.precompile --target "${MODE_TARGET:-cuda}" $(printf -- '--mode %s ' $modes) > "$out/matrix-precompile.log" 2>&1
+            echo "precompile: exit $? after $(( $(date +%s) - t0 )) s: $(tail -c 600 "$out/matrix-precompile.log")"
+            wait $build; echo "rlbuild: done after $(( $(date +%s) - t0 )) s: $(tail -n 1 "$out/rlbuild.log")"
+            jobs=${MODE_JOBS:-$(echo $modes | wc -w)}
+            if [ "$jobs" -gt 1 ]; then
+              export GATE_RESIDUAL_GPU_LOCK=$PWD/build/gpu.lock
+              # the CPUs shared out: each cell's thread pools sized to its share
+              threads=$(( $(nproc) / jobs )); [ "$threads" -lt 2 ] && threads=2
+              export OMP_NUM_THREADS=$threads NUMBA_NUM_THREADS=$threads
             fi
+            left=$(( deadline - $(date +%s) ))
+            printf '%s\n' $modes | xargs -P "$jobs" -I{} \
+              sh -c "timeout -s TERM $left python3 -m runner matrix --stack host --target ${MODE_TARGET:-cuda} --mode {} --reports '$reports' ${MATRIX_ARGS:-} > '$out/matrix-{}.log' 2>&1; echo '{}: exit' \$? after \$(( \$(date +%s) - $t0 )) s"
             echo "all modes: $(( $(date +%s) - t0 )) s wall"
             # (the tables are rendered where the reports are committed: python -m runner report)
             python3 -c "import json, glob; [print(r['cell']['id'], r['status'], r['duration_s'], 's', len(r['cases']), 'cases', {k: v for k, v in r.get('phases', {}).items() if not isinstance(v, dict)}) for r in (json.load(open(p)) for p in sorted(glob.glob('$reports/host-*.json')))]" 2>&1 || true

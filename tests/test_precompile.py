@@ -86,3 +86,83 @@ def test_a_precompiled_cell_has_the_bits_of_one_that_compiles_itself(fresh_seed,
         other = alone["results"]["compiled"]["sha256"][case]
         assert {k: hashes[k] for k in ("out", "res", "y")} == {
             k: other[k] for k in ("out", "res", "y")}, case
+
+
+def test_the_stamp_key_follows_what_decides_the_graphs(fresh_seed):
+    """Another torch setting, mode variable, D, target or implementation gives another stamp;
+    the calls are checked against the stamp's list (a subset is stamped, a superset not)."""
+    m = matrix(fresh_seed, 12)
+    items = precompile.plan(m, m.cases, [get("compiled")], target="cpu", inference=False)
+    base = dict(torch_settings={"deterministic": None}, mode_env={}, d=16, g=3, target="cpu")
+    key = precompile.stamp_key(items, **base)
+    assert key == precompile.stamp_key(items[1:], **base)
+    emulate = precompile.plan(m, m.cases, [get("compiled_emulate")], target="cpu",
+                              inference=False)
+    assert len({key,
+                precompile.stamp_key(emulate, **base),
+                precompile.stamp_key(items, **{**base, "torch_settings": {"deterministic": True}}),
+                precompile.stamp_key(items, **{**base, "mode_env": {"TRITON_F32_DEFAULT": "ieee"}}),
+                precompile.stamp_key(items, **{**base, "d": 17}),
+                precompile.stamp_key(items, **{**base, "target": "cuda"})}) == 6
+
+
+def test_a_stamp_covers_the_calls_it_lists_and_no_failed_run(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    calls = [{"impl": "compiled", "dtype": "bfloat16", "index_dtype": "int64", "rows": r,
+              "grad": "train"} for r in (1, 2, 3)]
+    precompile.leave_stamp("a" * 64, calls, {"failed": ["worker 0: exit code 1: boom"]})
+    assert not precompile.stamped("a" * 64, calls)
+    precompile.leave_stamp("b" * 64, calls[:2], {"failed": [], "workers": 2})
+    assert precompile.stamped("b" * 64, calls[:2]) and precompile.stamped("b" * 64, calls[1:2])
+    assert not precompile.stamped("b" * 64, calls) and not precompile.stamped("c" * 64, calls)
+    precompile.leave_stamp("b" * 64, calls[2:], {"failed": []})  # added to what was there
+    assert precompile.stamped("b" * 64, calls)
+    precompile.stamp_path("d" * 64).parent.mkdir(parents=True, exist_ok=True)
+    precompile.stamp_path("d" * 64).write_text("{not json")
+    assert not precompile.stamped("d" * 64, calls)
+
+
+@pytest.mark.skipif(missing_compiler("cpu") is not None, reason="needs g++ for inductor")
+def test_one_pool_fills_every_mode_and_cells_then_skip_their_workers(fresh_seed, monkeypatch,
+                                                                     tmp_path):
+    """`python -m runner.precompile --mode ...` compiles both modes' graphs in one pool; the
+    cells then find their stamps, start no workers and keep the bits of a cell that compiled
+    everything itself."""
+    import yaml
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    n = random.Random(fresh_seed).randrange(10, 30)
+    m = matrix(fresh_seed, n)
+    path = tmp_path / "matrix.yaml"
+    path.write_text(yaml.safe_dump(m.model_dump(mode="json", exclude_none=True)))
+    outcome = precompile.precompile_modes(path, target="cpu", modes=["plain", "inference"],
+                                          workers=2)
+    assert outcome["plain"] == "compiled" and outcome["inference"] == "compiled", outcome
+    again = precompile.precompile_modes(path, target="cpu", modes=["plain", "inference"])
+    assert again == {"plain": "stamped", "inference": "stamped"}  # no "seconds": nothing ran
+    monkeypatch.setenv("GATE_RESIDUAL_PRECOMPILE", "2")
+    loaded = run_cell(m, Cell("host", "plain", "cpu"), m.cases, timings=False)
+    assert loaded["environment"]["precompile"]["workers"] == 0
+    assert loaded["environment"]["precompile"]["stamp"]
+    assert loaded["phases"]["precompile"] == 0
+    monkeypatch.setenv("GATE_RESIDUAL_PRECOMPILE", "0")
+    alone = run_cell(m, Cell("host", "plain", "cpu"), m.cases, timings=False)
+    for report in (loaded, alone):
+        report_io.validate(report)
+        assert report["status"] == "ok", report["reason"]
+    assert loaded["results"]["eager"]["sha256"] == alone["results"]["eager"]["sha256"]
+    for case, hashes in loaded["results"]["compiled"]["sha256"].items():
+        other = alone["results"]["compiled"]["sha256"][case]
+        assert {k: hashes[k] for k in ("out", "res", "y")} == {
+            k: other[k] for k in ("out", "res", "y")}, case
+
+
+def test_the_precompile_command_names_an_unknown_mode_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "runner.precompile", "--mode", "nosuchmode",
+                           "--target", "cpu"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "nosuchmode" in proc.stderr
+    assert "Traceback" not in proc.stderr
