@@ -12,7 +12,7 @@ set -uo pipefail
 # --stamp` (here, on a clean checkout) records HEAD and a digest of the source files in
 # .carry/source.json; there, the reports name that commit only if the digest still matches.
 source_digest() {
-  find runner kernels scripts tests containers docs noxfile.py matrix.yaml pyproject.toml \
+  find runner ops kernels scripts tests containers docs noxfile.py matrix*.yaml pyproject.toml \
     README.md -type f -not -path '*/__pycache__/*' -not -name '*.pyc' -print0 2>/dev/null \
     | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-64
 }
@@ -85,7 +85,7 @@ for step in $steps; do
             t0=$(date +%s)
             PYTHONPATH=$PWD/.carry/rl-kernel-h3:$PYTHONPATH python3 -c "import time; t = time.time(); from rl_engine.kernels.ops import base; print('rl_engine._C built:', base._EXT_AVAILABLE, getattr(base, '_EXT_ERROR', None), f'{time.time() - t:.0f} s')" > "$out/rlbuild.log" 2>&1 &
             build=$!
-            timeout -s TERM $(( deadline - $(date +%s) )) python3 -m runner.precompile --target "${MODE_TARGET:-cuda}" $(printf -- '--mode %s ' $modes) > "$out/matrix-precompile.log" 2>&1
+            timeout -s TERM $(( deadline - $(date +%s) )) python3 -m runner.precompile --target "${MODE_TARGET:-cuda}" $(printf -- '--mode %s ' $modes) ${PRECOMPILE_ARGS:-} > "$out/matrix-precompile.log" 2>&1
             echo "precompile: exit $? after $(( $(date +%s) - t0 )) s: $(tail -c 600 "$out/matrix-precompile.log")"
             wait $build; echo "rlbuild: done after $(( $(date +%s) - t0 )) s: $(tail -n 1 "$out/rlbuild.log")"
             jobs=${MODE_JOBS:-$(echo $modes | wc -w)}
