@@ -163,7 +163,7 @@ def _cmd_cell(args) -> int:
     from runner.cells import expand, select, select_cases
     from runner.config import load_matrix
 
-    matrix = load_matrix(args.matrix, known_implementations=implementations.KNOWN)
+    matrix = load_matrix(args.matrix, known_implementations=implementations.known)
     cells = select(expand(matrix), stacks=args.stack, modes=args.mode, targets=args.target)
     if len(cells) != 1:
         raise ConfigError(f"cell: the selection matches {len(cells)} cells; name one stack, "

@@ -55,7 +55,7 @@ def run_abba(backend, matrix, cell_a: Cell, mode_b: str, cases, *, matrix_path: 
     The four runs write into a temporary directory under ``reports_dir``; the caller
     writes the two merged reports.
     """
-    cell_b = Cell(cell_a.stack, mode_b, cell_a.target)
+    cell_b = Cell(cell_a.stack, mode_b, cell_a.target, cell_a.prefix)
     order = [cell_a, cell_b, cell_b, cell_a]
     reports, run_ids = [], []
     with tempfile.TemporaryDirectory(prefix=".abba-", dir=reports_dir) as tmp:

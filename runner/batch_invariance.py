@@ -3,15 +3,19 @@
 Three checks for an implementation with a backward, on one case's inputs (the checks its
 users rely on; issue 4):
 
+The op's spec (:class:`ops.spec.OpSpec`) says which tensors have N rows: its row inputs are
+sliced, its row outputs (the forward output and the gradients of row inputs) compared row by
+row, its group outputs (sums over the rows that share an index value) compared whole.
+
 - ``row_alone``: a few rows (first, second, middle, last but one, last), each run alone,
-  give the same bits as in the full batch: ``out`` and the row gradients ``res`` and ``y``.
+  give the same bits as in the full batch, in every row output.
 - ``sub_batches``: sub-batches that cover the batch (boundaries at 1, 8 and N/2 + 1), run
-  one by one and concatenated, give the full batch's ``out``, ``res`` and ``y``.
+  one by one and concatenated, give the full batch's row outputs.
 - ``size_sweep``: for every size ``s`` of :func:`sweep_sizes` up to ``M = min(N,
-  max_size)``, the first ``s`` rows run alone give the ``out``, ``res`` and ``y`` of the
-  first ``M`` rows run together; and ``grad_gate`` of the ``s`` rows equals ``grad_gate`` of
-  the ``M`` rows with rows ``s..M`` made to contribute exact zeros (``y`` and ``grad_out``
-  zeroed there), i.e. the reduction does not depend on how many rows surround it.
+  max_size)``, the first ``s`` rows run alone give the row outputs of the first ``M`` rows
+  run together; and each group output of the ``s`` rows equals that of the ``M`` rows with
+  rows ``s..M`` made to contribute exact zeros (the spec's ``zero_rows`` inputs zeroed
+  there), i.e. the reduction does not depend on how many rows surround it.
   ``first_failing_size`` is the smallest ``s`` that fails (None when none does).
 
 Bits are compared as integers (:func:`runner.compare.bits`), NaN payloads included.
@@ -29,9 +33,6 @@ import itertools
 import torch
 
 from runner import compare
-
-ROW_TENSORS = ("out", "res", "y")
-_PER_ROW = ("residual", "y", "index", "grad_out")
 
 
 def sweep_sizes(limit: int) -> list[int]:
@@ -57,9 +58,10 @@ def row_counts(n: int, max_size: int) -> set[int]:
     return {s for s in ({1} | parts | {m} | set(sweep_sizes(m))) if s > 0}
 
 
-def _rows(inputs: dict, start: int, stop: int) -> dict:
-    """The inputs of rows ``start:stop`` (the whole gate), contiguous copies."""
-    return {k: (v[start:stop] if k in _PER_ROW else v).clone().contiguous()
+def _rows(inputs: dict, start: int, stop: int, spec) -> dict:
+    """The inputs of rows ``start:stop`` (inputs without N rows whole), contiguous copies."""
+    per_row = spec.row_inputs()
+    return {k: (v[start:stop] if k in per_row else v).clone().contiguous()
             for k, v in inputs.items()}
 
 
@@ -72,58 +74,67 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(compare.bits(a), compare.bits(b))
 
 
-def _rows_equal(part: dict, whole: dict, start: int, stop: int) -> bool:
-    return all(_same(part[k], whole[k][start:stop]) for k in ROW_TENSORS if k in part)
+def _rows_equal(part: dict, whole: dict, start: int, stop: int, spec) -> bool:
+    return all(_same(part[k], whole[k][start:stop]) for k in spec.row_outputs() if k in part)
 
 
-def row_alone(impl, inputs: dict, full: dict) -> bool:
+def _n(inputs: dict, spec) -> int:
+    """The case's rows: the length of the op's index input."""
+    return inputs[spec.index].shape[0]
+
+
+def row_alone(impl, inputs: dict, full: dict, spec) -> bool:
     """Whether each sampled row run alone equals that row within ``full`` (see module)."""
-    n = inputs["residual"].shape[0]
+    n = _n(inputs, spec)
     rows = sorted({r for r in (0, 1, n // 2, n - 2, n - 1) if 0 <= r < n})
-    return all(_rows_equal(_run(impl, _rows(inputs, r, r + 1)), full, r, r + 1) for r in rows)
+    return all(_rows_equal(_run(impl, _rows(inputs, r, r + 1, spec)), full, r, r + 1, spec)
+               for r in rows)
 
 
-def sub_batches(impl, inputs: dict, full: dict) -> bool:
+def sub_batches(impl, inputs: dict, full: dict, spec) -> bool:
     """Whether sub-batches covering the batch, concatenated, equal ``full`` (see module)."""
-    n = inputs["residual"].shape[0]
-    cuts = _cuts(n)
-    parts = [_run(impl, _rows(inputs, a, b)) for a, b in itertools.pairwise(cuts) if b > a]
+    cuts = _cuts(_n(inputs, spec))
+    parts = [_run(impl, _rows(inputs, a, b, spec))
+             for a, b in itertools.pairwise(cuts) if b > a]
     return all(_same(torch.cat([p[k] for p in parts]), full[k])
-               for k in ROW_TENSORS if k in full)
+               for k in spec.row_outputs() if k in full)
 
 
-def size_sweep(impl, inputs: dict, max_size: int) -> int | None:
+def size_sweep(impl, inputs: dict, max_size: int, spec) -> int | None:
     """The smallest sweep size that breaks the size sweep (see module), or None."""
-    m = min(inputs["residual"].shape[0], max_size)
-    top = _rows(inputs, 0, m)
+    m = min(_n(inputs, spec), max_size)
+    top = _rows(inputs, 0, m, spec)
     whole = _run(impl, top)
     for s in sweep_sizes(m):
-        prefix = _run(impl, _rows(inputs, 0, s))
-        if not _rows_equal(prefix, whole, 0, s):
+        prefix = _run(impl, _rows(inputs, 0, s, spec))
+        if not _rows_equal(prefix, whole, 0, s, spec):
             return s
-        if "gate" in prefix:
+        groups = [k for k in spec.group_outputs() if k in prefix]
+        if groups:
             padded = dict(top)
-            for k in ("y", "grad_out"):
+            for k in spec.zero_rows:
                 padded[k] = top[k].clone()
                 padded[k][s:] = 0
-            if not _same(prefix["gate"], _run(impl, padded)["gate"]):
+            again = _run(impl, padded)
+            if not all(_same(prefix[k], again[k]) for k in groups):
                 return s
     return None
 
 
-def check(impl, inputs: dict, *, max_size: int = 1025, full: dict | None = None) -> dict:
+def check(impl, inputs: dict, spec, *, max_size: int = 1025, full: dict | None = None) -> dict:
     """The three checks for one case: ``{"row_alone": bool, "sub_batches": bool,
     "size_sweep": bool, "first_failing_size": int | None, "max_size": M}``.
 
-    ``impl`` must have a backward; ``inputs`` as :meth:`Implementation.run` takes them.
+    ``impl`` must have a backward; ``inputs`` as :meth:`Implementation.run` takes them;
+    ``spec``: the op's :class:`ops.spec.OpSpec`.
     ``full``: the outputs of one forward+backward call of ``impl`` on the whole of
     ``inputs`` (fresh clones) when the caller has them already (the cell's first repeat);
     else that call is made here.
     """
     if full is None:
         full = _run(impl, inputs)
-    first = size_sweep(impl, inputs, max_size)
-    return {"row_alone": row_alone(impl, inputs, full),
-            "sub_batches": sub_batches(impl, inputs, full),
+    first = size_sweep(impl, inputs, max_size, spec)
+    return {"row_alone": row_alone(impl, inputs, full, spec),
+            "sub_batches": sub_batches(impl, inputs, full, spec),
             "size_sweep": first is None, "first_failing_size": first,
-            "max_size": min(inputs["residual"].shape[0], max_size)}
+            "max_size": min(_n(inputs, spec), max_size)}

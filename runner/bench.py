@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from tabulate import tabulate
 
+from ops.gate_residual.inputs import make_inputs
 from runner import environment
 from runner.implementations import get
-from runner.inputs import make_inputs
 from runner.timing import median_ms
 
 L2_BYTES = 60 * 2**20  # H200 (KINDS.md: 60 MB of L2); rotation keeps 3x this in flight

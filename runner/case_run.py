@@ -26,8 +26,6 @@ from runner import batch_invariance, compare, gpu_lock, timing
 from runner.implementations import Implementation
 from runner.phases import PhaseClock
 
-TENSORS = ("out", "res", "y", "gate")
-
 
 def changed_inputs(before: dict, after: dict) -> list[str]:
     """Names of the inputs whose bits differ between ``before`` and ``after`` (a call's
@@ -36,10 +34,12 @@ def changed_inputs(before: dict, after: dict) -> list[str]:
             if k in after and not torch.equal(compare.bits(v), compare.bits(after[k]))]
 
 
-def call(impl: Implementation, inputs: dict, *, backward: bool, inference: bool = False):
-    """One call on fresh clones: (outputs among TENSORS, detached; names of mutated inputs).
+def call(impl: Implementation, inputs: dict, *, backward: bool, inference: bool = False,
+         outputs: tuple[str, ...] | None = None):
+    """One call on fresh clones: (outputs, detached; names of mutated inputs).
 
-    ``inference``: forward only, under ``torch.inference_mode()``.
+    ``inference``: forward only, under ``torch.inference_mode()``. ``outputs``: the op's
+    output keys (:attr:`ops.spec.OpSpec.outputs`) kept of what the call returns (None: all).
     """
     clones = {k: v.clone() for k, v in inputs.items()}
     if inference:
@@ -47,19 +47,21 @@ def call(impl: Implementation, inputs: dict, *, backward: bool, inference: bool 
             got = impl.run(clones, backward=False)
     else:
         got = impl.run(clones, backward=backward)
-    return ({k: v.detach() for k, v in got.items() if k in TENSORS},
+    return ({k: v.detach() for k, v in got.items() if outputs is None or k in outputs},
             changed_inputs(inputs, clones))
 
 
-def run_repeats(impl: Implementation, inputs: dict, repeats: int, inference: bool = False):
+def run_repeats(impl: Implementation, inputs: dict, repeats: int, inference: bool = False,
+                outputs: tuple[str, ...] | None = None):
     """First run's outputs, per tensor whether every repeat had the same bits, and the
     inputs any call changed (in order of first change). Each repeat is compared with the
-    first and dropped at once."""
+    first and dropped at once. ``outputs`` as :func:`call` takes it."""
     backward = impl.has_backward and not inference
-    first, mutated = call(impl, inputs, backward=backward, inference=inference)
+    first, mutated = call(impl, inputs, backward=backward, inference=inference, outputs=outputs)
     same = {k: True for k in first}
     for _ in range(repeats - 1):
-        again, changed = call(impl, inputs, backward=backward, inference=inference)
+        again, changed = call(impl, inputs, backward=backward, inference=inference,
+                              outputs=outputs)
         mutated += [k for k in changed if k not in mutated]
         for k in first:
             same[k] = same[k] and torch.equal(compare.bits(first[k]), compare.bits(again[k]))
@@ -67,23 +69,33 @@ def run_repeats(impl: Implementation, inputs: dict, repeats: int, inference: boo
     return first, same, mutated
 
 
-def layout(tensors: dict, fn, *, out_list: bool = True) -> dict:
-    """``{"out": [fn("out")], "grads": {"res": ..., ...}}`` for the tensors present
-    (``out`` is a list in the reference report's comparisons, an object elsewhere)."""
-    entry = {"out": [fn("out")] if out_list else fn("out")} if "out" in tensors else {}
-    grads = {k: fn(k) for k in ("res", "y", "gate") if k in tensors}
+def layout(tensors: dict, fn, spec, *, out_list: bool = True) -> dict:
+    """``{<forward>: [fn(<forward>)], "grads": {<grad>: ..., ...}}`` for the tensors present,
+    in the order of op ``spec``'s outputs (the forward output is a list in the reference
+    report's comparisons, an object elsewhere)."""
+    fwd = spec.forward
+    entry = {fwd: [fn(fwd)] if out_list else fn(fwd)} if fwd in tensors else {}
+    grads = {k: fn(k) for k in spec.grads if k in tensors}
     if grads:
         entry["grads"] = grads
     return entry
 
 
+def _cmp_of(cmp_entry: dict, name: str) -> dict | None:
+    """The comparison of tensor ``name`` in a :func:`layout` entry (a list: the forward)."""
+    found = cmp_entry.get(name)
+    if isinstance(found, list):
+        return found[0]
+    return cmp_entry.get("grads", {}).get(name)
+
+
 def claims_broken(impl: Implementation, cmp_entry: dict, target: str) -> list[str]:
     """Claimed tensors that differ from the baseline. On the CPU target NaN payloads are
     exempt: eager's own bfloat16 NaN bits there depend on the element's position (vectorised
-    block or tail), see kernels/gate_residual_cpu.py."""
+    block or tail), see kernels/*_cpu.py."""
     broken = []
     for name in impl.bitwise_claims:
-        cmp = cmp_entry["out"][0] if name == "out" else cmp_entry.get("grads", {}).get(name)
+        cmp = _cmp_of(cmp_entry, name)
         if cmp is None:
             continue
         allowed = cmp["nan_payload_differ"] if target == "cpu" else 0
@@ -131,8 +143,10 @@ class CaseContext:
     """What every case of one cell shares: the matrix, the cell's target and device, the
     implementations in run order (reference, baseline, the rest), the report's ``results``,
     the phase clock, the hashing threads and whether to time and check batch invariance.
-    ``broken`` and ``no_baseline`` collect broken claims and cases without a baseline."""
+    ``spec``: the op's :class:`ops.spec.OpSpec`. ``broken`` and ``no_baseline`` collect
+    broken claims and cases without a baseline."""
 
+    spec: object
     matrix: object
     target: str
     device: str
@@ -167,13 +181,15 @@ def _run_one(ctx: CaseContext, impl: Implementation, x, on_device: dict, key: st
     try:
         inputs = _inputs_for(impl, x, on_device)
         with ctx.clock.run(impl.name), gpu_lock.shared():
-            first, same, mutated = run_repeats(impl, inputs, repeats, ctx.inference)
+            first, same, mutated = run_repeats(impl, inputs, repeats, ctx.inference,
+                                               tuple(ctx.spec.outputs))
         entry["mutated_inputs"][key] = mutated
         if (ctx.matrix.batch_invariance is not None and impl.has_backward
                 and not ctx.inference and not is_reference):
             with ctx.clock("batch_invariance"), gpu_lock.shared():
                 entry.setdefault("batch_invariant", {})[key] = batch_invariance.check(
-                    impl, inputs, max_size=ctx.matrix.batch_invariance.max_size, full=first)
+                    impl, inputs, ctx.spec, max_size=ctx.matrix.batch_invariance.max_size,
+                    full=first)
     except Exception as err:  # an implementation's failure is data, not a crash
         _failed(ctx, entry, key, err)
         return None
@@ -215,7 +231,7 @@ def _time_all(ctx: CaseContext, ran: list, x, on_device: dict, key: str) -> None
 def _same_bits(cmp_entry: dict, name: str) -> bool:
     """Whether tensor ``name`` of a comparison entry (:func:`layout` of
     :func:`runner.compare.bitwise`) has every bit of the baseline's."""
-    cmp = cmp_entry["out"][0] if name == "out" else cmp_entry.get("grads", {}).get(name)
+    cmp = _cmp_of(cmp_entry, name)
     return cmp is not None and cmp["differ"] == 0
 
 
@@ -252,7 +268,8 @@ def run_case(ctx: CaseContext, case, x, key: str, dtype: str) -> None:
         same: set[str] = set()
         if base is not None and impl.name != matrix.baseline:
             with ctx.clock("comparisons"), gpu_lock.shared():
-                cmp_entry = layout(first, lambda k, m=first, b=base: compare.bitwise(m[k], b[k]))
+                cmp_entry = layout(first, lambda k, m=first, b=base: compare.bitwise(m[k], b[k]),
+                                   ctx.spec)
             entry.setdefault(f"vs {matrix.baseline}", {})[key] = cmp_entry
             ctx.results[matrix.baseline].setdefault(f"vs {impl.name}", {})[key] = cmp_entry
             ctx.broken += [f"{impl.name}.{t}@{key}"
@@ -265,7 +282,7 @@ def run_case(ctx: CaseContext, case, x, key: str, dtype: str) -> None:
             with ctx.clock("accuracy"), gpu_lock.shared():
                 figures = {k: (dict(base_accuracy[k]) if k in same and k in base_accuracy
                                else compare.accuracy(first[k], ref[k])) for k in first}
-            entry["accuracy"][key] = layout(first, figures.__getitem__, out_list=False)
+            entry["accuracy"][key] = layout(first, figures.__getitem__, ctx.spec, out_list=False)
         if impl.name == matrix.baseline:
             base, base_hashes = first, pending[impl.name]
             base_accuracy = figures if ref is not None else {}

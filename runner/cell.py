@@ -1,11 +1,12 @@
 """Run one cell in this process and build its report (``docs/report-format.md``).
 
-For every case that runs on the cell's target (a case's ``targets``): build the inputs from
-the seed in the case's dtypes (:mod:`runner.inputs`; the report records them and the rows per
-gate index), run every implementation ``repeats`` times on fresh clones (forward, then
-backward with the fixed ``grad_out``), check in-process repeatability bit for bit, compare
-every implementation with the baseline bitwise (:func:`runner.compare.bitwise`) and with the
-accuracy reference (:func:`runner.compare.accuracy`), then time forward and forward+backward.
+For every case that runs on the cell's target (a case's ``targets``): build the op's inputs
+(its :class:`ops.spec.OpSpec`) from the seed in the case's dtypes (:mod:`runner.inputs`; the
+report records them and the rows per index value), run every implementation ``repeats``
+times on fresh clones (forward, then backward with the fixed upstream gradient), check
+in-process repeatability bit for bit, compare every implementation with the baseline
+bitwise (:func:`runner.compare.bitwise`) and with the accuracy reference
+(:func:`runner.compare.accuracy`), then time forward and forward+backward.
 
 An implementation that raises is recorded (status ``error`` or ``oom`` with the message) and
 the others go on; the cell's status is the worst of its implementations', or ``mismatch``
@@ -22,16 +23,17 @@ import os
 import time
 from collections.abc import Callable
 
+import ops
 from runner import compare, environment, gpu_lock, precompile
-from runner.case_run import TENSORS, CaseContext, out_of_memory, run_case
+from runner.case_run import CaseContext, out_of_memory, run_case
 from runner.cells import cases_on
 from runner.implementations import Implementation
-from runner.inputs import make_inputs
+from runner.inputs import build
 from runner.phases import PhaseClock
 
 KIND = "gate_residual_matrix"
 SCHEMA_VERSION = 1
-__all__ = ["TENSORS", "fingerprint", "out_of_memory", "run_cell", "skeleton"]
+__all__ = ["fingerprint", "out_of_memory", "run_cell", "skeleton"]
 _SEVERITY = {"ok": 0, "mismatch": 1, "unavailable": 0, "error": 2, "oom": 2}
 
 
@@ -83,7 +85,7 @@ def skeleton(matrix, cell, cases, *, backend: str, run_id: str, status: str,
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": KIND,
-        "op": "gate_residual",
+        "op": matrix.op,
         "run_id": run_id,
         "cell": {"id": cell.id, "stack": cell.stack, "mode": cell.mode, "target": cell.target,
                  "backend": backend},
@@ -95,8 +97,7 @@ def skeleton(matrix, cell, cases, *, backend: str, run_id: str, status: str,
         "started_at": _now(),
         "finished_at": _now(),
         "duration_s": 0.0,
-        "problem": {"D": p.D, "G": p.G, "dtype": p.dtype, "index_dtype": p.index_dtype,
-                    "seed": p.seed},
+        "problem": p.as_report(),
         "cases": [case_key(c) for c in cases_on(cases, cell.target)],
         "baseline": matrix.baseline,
         "accuracy_reference": matrix.accuracy_reference,
@@ -128,10 +129,14 @@ def _run_order(impls: list, matrix) -> list:
 
 def _case_weight(matrix, case) -> float:
     """A case's expected share of the cell's time, for the time-left estimate: a fixed part
-    plus one per 64 MiB of one (N, D) tensor in the case's dtype."""
+    plus one per 64 MiB of the op's forward output in the case's dtype."""
     dtype, _ = matrix.case_dtypes(case)
     size = {"bfloat16": 2, "float16": 2, "float32": 4}.get(dtype, 4)
-    return 1.0 + case.n * matrix.problem.D * size / 2**26
+    spec = ops.get(matrix.op)
+    numel = 1
+    for extent in spec.shape(spec.forward, n=case.n, sizes=matrix.problem.sizes):
+        numel *= extent
+    return 1.0 + numel * size / 2**26
 
 
 _MAX_REASON = 65536
@@ -243,21 +248,23 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
     env["gpu_lock"] = gpu_lock.path() is not None
     if workers:
         stamp = precompile.stamp_key(calls, torch_settings=mode.torch.model_dump(),
-                                     mode_env=dict(mode.env), d=p.D, g=p.G, target=cell.target)
+                                     mode_env=dict(mode.env), op=matrix.op, sizes=p.sizes,
+                                     target=cell.target)
         if precompile.stamped(stamp, calls):  # an earlier precompile filled this cache: load only
             env["precompile"] = {"workers": 0, "calls": len(calls), "seconds": 0.0,
                                  "failed": [], "stamp": stamp}
         else:  # their compiling may time kernels on the GPU (autotuning): shared lock
             with clock("precompile"), gpu_lock.shared():
                 env["precompile"] = precompile.run(
-                    calls, torch_settings=mode.torch.model_dump(), d=p.D, g=p.G,
-                    target=cell.target, workers=workers)
+                    calls, torch_settings=mode.torch.model_dump(), op=matrix.op,
+                    sizes=p.sizes, target=cell.target, workers=workers)
             precompile.leave_stamp(stamp, calls, env["precompile"])
     weights = [_case_weight(matrix, c) for c in cases]
     per_case: dict[str, float] = {}
     with futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
                                     thread_name_prefix="sha256") as hasher:
-        ctx = CaseContext(matrix=matrix, target=cell.target, device=device, impls=impls,
+        spec = ops.get(matrix.op)
+        ctx = CaseContext(spec=spec, matrix=matrix, target=cell.target, device=device, impls=impls,
                           results=report["results"], clock=clock, hasher=hasher,
                           inference=inference, with_timings=timings)
         for number, case in enumerate(cases, start=1):
@@ -265,13 +272,14 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
             key = str(case_key(case))
             dtype, index_dtype = matrix.case_dtypes(case)
             with clock("inputs"):
-                x = make_inputs(n=case.n, d=p.D, g=p.G, dtype=dtype, index_dtype=index_dtype,
-                                seed=p.seed, specials=case.specials, case_id=case.base_id)
+                x = build(spec, n=case.n, sizes=p.sizes, dtype=dtype, index_dtype=index_dtype,
+                          seed=p.seed, specials=case.specials, case_id=case.base_id)
                 input_hashes = {k: hasher.submit(compare.tensor_sha256, v)
                                 for k, v in x.tensors.items()}
                 report["inputs"][key] = {"n": case.n, "specials": case.specials,
                                          "dtype": dtype, "index_dtype": index_dtype,
-                                         "sha256": None, "index_counts": x.index_counts(p.G)}
+                                         "sha256": None,
+                                         "index_counts": x.index_counts(p.sizes[spec.groups])}
             run_case(ctx, case, x, key, dtype)
             with clock("hashing"):
                 report["inputs"][key]["sha256"] = {k: f.result()

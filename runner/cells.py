@@ -26,22 +26,28 @@ __all__ = ["Cell", "cases_on", "expand", "select", "select_cases"]
 
 @dataclass(frozen=True)
 class Cell:
-    """One cell of the matrix: a stack name, a mode name and a target (``cuda`` or ``cpu``).
+    """One cell of the matrix: a stack name, a mode name and a target (``cuda`` or ``cpu``);
+    ``prefix``: the op's :attr:`~ops.spec.OpSpec.cell_prefix`, so that two ops' cells never
+    share an id.
 
     Example::
 
         >>> Cell("host", "plain", "cuda").id
         'host-plain-cuda'
+        >>> Cell("host", "plain", "cpu", "scale_shift-").id
+        'scale_shift-host-plain-cpu'
     """
 
     stack: str
     mode: str
     target: str
+    prefix: str = ""
 
     @property
     def id(self) -> str:
-        """``<stack>-<mode>-<target>``: the report's file name; unique within a matrix."""
-        return f"{self.stack}-{self.mode}-{self.target}"
+        """``<prefix><stack>-<mode>-<target>``: the report's file name; unique within a
+        matrix, and across ops."""
+        return f"{self.prefix}{self.stack}-{self.mode}-{self.target}"
 
 
 def expand(matrix: Matrix) -> tuple[Cell, ...]:
@@ -54,7 +60,10 @@ def expand(matrix: Matrix) -> tuple[Cell, ...]:
         >>> [c.id for c in expand(load_matrix("matrix.yaml"))][:3]
         ['host-plain-cuda', 'host-plain-cpu', 'host-deterministic-cuda']
     """
-    return tuple(Cell(stack, mode, target)
+    import ops
+
+    prefix = ops.get(matrix.op).cell_prefix
+    return tuple(Cell(stack, mode, target, prefix)
                  for stack in matrix.stacks for mode, spec in matrix.modes.items()
                  for target in matrix.targets if spec.runs_on(target))
 

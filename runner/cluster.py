@@ -272,7 +272,8 @@ class Cluster:
             wanted = dict(job.wanted)
             options = {"num_cpus": wanted.pop("CPU"), "num_gpus": wanted.pop("GPU", 0),
                        "resources": wanted, "max_retries": 0, "name": f"cell {job.cell.id}"}
-            payload = {**base, "cell": (job.cell.stack, job.cell.mode, job.cell.target),
+            payload = {**base, "cell": (job.cell.stack, job.cell.mode, job.cell.target,
+                                               job.cell.prefix),
                        "cases": [c.id for c in job.cases], "run_id": job.run_id,
                        "backend": job.backend, "key": job.key, "attempt": attempt}
             pending[remote.options(**options).remote(payload, progress.queue)] = (job, attempt)

@@ -146,7 +146,7 @@ def run_on_node(payload: dict, queue=None) -> tuple[str, bytes]:
     tmp = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-"))
     try:
         matrix_path, matrix_dir = _matrix_here(payload, tmp)
-        matrix = load_matrix(matrix_path, known_implementations=implementations.KNOWN)
+        matrix = load_matrix(matrix_path, known_implementations=implementations.known)
         cell = Cell(*payload["cell"])
         cases = select_cases(matrix, payload["cases"])
         frame = dict(matrix=matrix, cell=cell, cases=cases, backend=payload["backend"],

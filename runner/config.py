@@ -19,7 +19,7 @@ import hashlib
 import json
 import re
 import types
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -46,7 +46,7 @@ from pydantic_core import PydanticCustomError
 from runner import files, pins
 from runner.errors import ConfigError
 
-__all__ = ["DTYPES", "INDEX_DTYPES", "KNOWN_IMPLEMENTATIONS", "LIBRARY_DISTRIBUTIONS",
+__all__ = ["DTYPES", "INDEX_DTYPES", "LIBRARY_DISTRIBUTIONS", "PROBLEM_KEYS",
            "SCHEMA_VERSION", "TARGETS",
            "BatchInvariance", "Case", "DockerStack", "FrozenMap", "HostStack", "Libraries",
            "Matrix", "Mode",
@@ -54,10 +54,6 @@ __all__ = ["DTYPES", "INDEX_DTYPES", "KNOWN_IMPLEMENTATIONS", "LIBRARY_DISTRIBUT
            "parse_matrix"]
 
 SCHEMA_VERSION = 1
-KNOWN_IMPLEMENTATIONS: tuple[str, ...] = (
-    "eager", "numba", "fp64", "compiled", "compiled_emulate", "sglang_indexed_gate_triton",
-    "sglang_indexed_gate_triton_inplace", "sglang_residual_gate_add_jit",
-    "vllm_omni_gated_residual", "vllm_omni_h3_fused", "rl_kernel_h3")
 LIBRARY_DISTRIBUTIONS: tuple[str, ...] = ("sglang", "vllm-omni")
 """The keys ``libraries.versions`` may use: the distributions of the library implementations
 that run per version (runner/implementations/versioned.py; RL-Kernel runs from a source tree,
@@ -85,6 +81,10 @@ _PATTERN_WORDS = {
     NAME_PATTERN: "a name of 1-63 characters from a-z 0-9 _ . - starting with a letter or digit",
     ENV_NAME_PATTERN: f"an environment variable name matching {ENV_NAME_PATTERN}",
 }
+
+
+Known = Collection[str] | Callable[[str], Collection[str]] | None
+"""``known_implementations``: names, a function of the op giving them, or None (the op's)."""
 
 
 class FrozenMap(Mapping):
@@ -171,14 +171,29 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
-class Problem(_Frozen):
-    """Fixed sizes: ``D`` hidden size, ``G`` gate rows, storage/index dtypes, input ``seed``."""
+PROBLEM_KEYS = ("dtype", "index_dtype", "seed")
+"""The ``problem`` keys every op has; its sizes (:attr:`ops.spec.OpSpec.sizes`) are the rest."""
 
-    D: Annotated[StrictInt, Field(ge=1)]
-    G: Annotated[StrictInt, Field(ge=1)]
+
+class Problem(BaseModel):
+    """Fixed for every case: the op's sizes (its spec's ``sizes``, each an integer >= 1,
+    checked against the op by :class:`Matrix`), storage/index dtypes, input ``seed``."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+
     dtype: DType
     index_dtype: IndexDType
     seed: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)]
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """The op's sizes, in file order (``{"D": 5376, "G": 9}``)."""
+        return dict(self.model_extra or {})
+
+    def as_report(self) -> dict[str, Any]:
+        """The report's ``problem``: the sizes, then dtype, index_dtype and seed."""
+        return {**self.sizes, "dtype": self.dtype, "index_dtype": self.index_dtype,
+                "seed": self.seed}
 
 
 class Case(_Frozen):
@@ -414,7 +429,7 @@ class Matrix(_Frozen):
     """
 
     schema_version: StrictInt
-    op: Literal["gate_residual"]
+    op: StrictStr
     problem: Problem
     cases: _list_of(Case)
     implementations: _list_of(StrictStr)
@@ -428,6 +443,49 @@ class Matrix(_Frozen):
     targets: _list_of(Target)
     pip: PipOptions = PipOptions()  # defaults for every docker stack's image build
     libraries: Libraries | None = None  # library versions as rows (issue 13)
+
+    @field_validator("op")
+    @classmethod
+    def _known_op(cls, op: str) -> str:
+        """``op`` is one of :data:`ops.OPS`."""
+        import ops
+
+        if op not in ops.OPS:
+            close = difflib.get_close_matches(op, ops.OPS, n=1)
+            raise PydanticCustomError("matrix", "unknown op", {
+                "expected": _one_of(list(ops.OPS)),
+                "got": _show(op) + (f" (did you mean {close[0]}?)" if close else "")})
+        return op
+
+    @field_validator("problem")
+    @classmethod
+    def _op_sizes(cls, problem: Problem, info: ValidationInfo) -> Problem:
+        """``problem`` has exactly the op's sizes (each an integer >= 1) beside
+        :data:`PROBLEM_KEYS` (an unknown op's sizes are not checked: ``op`` is the error)."""
+        import ops
+
+        op = info.data.get("op")
+        if op not in ops.OPS:
+            return problem
+        sizes, given = ops.get(op).sizes, problem.sizes
+        found = []
+        for key, value in given.items():
+            if key not in sizes:
+                keys = [*sizes, *PROBLEM_KEYS]
+                close = difflib.get_close_matches(str(key), keys, n=1)
+                found.append((key, f"one of the keys {', '.join(keys)} (op {op})",
+                              f"unknown key {_show(key)}"
+                              + (f" (did you mean {close[0]}?)" if close else "")))
+            elif type(value) is not int or value < 1:
+                found.append((key, "an integer >= 1", _show(value)))
+        found += [(key, "an integer >= 1", "nothing (the key is missing)")
+                  for key in sizes if key not in given]
+        if found:
+            key, expected, got = found[0]
+            raise PydanticCustomError("matrix", "bad problem", {
+                "path": _path(["problem", key]), "expected": expected, "got": got,
+                "more": len(found) - 1})
+        return problem
 
     @model_validator(mode="before")
     @classmethod
@@ -473,7 +531,11 @@ class Matrix(_Frozen):
 
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> Matrix:
-        known = (info.context or {}).get("known_implementations", KNOWN_IMPLEMENTATIONS)
+        known = (info.context or {}).get("known_implementations")
+        if known is None:
+            import ops
+
+            known = ops.get(self.op).implementation_names
         problems = list(_cross_checks(self, tuple(known)))
         if problems:
             path, expected, got = problems[0]
@@ -546,11 +608,12 @@ def _duplicates(key: str, values: Collection[str], expected: str) -> Iterator[tu
 
 
 def parse_matrix(data: Any, source: str = "matrix.yaml", *,
-                 known_implementations: Collection[str] = KNOWN_IMPLEMENTATIONS) -> Matrix:
+                 known_implementations: Known = None) -> Matrix:
     """Validate parsed YAML ``data`` (a dict) into a :class:`Matrix`.
 
     ``source`` starts every message; ``known_implementations`` are the names
-    ``implementations`` may use. Raises ConfigError, one line, for the first problem
+    ``implementations`` may use, or a function of the file's op that gives them (default:
+    the op's :attr:`ops.spec.OpSpec.implementation_names`). Raises ConfigError, one line, for the first problem
     found, ending ``(+K more)`` when there are K others.
 
     Example::
@@ -560,7 +623,13 @@ def parse_matrix(data: Any, source: str = "matrix.yaml", *,
         runner.errors.ConfigError: matrix.yaml: problem: expected a value, got nothing (the key is missing) (+6 more)
     """  # noqa: E501
     known = known_implementations
-    known = tuple(known) if isinstance(known, Sequence) else tuple(sorted(known))
+    if callable(known):  # the registry's names of the file's op (runner.implementations.known)
+        op = data.get("op") if isinstance(data, Mapping) else None
+        import ops
+
+        known = known(op) if op in ops.OPS else None
+    if known is not None:
+        known = tuple(known) if isinstance(known, Sequence) else tuple(sorted(known))
     context = {"known_implementations": known}
     try:
         return Matrix.model_validate(data, context=context)
@@ -569,7 +638,7 @@ def parse_matrix(data: Any, source: str = "matrix.yaml", *,
 
 
 def load_matrix(path: str | Path, *,
-                known_implementations: Collection[str] = KNOWN_IMPLEMENTATIONS) -> Matrix:
+                known_implementations: Known = None) -> Matrix:
     """Read the matrix file at ``path`` and validate it (see :func:`parse_matrix`).
 
     Raises ConfigError naming the file when it cannot be read, is not UTF-8, is not
@@ -577,8 +646,8 @@ def load_matrix(path: str | Path, *,
 
     Example::
 
-        >>> load_matrix("matrix.yaml").problem.D
-        5376
+        >>> load_matrix("matrix.yaml").problem.sizes
+        {'D': 5376, 'G': 9}
     """
     source = str(path)
     try:

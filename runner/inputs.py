@@ -9,16 +9,22 @@ has mean 0 and variance 1. Rounding to the storage dtype is numpy's IEEE convers
 float32, then float16 (numpy) or bfloat16 (round to nearest even on the bits, below). No
 library's random generator, no libm call: the same bits everywhere.
 
-With ``specials=True``, about 1 element in 61 of ``residual``, ``gate``, ``y`` and
-``grad_out`` is replaced by one of :func:`special_values` (NaN, +-Inf, +-0.0, subnormals,
-the largest finite values, ...), at positions drawn from the same stream.
+With ``specials=True``, about 1 element in 61 of every floating-point input is replaced by
+one of :func:`special_values` (NaN, +-Inf, +-0.0, subnormals, the largest finite values,
+...), at positions drawn from the same stream.
+
+Which tensors, of which shapes, is the op's (:class:`ops.spec.OpSpec`): :func:`build` makes
+each of its ``inputs`` from the stream keyed by the tensor's name, and its ``index`` (N,) in
+[0, ``groups``).
 
 Example::
 
-    >>> from runner.inputs import make_inputs
-    >>> x = make_inputs(n=257, d=5376, g=9, dtype="bfloat16", index_dtype="int64", seed=1)
-    >>> sorted(x.tensors)
-    ['gate', 'grad_out', 'index', 'residual', 'y']
+    >>> import ops
+    >>> from runner.inputs import build
+    >>> x = build(ops.get("indexed_scale_shift"), n=257, sizes={"D": 64, "G": 9},
+    ...           dtype="bfloat16", index_dtype="int64", seed=1)
+    >>> sorted(x.tensors), x.tensors["scale"].shape
+    (['grad_out', 'index', 'scale', 'shift', 'x'], torch.Size([9, 64]))
 """
 
 from __future__ import annotations
@@ -136,20 +142,23 @@ def special_values(dtype: str) -> np.ndarray:
 
 @dataclass(frozen=True)
 class CaseInputs:
-    """One case's inputs as CPU tensors: residual, y, grad_out (N, D); gate (G, D); index (N,)."""
+    """One case's inputs as CPU tensors, by the op's input names (``index``: the name of its
+    integer index input, shape (N,))."""
 
     case_id: str
     n: int
     specials: bool
     tensors: dict[str, torch.Tensor]
+    index: str = "index"
 
     def sha256(self) -> dict[str, str]:
         """sha256 of each tensor's bytes (row-major, little-endian storage)."""
         return {name: tensor_sha256(t) for name, t in self.tensors.items()}
 
     def index_counts(self, g: int) -> list[int]:
-        """Rows per gate index, length G (grad_gate's error grows with the count)."""
-        return torch.bincount(self.tensors["index"].long(), minlength=g).tolist()
+        """Rows per index value, length ``g`` (a sum over the rows that share an index value
+        has an error that grows with the count)."""
+        return torch.bincount(self.tensors[self.index].long(), minlength=g).tolist()
 
 
 _PARALLEL_AT_LEAST = 1 << 16
@@ -258,29 +267,40 @@ def _values32(key: int, pick_key: int, count: int, table: np.ndarray | None) -> 
     return np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.float32)
 
 
-def make_inputs(*, n: int, d: int, g: int, dtype: str, index_dtype: str, seed: int,
-                specials: bool = False, case_id: str | None = None) -> CaseInputs:
+def make_tensors(*, shapes: dict[str, tuple[int, ...]], index: str, n: int, groups: int,
+                 dtype: str, index_dtype: str, seed: int, specials: bool = False,
+                 case_id: str | None = None) -> CaseInputs:
     """Build one case's inputs (CPU tensors); bits depend only on the arguments.
 
-    Args: ``n`` rows (>= 0), ``d`` columns, ``g`` gate rows (>= 1), ``dtype`` one of
-    bfloat16/float16/float32, ``index_dtype`` int64/int32, ``seed`` >= 0. ``case_id``
-    defaults to ``str(n)`` (``f"{n}-specials"`` with specials) and keys the streams; the
-    runner passes the case id without its dtypes, so one N has the same float64 values (each
-    rounded to its dtype) and the same index in every dtype.
+    ``shapes``: floating-point input name -> shape, built in this order from the stream
+    keyed by (seed, case_id, name); ``index``: the name of the (n,) index input, values in
+    [0, ``groups``). ``dtype`` one of bfloat16/float16/float32, ``index_dtype`` int64/int32,
+    ``seed`` >= 0. ``case_id`` defaults to ``str(n)`` (``f"{n}-specials"`` with specials) and
+    keys the streams; the runner passes the case id without its dtypes, so one N has the same
+    float64 values (each rounded to its dtype) and the same index in every dtype.
     Raises ``ValueError`` for an unknown dtype.
     """
     if index_dtype not in INDEX_DTYPES:
         raise ValueError(f"unknown index dtype {index_dtype!r}; choose from int64, int32")
     case_id = case_id or (f"{n}-specials" if specials else str(n))
-    shapes = {"residual": (n, d), "gate": (g, d), "y": (n, d), "grad_out": (n, d)}
     tensors: dict[str, torch.Tensor] = {}
     for name, shape in shapes.items():
-        count = shape[0] * shape[1]
+        count = int(np.prod(shape, dtype=np.int64))
         key = stream_key(seed, case_id, name)
         pick_key = stream_key(seed, case_id, name + "/specials")
         values32 = _values32(key, pick_key, count, special_values(dtype) if specials else None)
         tensors[name] = to_storage(values32, dtype).reshape(shape)
-    index_words = splitmix64(stream_key(seed, case_id, "index"), n)
-    index = ((index_words >> np.uint64(32)) % np.uint64(g)).astype(np.int64)
-    tensors["index"] = torch.from_numpy(index).to(INDEX_DTYPES[index_dtype])
-    return CaseInputs(case_id=case_id, n=n, specials=specials, tensors=tensors)
+    index_words = splitmix64(stream_key(seed, case_id, index), n)
+    values = ((index_words >> np.uint64(32)) % np.uint64(groups)).astype(np.int64)
+    tensors[index] = torch.from_numpy(values).to(INDEX_DTYPES[index_dtype])
+    return CaseInputs(case_id=case_id, n=n, specials=specials, tensors=tensors, index=index)
+
+
+def build(spec, *, n: int, sizes: dict[str, int], dtype: str, index_dtype: str, seed: int,
+          specials: bool = False, case_id: str | None = None) -> CaseInputs:
+    """One case's inputs for op ``spec`` (:class:`ops.spec.OpSpec`) with the problem's
+    ``sizes``: :func:`make_tensors` of the spec's inputs and index."""
+    shapes = {name: spec.shape(name, n=n, sizes=sizes) for name in spec.inputs}
+    return make_tensors(shapes=shapes, index=spec.index, n=n, groups=sizes[spec.groups],
+                        dtype=dtype, index_dtype=index_dtype, seed=seed, specials=specials,
+                        case_id=case_id)

@@ -103,12 +103,12 @@ def cell_plan(matrix, cell, cases) -> list[dict]:
                 inference=inference)
 
 
-def stamp_key(items: list[dict], *, torch_settings: dict, mode_env: dict, d: int, g: int,
-              target: str) -> str:
+def stamp_key(items: list[dict], *, torch_settings: dict, mode_env: dict, op: str,
+              sizes: dict, target: str) -> str:
     """sha256 of what decides the compiled graphs besides the calls themselves: the mode's
-    torch settings and variables, D, G, the target, torch's and triton's versions, and the
-    implementations in ``items`` with their source files (where their ``run`` is defined).
-    The calls are kept in the stamp (:func:`stamped` checks them)."""
+    torch settings and variables, the op and its problem sizes, the target, torch's and
+    triton's versions, and the implementations in ``items`` with their source files (where
+    their ``run`` is defined). The calls are kept in the stamp (:func:`stamped` checks them)."""
     import inspect
 
     import torch
@@ -122,9 +122,9 @@ def stamp_key(items: list[dict], *, torch_settings: dict, mode_env: dict, d: int
         triton_version = None
     sources = {}
     for name in sorted({item["impl"] for item in items}):
-        path = inspect.getsourcefile(implementations.get(name).run)
+        path = inspect.getsourcefile(implementations.get(name, op).run)
         sources[name] = hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None
-    blob = json.dumps({"torch": torch_settings, "env": mode_env, "D": d, "G": g,
+    blob = json.dumps({"torch": torch_settings, "env": mode_env, "op": op, **sizes,
                        "target": target, "torch_version": torch.__version__,
                        "triton": triton_version, "sources": sources}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
@@ -168,17 +168,17 @@ def leave_stamp(key: str, items: list[dict], record: dict) -> None:
         pass
 
 
-def run(items: list[dict], *, torch_settings: dict, d: int, g: int, target: str,
+def run(items: list[dict], *, torch_settings: dict, op: str, sizes: dict, target: str,
         workers: int, timeout_s: float = 300.0, env: dict | None = None) -> dict:
     """Run the calls of ``items`` in ``workers`` processes (round robin, so each starts with
     the first cases) and wait for them, at most ``timeout_s``; returns the record for
     ``environment.precompile``: workers, calls, seconds, and the workers that failed.
     ``env``: the workers' environment (default: this process's)."""
-    return run_groups([(items, torch_settings, env)], d=d, g=g, target=target,
+    return run_groups([(items, torch_settings, env)], op=op, sizes=sizes, target=target,
                       workers=workers, timeout_s=timeout_s)
 
 
-def run_groups(groups: list[tuple], *, d: int, g: int, target: str, workers: int,
+def run_groups(groups: list[tuple], *, op: str, sizes: dict, target: str, workers: int,
                timeout_s: float = 300.0) -> dict:
     """:func:`run` for several modes at once: ``groups`` is ``[(items, torch_settings, env or
     None), ...]``; the ``workers`` processes are shared out in proportion to the calls (at
@@ -195,7 +195,7 @@ def run_groups(groups: list[tuple], *, d: int, g: int, target: str, workers: int
             share = max(1, min(len(items), round(workers * len(items) / total)))
             for w in range(share):
                 path = Path(tmp) / f"plan-{gi}-{w}.json"
-                path.write_text(json.dumps({"torch": torch_settings, "D": d, "G": g,
+                path.write_text(json.dumps({"torch": torch_settings, "op": op, "sizes": sizes,
                                             "target": target, "calls": items[w::share]}),
                                 encoding="utf-8")
                 procs.append(subprocess.Popen(
@@ -219,17 +219,20 @@ def run_groups(groups: list[tuple], *, d: int, g: int, target: str, workers: int
             "seconds": round(time.perf_counter() - started, 3), "failed": failed}
 
 
-def _inputs(call: dict, d: int, g: int, device: str) -> dict:
+def _inputs(call: dict, op: str, sizes: dict, device: str) -> dict:
+    """Zero inputs of ``op`` (its spec's shapes) for one call: the graphs depend on shapes
+    and dtypes, not values."""
     import torch
 
+    import ops
     from runner.inputs import INDEX_DTYPES, TORCH_DTYPES
 
+    spec = ops.get(op)
     dt, n = TORCH_DTYPES[call["dtype"]], call["rows"]
-    return {"residual": torch.zeros(n, d, dtype=dt, device=device),
-            "gate": torch.zeros(g, d, dtype=dt, device=device),
-            "y": torch.zeros(n, d, dtype=dt, device=device),
-            "index": torch.zeros(n, dtype=INDEX_DTYPES[call["index_dtype"]], device=device),
-            "grad_out": torch.zeros(n, d, dtype=dt, device=device)}
+    x = {name: torch.zeros(spec.shape(name, n=n, sizes=sizes), dtype=dt, device=device)
+         for name in spec.inputs}
+    x[spec.index] = torch.zeros(n, dtype=INDEX_DTYPES[call["index_dtype"]], device=device)
+    return x
 
 
 def main(argv: list[str]) -> int:
@@ -243,8 +246,8 @@ def main(argv: list[str]) -> int:
     modes.apply_torch_settings(TorchSettings(**spec["torch"]))
     device = "cuda" if spec["target"] == "cuda" else "cpu"
     for call in spec["calls"]:
-        impl = implementations.get(call["impl"])
-        x = _inputs(call, spec["D"], spec["G"], device)
+        impl = implementations.get(call["impl"], spec["op"])
+        x = _inputs(call, spec["op"], spec["sizes"], device)
         if call["grad"] == "inference":
             with torch.inference_mode():
                 impl.run(x, backward=False)
@@ -262,11 +265,12 @@ def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
     settings) and leave each mode's stamp; modes whose stamp is there are not compiled again.
     Returns ``{mode: "stamped" | "compiled" | "nothing to compile" | "failed: ..."}``.
     Raises :class:`runner.errors.ConfigError` for a bad matrix or an unknown mode."""
+    from runner import implementations
     from runner.cells import Cell
     from runner.config import load_matrix
     from runner.errors import ConfigError
 
-    matrix = load_matrix(matrix_path)
+    matrix = load_matrix(matrix_path, known_implementations=implementations.known)
     unknown = [m for m in modes if m not in matrix.modes]
     if unknown:
         raise ConfigError(f"unknown mode(s) {', '.join(unknown)}: the matrix has "
@@ -276,8 +280,8 @@ def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
         items = cell_plan(matrix, Cell("host", mode, target), matrix.cases)
         spec = matrix.modes[mode]
         torch_settings = spec.torch.model_dump()
-        key = stamp_key(items, torch_settings=torch_settings, mode_env=dict(spec.env), d=p.D,
-                        g=p.G, target=target)
+        key = stamp_key(items, torch_settings=torch_settings, mode_env=dict(spec.env),
+                        op=matrix.op, sizes=p.sizes, target=target)
         if not items:
             outcome[mode] = "nothing to compile"
         elif stamped(key, items):
@@ -296,8 +300,8 @@ def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
         for wave in ([0], list(range(1, len(groups)))):
             if not wave:
                 continue
-            record = run_groups([groups[gi] for gi in wave], d=p.D, g=p.G, target=target,
-                                workers=n, timeout_s=900)
+            record = run_groups([groups[gi] for gi in wave], op=matrix.op, sizes=p.sizes,
+                                target=target, workers=n, timeout_s=900)
             for gi in wave:
                 mode, key = keys[gi]
                 if record["failed"]:

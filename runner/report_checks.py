@@ -213,6 +213,15 @@ def _repeated_case_problems(report: Mapping[str, Any]) -> Iterator[str]:
                       if len(repeated) > 1 else "") + more)
 
 
+def _cell_prefix(report: Mapping[str, Any]) -> str:
+    """The cell id prefix of the report's op (:attr:`ops.spec.OpSpec.cell_prefix`); "" for
+    an op this runner does not know."""
+    import ops
+
+    op = report.get("op")
+    return ops.get(op).cell_prefix if op in ops.OPS else ""
+
+
 def ours_problems(report: Mapping[str, Any]) -> Iterator[str]:
     """Every rule beyond the schema that our report (``schema_version``) must keep; only
     called on a schema-valid report."""
@@ -220,10 +229,10 @@ def ours_problems(report: Mapping[str, Any]) -> Iterator[str]:
     cell_id = cell["id"]
     if not CELL_ID_RE.fullmatch(cell_id):  # jsonschema's $ lets "x\n" pass
         yield f"cell.id: expected a name matching {CELL_ID_RE.pattern}, got {cell_id!r}"
-    made = f"{cell['stack']}-{cell['mode']}-{cell['target']}"
+    made = f"{_cell_prefix(report)}{cell['stack']}-{cell['mode']}-{cell['target']}"
     if cell_id != made:
-        yield (f"cell.id: expected <stack>-<mode>-<target> = {json.dumps(made)}, "
-               f"got {json.dumps(cell_id)}")
+        yield (f"cell.id: expected <op's cell prefix><stack>-<mode>-<target> = "
+               f"{json.dumps(made)}, got {json.dumps(cell_id)}")
     yield from _repeated_case_problems(report)
     cases = {str(c) for c in report["cases"]}
     yield from _inputs_problems(report, cases)

@@ -210,7 +210,7 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
         matrix_path, reports_dir = Path(matrix_path).resolve(), Path(reports_dir).resolve()
     except (OSError, RuntimeError) as err:  # a symlink loop
         raise ConfigError(f"--matrix/--reports: cannot resolve the path: {err}") from err
-    matrix = load_matrix(matrix_path, known_implementations=implementations.KNOWN)
+    matrix = load_matrix(matrix_path, known_implementations=implementations.known)
     made = {"docker": DockerBackend(gpus=gpus, matrix_dir=Path(matrix_path).parent,
                                     build=build)}
     if cluster is None:

@@ -28,16 +28,16 @@ def main() -> int:
 
     import torch
 
+    from ops.gate_residual.eager import run as eager
+    from ops.gate_residual.inputs import make_inputs
     from runner import implementations
     from runner.config import load_matrix
     from runner.errors import ConfigError
     from runner.implementations import versioned
-    from runner.implementations.eager import run as eager
     from runner.implementations.library import LibraryImplementation
-    from runner.inputs import make_inputs
 
     try:
-        matrix = load_matrix(args.matrix, known_implementations=implementations.KNOWN)
+        matrix = load_matrix(args.matrix, known_implementations=implementations.known)
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 2

@@ -40,7 +40,7 @@ def main() -> int:
     from runner.cells import expand, select, select_cases
     from runner.config import load_matrix
 
-    matrix = load_matrix(args.matrix, known_implementations=implementations.KNOWN)
+    matrix = load_matrix(args.matrix, known_implementations=implementations.known)
     (cell,) = select(expand(matrix), stacks=[args.stack], modes=[args.mode],
                      targets=[args.target])
     modes.apply_torch_settings(matrix.modes[cell.mode].torch)

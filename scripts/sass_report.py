@@ -11,7 +11,7 @@ import re
 import torch
 
 from kernels import gate_residual as K
-from runner.inputs import make_inputs
+from ops.gate_residual.inputs import make_inputs
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ import secrets
 import pytest
 import torch
 
-from runner.inputs import make_inputs
+from ops.gate_residual.inputs import make_inputs
 
 DTYPES = ("bfloat16", "float16", "float32")
 INDEX_DTYPES = ("int64", "int32")

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ops.gate_residual import SPEC, eager, faulty, numba_kernel
+from ops.gate_residual.inputs import make_inputs
 from runner import batch_invariance, implementations
 from runner.cell import run_cell
 from runner.cells import Cell, select_cases
 from runner.config import parse_matrix
-from runner.implementations import eager, faulty, numba_kernel
-from runner.inputs import make_inputs
 
 FAULTS = Path(__file__).resolve().parent / "data" / "faults.yaml"
 
@@ -22,16 +22,14 @@ FAULTS = Path(__file__).resolve().parent / "data" / "faults.yaml"
 def test_only(monkeypatch):
     """The test-only implementations registered, as GATE_RESIDUAL_FAULTS=1 does."""
     for impl in faulty.TEST_ONLY:
-        monkeypatch.setitem(implementations.REGISTRY, impl.name, impl)
-    monkeypatch.setattr(implementations, "KNOWN",
-                        (*implementations.KNOWN, *(i.name for i in faulty.TEST_ONLY)))
+        monkeypatch.setitem(implementations.registry("gate_residual"), impl.name, impl)
 
 
 def matrix(impls, **extra):
     data = yaml.safe_load(FAULTS.read_text())
     data.update(implementations=impls, modes={"plain": {}, "inference": {
         "torch": {"inference_mode": True}}}, **extra)
-    return parse_matrix(data, known_implementations=implementations.KNOWN)
+    return parse_matrix(data, known_implementations=implementations.known)
 
 
 def inputs(n, specials=False):
@@ -47,13 +45,13 @@ def test_sweep_sizes():
 
 @pytest.mark.parametrize("impl", [eager.EAGER, numba_kernel.NUMBA], ids=lambda i: i.name)
 def test_eager_and_numba_are_batch_invariant_on_the_cpu(impl):
-    got = batch_invariance.check(impl, inputs(40), max_size=40)
+    got = batch_invariance.check(impl, inputs(40), SPEC, max_size=40)
     assert got == {"row_alone": True, "sub_batches": True, "size_sweep": True,
                    "first_failing_size": None, "max_size": 40}
 
 
 def test_an_n_dependent_grad_gate_order_fails_the_size_sweep():
-    got = batch_invariance.check(faulty.BATCH_VARIANT, inputs(40), max_size=40)
+    got = batch_invariance.check(faulty.BATCH_VARIANT, inputs(40), SPEC, max_size=40)
     assert got["size_sweep"] is False and got["first_failing_size"] in range(2, 10)
     assert got["row_alone"] and got["sub_batches"]  # out and row grads are eager's
 
@@ -65,7 +63,7 @@ def test_a_row_depending_on_its_batch_fails_row_alone_and_sub_batches():
         return got
 
     impl = implementations.Implementation("n_scaled", "test", True, run)
-    got = batch_invariance.check(impl, inputs(40), max_size=40)
+    got = batch_invariance.check(impl, inputs(40), SPEC, max_size=40)
     assert got["row_alone"] is False and got["sub_batches"] is False
     assert got["size_sweep"] is False and got["first_failing_size"] == 1
 

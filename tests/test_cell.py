@@ -7,11 +7,11 @@ import random
 import pytest
 import torch
 
+from ops.gate_residual.inputs import make_inputs
 from runner import report as report_io
 from runner.cell import case_key, fingerprint, run_cell, skeleton
 from runner.cells import Cell
 from runner.config import parse_matrix
-from runner.inputs import make_inputs
 
 TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -122,7 +122,7 @@ def test_an_implementation_that_does_not_take_a_dtype_is_not_run_on_it(monkeypat
     wrapped = OnlyBf16()
     real_get = implementations.get
     monkeypatch.setattr("runner.implementations.get",
-                        lambda name: wrapped if name == "numba" else real_get(name))
+                        lambda name, op=None: wrapped if name == "numba" else real_get(name, op))
     m = small_matrix(2, [{"n": 5}, {"n": 5, "dtype": "float32"}])
     report = run_cell(m, Cell("host", "plain", "cpu"), m.cases, timings=False)
     report_io.validate(report)

@@ -11,10 +11,10 @@ import pydantic
 import pytest
 import yaml
 
+import ops
 from runner.config import (
     DTYPES,
     INDEX_DTYPES,
-    KNOWN_IMPLEMENTATIONS,
     Case,
     FrozenMap,
     load_matrix,
@@ -23,6 +23,7 @@ from runner.config import (
 from runner.errors import ConfigError
 
 # the registered implementations after the first three, as messages list them
+KNOWN_IMPLEMENTATIONS = ops.get("gate_residual").implementation_names
 KNOWN_REST = "".join(f"{n}, " for n in KNOWN_IMPLEMENTATIONS[3:])
 
 MATRIX = Path(__file__).parent.parent / "matrix.yaml"
@@ -35,7 +36,7 @@ def shipped() -> dict[str, Any]:
 
 def test_shipped_matrix_loads() -> None:
     m = load_matrix(MATRIX)
-    assert m.problem.D == 5376 and m.problem.G == 9 and m.problem.dtype == "bfloat16"
+    assert m.problem.sizes == {"D": 5376, "G": 9} and m.problem.dtype == "bfloat16"
     assert [c.id for c in m.cases][:5] == ["1", "257", "4097", "32768", "257-specials"]
     assert m.implementations[:3] == ("eager", "numba", "fp64")
     assert set(m.implementations) == set(KNOWN_IMPLEMENTATIONS)  # issue 4: every one
@@ -215,9 +216,10 @@ class Whole:
 BAD: list[tuple[str, Callable[[dict[str, Any]], Any], str, str]] = [
     ("unknown top-level key", lambda d: d.update(case=[]), "case", 'got unknown key "case"'),
     ("unknown nested key", lambda d: d["problem"].update(d=1), "problem.d", "one of the keys D, G"),
-    ("D a string", lambda d: d["problem"].update(D="5376"), "problem.D", 'integer, got "5376"'),
-    ("D a bool", lambda d: d["problem"].update(D=True), "problem.D", "integer, got true"),
-    ("D a float", lambda d: d["problem"].update(D=5376.0), "problem.D", "integer, got 5376.0"),
+    ("D a string", lambda d: d["problem"].update(D="5376"), "problem.D",
+     'integer >= 1, got "5376"'),
+    ("D a bool", lambda d: d["problem"].update(D=True), "problem.D", "integer >= 1, got true"),
+    ("D a float", lambda d: d["problem"].update(D=5376.0), "problem.D", "integer >= 1, got 5376.0"),
     ("D zero", lambda d: d["problem"].update(D=0), "problem.D", "integer >= 1, got 0"),
     ("G zero", lambda d: d["problem"].update(G=0), "problem.G", "integer >= 1, got 0"),
     ("N zero", lambda d: d["cases"][2].update(n=0), "cases[2].n", "integer >= 1, got 0"),
@@ -338,7 +340,8 @@ BAD: list[tuple[str, Callable[[dict[str, Any]], Any], str, str]] = [
      "expected 1, got 0"),
     ("schema_version missing", lambda d: d.pop("schema_version"), "schema_version",
      "the key is missing"),
-    ("op other", lambda d: d.update(op="gate_norm"), "op", 'gate_residual, got "gate_norm"'),
+    ("op other", lambda d: d.update(op="gate_norm"), "op",
+     'one of gate_residual, indexed_scale_shift, got "gate_norm"'),
     ("top level a list", lambda d: Whole([d]), "top level", "a mapping, got a list"),
     ("top level a string", lambda d: Whole("gate_residual"), "top level", 'a mapping, got "gate_'),
     ("top level empty", lambda d: Whole(None), "top level", "a mapping, got an empty document"),
@@ -449,8 +452,8 @@ def test_shipped_file_edited_on_disk(tmp_path: Path) -> None:
 def test_library_distributions_are_the_registry_s_versioned_ones() -> None:
     """``libraries.versions`` may name exactly the distributions whose library
     implementations run per version (RL-Kernel runs from a source tree)."""
+    from ops.gate_residual import libraries
     from runner.config import LIBRARY_DISTRIBUTIONS
-    from runner.implementations import libraries
 
     versioned = {impl.distribution for impl in libraries.LIBRARIES} - {"RL-Kernel"}
     assert set(LIBRARY_DISTRIBUTIONS) == versioned

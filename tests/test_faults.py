@@ -20,12 +20,12 @@ import pytest
 import torch
 import yaml
 
+from ops.gate_residual import faulty
 from runner import implementations
 from runner.backends.host import classify_failure, failure_reason, oom_kill_count
 from runner.cell import out_of_memory, run_cell
 from runner.cells import Cell, select_cases
 from runner.config import parse_matrix
-from runner.implementations import faulty
 from runner.report import read_report
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -150,14 +150,13 @@ def test_a_rerun_reuses_the_ok_cell_a_cell_process_wrote(fault_run):
 @pytest.fixture
 def with_fault(monkeypatch):
     """``fault`` registered in this process, as GATE_RESIDUAL_FAULTS=1 does at import."""
-    monkeypatch.setitem(implementations.REGISTRY, "fault", faulty.FAULT)
-    monkeypatch.setattr(implementations, "KNOWN", (*implementations.KNOWN, "fault"))
+    monkeypatch.setitem(implementations.registry("gate_residual"), "fault", faulty.FAULT)
 
 
 def small_matrix(impls):
     data = yaml.safe_load(FAULTS.read_text())
     data["implementations"] = impls
-    return parse_matrix(data, known_implementations=implementations.KNOWN)
+    return parse_matrix(data, known_implementations=implementations.known)
 
 
 def test_raise_leaves_the_bitwise_comparisons_of_the_others(with_fault, monkeypatch):
@@ -188,9 +187,11 @@ def test_unknown_fault_is_an_error_naming_the_choices(with_fault, monkeypatch):
 
 
 def test_fault_is_registered_only_when_enabled():
-    code = ("import importlib, os, runner.implementations as i; print(','.join(i.KNOWN)); "
-            "os.environ['GATE_RESIDUAL_FAULTS'] = '1'; importlib.reload(i); "
-            "print(','.join(i.KNOWN))")
+    code = ("import importlib, os, runner.implementations as i; "
+            "print(','.join(i.known('gate_residual'))); "
+            "os.environ['GATE_RESIDUAL_FAULTS'] = '1'; "
+            "import ops.gate_residual.implementations as g; importlib.reload(g); "
+            "importlib.reload(i); print(','.join(i.known('gate_residual')))")
     env = {k: v for k, v in os.environ.items() if k != "GATE_RESIDUAL_FAULTS"}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                           text=True, check=True)
@@ -204,7 +205,8 @@ def test_fault_is_registered_only_when_enabled():
 def test_fault_matrix_is_a_config_error_without_the_switch(tmp_path, monkeypatch):
     from runner.__main__ import main
 
-    monkeypatch.setattr(implementations, "KNOWN", ("eager", "numba", "fp64"))  # switch off
+    # switch off
+    monkeypatch.setattr(implementations, "known", lambda op: ("eager", "numba", "fp64"))
     reports = tmp_path / "reports"
     code = main(["matrix", "--matrix", str(FAULTS), "--reports", str(reports)])
     assert code == 2 and not reports.exists()

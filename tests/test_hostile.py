@@ -18,9 +18,9 @@ import json
 import os
 import re
 import subprocess
-import time
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 

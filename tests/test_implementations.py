@@ -10,29 +10,34 @@ import pytest
 import torch
 import yaml
 
+import ops
+from ops.gate_residual import compiled, eager, libraries
 from runner import implementations
 from runner.cell import run_cell
 from runner.cells import Cell, select_cases
-from runner.config import KNOWN_IMPLEMENTATIONS, parse_matrix
-from runner.implementations import Implementation, compiled, eager, libraries
+from runner.config import parse_matrix
+from runner.implementations import Implementation
 
 FAULTS = Path(__file__).resolve().parent / "data" / "faults.yaml"
 
 LIBRARY_NAMES = [impl.name for impl in libraries.LIBRARIES]
 
 
+KNOWN_IMPLEMENTATIONS = ops.get("gate_residual").implementation_names
+
+
 def small_matrix(impls, **extra):
     data = yaml.safe_load(FAULTS.read_text())
     data.update(implementations=impls, modes={"plain": {}}, **extra)
-    return parse_matrix(data, known_implementations=implementations.KNOWN)
+    return parse_matrix(data, known_implementations=implementations.known)
 
 
 def test_every_registered_implementation_is_known_to_the_config():
-    assert set(implementations.KNOWN) >= set(KNOWN_IMPLEMENTATIONS)
+    assert set(implementations.known("gate_residual")) >= set(KNOWN_IMPLEMENTATIONS)
     assert set(KNOWN_IMPLEMENTATIONS) >= {
         "compiled", "compiled_emulate", "sglang_indexed_gate_triton",
         "sglang_residual_gate_add_jit", "vllm_omni_gated_residual", "rl_kernel_h3"}
-    assert set(implementations.KNOWN) >= set(LIBRARY_NAMES)
+    assert set(implementations.known("gate_residual")) >= set(LIBRARY_NAMES)
 
 
 def test_unavailable_reason_names_the_import_that_failed():
@@ -65,7 +70,7 @@ def test_library_cells_go_on_and_record_the_reason_and_code_path():
         entry = r["results"][name]
         assert entry["status"] == "unavailable" and entry["reason"]
         assert entry["code_path"] == implementations.get(name).ran()
-    assert r["results"]["eager"]["code_path"] == "runner.implementations.eager.run"
+    assert r["results"]["eager"]["code_path"] == "ops.gate_residual.eager.run"
     assert libraries.SGLANG_RESIDUAL_GATE_ADD_JIT.ran() == (
         "sglang.kernels.kda_kernels.residual_gate_add_jit:residual_gate_add_cuda")
 
@@ -85,7 +90,7 @@ def test_a_baseline_that_cannot_run_on_the_target_makes_the_cell_an_error():
 
 
 def test_compiled_emulate_runs_on_the_cpu_and_does_not_leak_its_setting():
-    from runner.inputs import make_inputs
+    from ops.gate_residual.inputs import make_inputs
 
     before = torch._inductor.config.emulate_precision_casts
     x = make_inputs(n=5, d=64, g=3, dtype="bfloat16", index_dtype="int64", seed=7,
@@ -114,7 +119,7 @@ def test_compile_failure_is_an_error_and_the_cell_goes_on(monkeypatch):
 @pytest.mark.parametrize(("target", "tool", "env"), [("cpu", "g++", "CXX"), ("cuda", "cc", "CC")])
 def test_compiled_is_unavailable_without_a_compiler(tmp_path, monkeypatch, target, tool, env):
     """An image without gcc/g++ cannot run torch.compile: the cell says so, not an error."""
-    from runner.implementations import compiled
+    from ops.gate_residual import compiled
 
     monkeypatch.delenv(env, raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from ops.gate_residual.inputs import make_inputs
 from runner import compare
 from runner import inputs as inputs_module
-from runner.inputs import make_inputs, special_values, splitmix64, to_storage
+from runner.inputs import special_values, splitmix64, to_storage
 
 
 def test_splitmix64_reference_values():

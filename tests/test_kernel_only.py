@@ -23,10 +23,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from ops.gate_residual import vllm_omni_ops
 from runner import wheelhouse
 from runner.config import parse_matrix
 from runner.errors import ConfigError
-from runner.implementations import get, kernel_only, rl_kernel_tree, versioned, vllm_omni_ops
+from runner.implementations import get, kernel_only, rl_kernel_tree, versioned
 
 VERSIONS = ("0.28.0", "0.30.0")
 CACHE = Path(os.environ.get("GATE_RESIDUAL_WHEEL_CACHE")

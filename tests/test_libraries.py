@@ -21,13 +21,14 @@ import pytest
 import torch
 import yaml
 
+from ops.gate_residual import libraries, rl_kernel_ops, sglang_ops, vllm_omni_ops
+from ops.gate_residual.eager import run as eager_run
+from ops.gate_residual.inputs import make_inputs
 from runner import compare, implementations
 from runner.cell import run_cell
 from runner.cells import Cell, select_cases
 from runner.config import parse_matrix
-from runner.implementations import libraries, library, rl_kernel_ops, sglang_ops, vllm_omni_ops
-from runner.implementations.eager import run as eager_run
-from runner.inputs import make_inputs
+from runner.implementations import library
 
 FAKE_ROOTS = ("sglang", "vllm_omni", "rl_engine")
 LIBRARY_NAMES = [impl.name for impl in libraries.LIBRARIES]
@@ -159,7 +160,7 @@ def fake(tmp_path, monkeypatch):
 
 def on_cpu(monkeypatch, impl) -> None:
     """Let ``impl`` run on the cpu target in cells of this test (its call path unchanged)."""
-    monkeypatch.setitem(implementations.REGISTRY, impl.name,
+    monkeypatch.setitem(implementations.registry("gate_residual"), impl.name,
                         dataclasses.replace(impl, targets=("cpu", "cuda")))
 
 
@@ -172,7 +173,7 @@ def cpu_cell(impls, **problem):
             "timing": {"warmup": 0, "iters": 1}, "modes": {"plain": {}},
             "stacks": {"host": {"kind": "host"}}, "targets": ["cpu"]}
     m = parse_matrix(yaml.safe_load(yaml.safe_dump(data)),
-                     known_implementations=implementations.KNOWN)
+                     known_implementations=implementations.known)
     return run_cell(m, Cell("host", "plain", "cpu"), select_cases(m), timings=False)
 
 

@@ -85,7 +85,7 @@ def test_matrix_declares_the_issue_modes():
     from runner.config import load_matrix
 
     root = Path(__file__).resolve().parent.parent
-    m = load_matrix(root / "matrix.yaml", known_implementations=implementations.KNOWN)
+    m = load_matrix(root / "matrix.yaml", known_implementations=implementations.known)
     assert list(m.modes) == ["plain", "deterministic", "tf32", "inference",
                              "vllm_batch_invariant", "sglang_ieee"]
     assert dict(m.modes["deterministic"].env) == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}

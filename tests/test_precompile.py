@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from ops.gate_residual.compiled import missing_compiler
 from runner import precompile
 from runner import report as report_io
 from runner.batch_invariance import row_counts, sweep_sizes
@@ -13,7 +14,6 @@ from runner.cell import run_cell
 from runner.cells import Cell
 from runner.config import parse_matrix
 from runner.implementations import get
-from runner.implementations.compiled import missing_compiler
 
 
 def matrix(seed: int, n: int, **extra):
@@ -93,7 +93,8 @@ def test_the_stamp_key_follows_what_decides_the_graphs(fresh_seed):
     the calls are checked against the stamp's list (a subset is stamped, a superset not)."""
     m = matrix(fresh_seed, 12)
     items = precompile.plan(m, m.cases, [get("compiled")], target="cpu", inference=False)
-    base = dict(torch_settings={"deterministic": None}, mode_env={}, d=16, g=3, target="cpu")
+    base = dict(torch_settings={"deterministic": None}, mode_env={}, op="gate_residual",
+                sizes={"D": 16, "G": 3}, target="cpu")
     key = precompile.stamp_key(items, **base)
     assert key == precompile.stamp_key(items[1:], **base)
     emulate = precompile.plan(m, m.cases, [get("compiled_emulate")], target="cpu",
@@ -102,7 +103,7 @@ def test_the_stamp_key_follows_what_decides_the_graphs(fresh_seed):
                 precompile.stamp_key(emulate, **base),
                 precompile.stamp_key(items, **{**base, "torch_settings": {"deterministic": True}}),
                 precompile.stamp_key(items, **{**base, "mode_env": {"TRITON_F32_DEFAULT": "ieee"}}),
-                precompile.stamp_key(items, **{**base, "d": 17}),
+                precompile.stamp_key(items, **{**base, "sizes": {"D": 17, "G": 3}}),
                 precompile.stamp_key(items, **{**base, "target": "cuda"})}) == 6
 
 

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from runner import config, images
+from runner import config, images, implementations
 from runner.backends import host as host_backend
 from runner.backends.docker import cell_command, container_config
 from runner.cells import expand
@@ -144,7 +144,7 @@ def _set(data: dict, slot: Slot, evil: str) -> None:
 
 
 def _parse(data: dict) -> Matrix:
-    return parse_matrix(data, known_implementations=config.KNOWN_IMPLEMENTATIONS)
+    return parse_matrix(data, known_implementations=implementations.known)
 
 
 RICH = rich()

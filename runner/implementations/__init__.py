@@ -1,21 +1,22 @@
-"""The registry of implementations a cell runs and compares.
+"""What an implementation is, and the registry of each op's implementations.
 
 An implementation is a name, a ``source`` string (as in the reference report), whether it
-has a backward, and a callable. Adding one is one small module here that defines an
-:class:`Implementation` and one line in :data:`REGISTRY`.
+has a backward, and a callable. An op's implementations live in its folder
+(``ops/<op>/implementations.py``, ``IMPLEMENTATIONS``); adding one is one small module
+there that defines an :class:`Implementation` and one entry in that tuple (and its name in
+the spec's ``implementation_names``).
 
-Calling convention: ``impl.run(inputs, backward=...)`` where ``inputs`` maps ``residual``,
-``gate``, ``y``, ``index``, ``grad_out`` to tensors already on the cell's target device
-(the runner clones them for every call and checks that no input changed: see
-:mod:`runner.cell`). It returns ``{"out": (N, D)}`` and, with
-``backward=True`` and ``has_backward``, also ``"res"``, ``"y"``, ``"gate"``: the gradients
-of residual, y and gate for the upstream gradient ``grad_out``.
+Calling convention: ``impl.run(inputs, backward=...)`` where ``inputs`` maps the op's input
+names (:attr:`ops.spec.OpSpec.inputs` and its ``index``) to tensors already on the cell's
+target device (the runner clones them for every call and checks that no input changed: see
+:mod:`runner.cell`). It returns the forward output (:attr:`ops.spec.OpSpec.forward`) and,
+with ``backward=True`` and ``has_backward``, the gradients (:attr:`ops.spec.OpSpec.grads`)
+for the upstream gradient (:attr:`ops.spec.OpSpec.upstream`).
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -26,7 +27,7 @@ Tensors = Mapping[str, torch.Tensor]
 
 @dataclass(frozen=True)
 class Implementation:
-    """One implementation of gate_residual.
+    """One implementation of an op.
 
     ``targets``: the cell targets it runs on ("cuda", "cpu"). ``role``: "candidate", or
     "accuracy_reference" (compared for error, never bitwise). ``bitwise_claims``: tensors
@@ -86,34 +87,40 @@ class Implementation:
         return self.code_path or f"{self.run.__module__}.{self.run.__qualname__}"
 
 
-def _registry() -> dict[str, Implementation]:
-    """Every implementation; ``fault`` (faulty.py, test-only) when GATE_RESIDUAL_FAULTS=1."""
-    from runner.implementations import compiled, eager, fp64, libraries, numba_kernel
-
-    impls = [eager.EAGER, numba_kernel.NUMBA, fp64.FP64, compiled.COMPILED,
-             compiled.COMPILED_EMULATE, *libraries.LIBRARIES]
-    if os.environ.get("GATE_RESIDUAL_FAULTS") == "1":
-        from runner.implementations import faulty
-
-        impls += [faulty.FAULT, *faulty.TEST_ONLY]
-    return {impl.name: impl for impl in impls}
+_REGISTRIES: dict[str, dict[str, Implementation]] = {}
 
 
-REGISTRY: dict[str, Implementation] = _registry()
+def registry(op: str) -> dict[str, Implementation]:
+    """Every implementation of ``op`` by name (its ``IMPLEMENTATIONS``, imported on first
+    use and kept: the dict is the registry, tests may patch it)."""
+    if op not in _REGISTRIES:
+        import ops
 
-KNOWN = tuple(REGISTRY)
+        module = importlib.import_module(ops.get(op).implementations_module)
+        _REGISTRIES[op] = {impl.name: impl for impl in module.IMPLEMENTATIONS}
+    return _REGISTRIES[op]
 
 
-def get(name: str) -> Implementation:
-    """The registered implementation called ``name``, or a library version's row
-    ``<name>-<version>`` (kernel-only from the default wheelhouse: versioned.py);
-    ``KeyError`` lists the known names."""
+def known(op: str) -> tuple[str, ...]:
+    """The names of ``op``'s implementations."""
+    return tuple(registry(op))
+
+
+def get(name: str, op: str | None = None) -> Implementation:
+    """The implementation of ``op`` (default: the first of :data:`ops.OPS`) called ``name``,
+    or a library version's row ``<name>-<version>`` (kernel-only from the default
+    wheelhouse: versioned.py); ``KeyError`` lists the known names."""
+    import ops
+
+    op = op or ops.OPS[0]
+    table = registry(op)
     try:
-        return REGISTRY[name]
+        return table[name]
     except KeyError:
         from runner.implementations.versioned import lookup  # "<library impl>-<version>"
 
-        found = lookup(name)
+        found = lookup(name, op)
         if found is not None:
             return found
-        raise KeyError(f"unknown implementation {name!r}; choose from {', '.join(KNOWN)}") from None
+        raise KeyError(f"unknown implementation {name!r} of {op}; choose from "
+                       f"{', '.join(table)}") from None

@@ -193,10 +193,11 @@ def rows(matrix) -> list[Implementation]:
     and ``rl_kernel_h3`` bound to its tree; unchanged without a ``libraries`` section."""
     from runner.implementations import get
 
+    op = getattr(matrix, "op", None)
     libraries = getattr(matrix, "libraries", None)
     out: list[Implementation] = []
     for name in matrix.implementations:
-        impl = get(name)
+        impl = get(name, op)
         if libraries is not None and isinstance(impl, LibraryImplementation):
             versions = libraries.versions.get(impl.distribution)
             if versions:
@@ -209,13 +210,13 @@ def rows(matrix) -> list[Implementation]:
     return out
 
 
-def lookup(name: str) -> Implementation | None:
-    """A versioned row by name (``sglang_indexed_gate_triton-0.5.23``) with the default
-    wheelhouse, or None when ``name`` is not ``<library implementation>-<version>``."""
-    from runner.implementations import REGISTRY
+def lookup(name: str, op: str) -> Implementation | None:
+    """A versioned row of ``op`` by name (``<library implementation>-<version>``) with the
+    default wheelhouse, or None when ``name`` is not one."""
+    from runner.implementations import registry
 
     base, sep, version = name.rpartition("-")
-    impl = REGISTRY.get(base)
+    impl = registry(op).get(base)
     if not sep or not isinstance(impl, LibraryImplementation) or impl.distribution == "RL-Kernel":
         return None
     return versioned(impl, version)

@@ -297,7 +297,7 @@ def build_stacks(matrix_path: Path, *, stacks: Sequence[str] | None = None, forc
     from runner.config import load_matrix
     from runner.errors import SelectionError
 
-    matrix = load_matrix(matrix_path, known_implementations=implementations.KNOWN)
+    matrix = load_matrix(matrix_path, known_implementations=implementations.known)
     known = [n for n, s in matrix.stacks.items() if isinstance(s, DockerStack)]
     for name in stacks or ():
         if name not in known:

@@ -1,6 +1,6 @@
 """``fault``: a test-only implementation that fails on purpose, to prove the failure paths.
 
-Registered only when ``GATE_RESIDUAL_FAULTS=1`` (see :mod:`runner.implementations`), so a
+Registered only when ``GATE_RESIDUAL_FAULTS=1`` (see :mod:`ops.gate_residual.implementations`), so a
 user never meets it. What it does is chosen per cell by ``GATE_RESIDUAL_FAULT`` in the
 cell's environment (a mode's ``env`` sets it), read at each call:
 
@@ -32,8 +32,8 @@ import time
 
 import torch
 
+from ops.gate_residual.eager import run as eager_run
 from runner.implementations import Implementation
-from runner.implementations.eager import run as eager_run
 
 ENABLE_VAR = "GATE_RESIDUAL_FAULTS"
 FAULT_VAR = "GATE_RESIDUAL_FAULT"
@@ -170,7 +170,7 @@ def run(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
 
 FAULT = Implementation(
     name="fault",
-    source=("fault injection (runner/implementations/faulty.py), armed per cell by "
+    source=("fault injection (ops/gate_residual/faulty.py), armed per cell by "
             f"{FAULT_VAR}: {', '.join(FAULTS)}"),
     has_backward=True,
     run=run,
@@ -203,7 +203,7 @@ def run_batch_variant(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
 
 INPLACE = Implementation(
     name="inplace",
-    source="test-only: writes its result into residual (runner/implementations/faulty.py)",
+    source="test-only: writes its result into residual (ops/gate_residual/faulty.py)",
     has_backward=False,
     run=run_inplace,
 )
@@ -211,7 +211,7 @@ INPLACE = Implementation(
 BATCH_VARIANT = Implementation(
     name="batch_variant",
     source="test-only: grad_gate summed in an order that depends on N "
-           "(runner/implementations/faulty.py)",
+           "(ops/gate_residual/faulty.py)",
     has_backward=True,
     run=run_batch_variant,
 )

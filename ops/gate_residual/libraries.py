@@ -26,7 +26,7 @@ their grads are absent from the report, not zero).
 
 from __future__ import annotations
 
-from runner.implementations import rl_kernel_ops, sglang_ops, vllm_omni_ops
+from ops.gate_residual import rl_kernel_ops, sglang_ops, vllm_omni_ops
 
 SGLANG_INDEXED_GATE_TRITON = sglang_ops.INDEXED_GATE_TRITON
 SGLANG_INDEXED_GATE_TRITON_INPLACE = sglang_ops.INDEXED_GATE_TRITON_INPLACE

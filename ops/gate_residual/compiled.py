@@ -24,13 +24,12 @@ rather than falling back to eager silently.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
+from ops.torch_compile import RECOMPILE_LIMIT, missing_compiler, settings
 from runner.implementations import Implementation
 
-RECOMPILE_LIMIT = 256
+__all__ = ["COMPILED", "COMPILED_EMULATE", "RECOMPILE_LIMIT", "expression", "missing_compiler"]
 
 
 def expression(residual, gate, y, index):
@@ -53,35 +52,10 @@ def _compiled(emulate: bool):
     return _COMPILED[emulate]
 
 
-def _settings(emulate: bool):
-    stack = contextlib.ExitStack()
-    stack.enter_context(torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT,
-                                                   fail_on_recompile_limit_hit=True))
-    if emulate:
-        stack.enter_context(torch._inductor.config.patch(emulate_precision_casts=True))
-    return stack
-
-
-def missing_compiler(target: str) -> str | None:
-    """Why torch.compile cannot build on ``target`` here, or None: the C++ compiler inductor
-    uses for CPU code (``$CXX``, ``g++``, ``c++``, ``clang++``) or the C compiler Triton
-    uses for its GPU launchers (``$CC``, ``cc``, ``gcc``, ``clang``)."""
-    import os
-    import shutil
-
-    env, names, what = (("CXX", ("g++", "c++", "clang++"), "a C++ compiler for inductor")
-                        if target == "cpu" else
-                        ("CC", ("cc", "gcc", "clang"), "a C compiler for Triton's launcher"))
-    candidates = [os.environ[env]] if os.environ.get(env) else list(names)
-    if any(shutil.which(c) for c in candidates):
-        return None
-    return f"torch.compile needs {what} and none is on PATH ({', '.join(candidates)})"
-
-
 def _run(inputs, *, backward: bool, emulate: bool) -> dict[str, torch.Tensor]:
     fn = _compiled(emulate)
     index = inputs["index"]
-    with _settings(emulate):
+    with settings(emulate):
         if not backward:
             with torch.no_grad():
                 return {"out": fn(inputs["residual"], inputs["gate"], inputs["y"], index)}
@@ -108,7 +82,7 @@ COMPILED = Implementation(
            "dynamic=False",
     has_backward=True,
     run=run,
-    code_path="torch.compile(runner.implementations.compiled.expression, dynamic=False)",
+    code_path="torch.compile(ops.gate_residual.compiled.expression, dynamic=False)",
     prerequisite=missing_compiler,
     compiles_per_shape=True,
 )
@@ -118,7 +92,7 @@ COMPILED_EMULATE = Implementation(
     source="as compiled, with torch._inductor.config.emulate_precision_casts = True",
     has_backward=True,
     run=run_emulate,
-    code_path=("torch.compile(runner.implementations.compiled._expression_emulate, "
+    code_path=("torch.compile(ops.gate_residual.compiled._expression_emulate, "
                "dynamic=False) under inductor emulate_precision_casts=True"),
     prerequisite=missing_compiler,
     compiles_per_shape=True,

@@ -1,0 +1,34 @@
+"""``numba``: our kernels (numba.cuda on the ``cuda`` target, numba on the CPU for ``cpu``)."""
+
+from __future__ import annotations
+
+import torch
+
+from runner.implementations import Implementation
+
+
+def run(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
+    """Forward (and backward) through ``IndexedScaleShift`` or ``IndexedScaleShiftCPU``."""
+    if inputs["x"].device.type == "cuda":
+        from kernels.indexed_scale_shift import IndexedScaleShift as Fn
+        from kernels.indexed_scale_shift import indexed_scale_shift_forward as forward
+    else:
+        from kernels.indexed_scale_shift_cpu import IndexedScaleShiftCPU as Fn
+        from kernels.indexed_scale_shift_cpu import indexed_scale_shift_cpu as forward
+    args = (inputs["x"], inputs["scale"], inputs["shift"], inputs["index"])
+    if not backward:
+        return {"out": forward(*args)}
+    x, scale, shift = (t.detach().requires_grad_() for t in args[:3])
+    out = Fn.apply(x, scale, shift, inputs["index"])
+    out.backward(inputs["grad_out"])
+    return {"out": out.detach(), "x": x.grad, "scale": scale.grad, "shift": shift.grad}
+
+
+NUMBA = Implementation(
+    name="numba",
+    source=("indexed_scale_shift numba.cuda kernels (kernels/indexed_scale_shift.py); "
+            "CPU: kernels/indexed_scale_shift_cpu.py"),
+    has_backward=True,
+    run=run,
+    bitwise_claims=("out", "x"),
+)
