@@ -1,0 +1,474 @@
+"""gate_residual's numba.cuda kernels, their launch geometry and their simulator launchers.
+
+    out = residual + gate.index_select(0, index) * y
+
+Shapes: ``residual``, ``y``, ``out``: (N, D); ``gate``: (G, D); ``index``: (N,) int64 or int32
+in [0, G). Storage dtypes: bfloat16, float16, float32. Backward, for upstream ``grad_out``
+(N, D): ``grad_residual = grad_out`` (the same tensor, as autograd passes it through an add);
+``grad_y = gate[index] * grad_out``; ``grad_gate[k] = sum over rows i with index[i] == k of
+grad_out[i] * y[i]``.
+
+Bits (see ``kernels/rounding.py`` and ``../shared/NOTES.md``):
+
+* forward and ``grad_y`` follow eager PyTorch: the product is rounded to the storage dtype,
+  then the sum is computed in float32 and rounded again. No FMA contraction.
+* ``grad_gate`` is accumulated in float32 in the fixed order of :data:`SUMMATION_ORDER`,
+  then rounded once to the storage dtype. The order depends only on N and
+  :data:`CHUNK_ROWS` (a constant of the algorithm), never on the GPU, the block size, the
+  grid or timing; there are no atomics. ``kernels/gate_residual_cpu.py`` runs the same
+  order on the CPU and gives the same bits.
+
+An index outside [0, G) goes to :func:`kernels.device_assert.index_fault` (a device-side
+assert, or a NaN row, as the launch's flag says). The torch entry points and the autograd
+Function are in :mod:`kernels.gate_residual`; how they pack and launch these kernels, in
+:mod:`kernels.gate_residual_plans`. The launchers here (``launch_forward`` ...) take numba or
+numpy arrays and go through numba's dispatcher: the CUDA simulator's path (CI).
+
+Example::
+
+    >>> launch_forward(out, residual, gate, y, index, "float32")   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+from kernels.device_assert import index_fault
+from kernels.geometry import (
+    BLOCK_COLS,
+    MAX_GRID_Y,
+    backward_geometry,
+    block_cols_for,
+    forward_geometry,
+    pick_width,
+    reduce_geometry,
+    shared_fits,
+)
+from kernels.rounding import CODECS, LANE_CODECS, add_rn, mul_rn
+from kernels.vector import load_vec, store_vec
+
+#: Rows per chunk of the grad_gate reduction. Part of the algorithm (it fixes the summation
+#: order), not a launch parameter.
+CHUNK_ROWS = 128
+
+SUMMATION_ORDER = (
+    "grad_gate[k, d]: rows are split into consecutive chunks of CHUNK_ROWS=128; within a "
+    "chunk, s = +0.0 then s = fadd_rn(s, fmul_rn(grad_out[i, d], y[i, d])) for rows i with "
+    "index[i] == k in increasing i; then t = +0.0 and t = fadd_rn(t, s_c) over chunks c in "
+    "increasing c; float32 throughout; t rounded once to the storage dtype."
+)
+
+def _make_element_backward(load, store, in_shared: bool):
+    """The element backward_chunks kernel, with its accumulators in shared memory
+    (``in_shared``: acc[k * blockDim.x + threadIdx.x], one float32 per gate row per thread,
+    each thread owning its slots, so no barrier) or in ``partial`` itself (for G too large
+    for shared memory). Same operations in the same order either way: the same bits."""
+    if in_shared:
+        @cuda.jit(device=True, inline="always")
+        def accumulators(partial):
+            return cuda.shared.array(0, dtype=float32)
+
+        @cuda.jit(device=True, inline="always")
+        def slot(chunk, k, col, tx, width):
+            return k * width + tx
+
+        @cuda.jit(device=True, inline="always")
+        def flush(partial, acc, chunk, n_gate, col, tx, width):
+            for k in range(n_gate):
+                partial[chunk, k, col] = acc[k * width + tx]
+    else:
+        @cuda.jit(device=True, inline="always")
+        def accumulators(partial):
+            return partial
+
+        @cuda.jit(device=True, inline="always")
+        def slot(chunk, k, col, tx, width):
+            return chunk, k, col
+
+        @cuda.jit(device=True, inline="always")
+        def flush(partial, acc, chunk, n_gate, col, tx, width):
+            pass
+
+    @cuda.jit
+    def backward_chunks(grad_y, partial, grad_out, gate, y, index, flag):
+        # grid: x over column blocks, y over chunks of CHUNK_ROWS rows (strided)
+        acc = accumulators(partial)
+        tx = cuda.threadIdx.x
+        width = cuda.blockDim.x
+        col = cuda.blockIdx.x * width + tx
+        n_rows = grad_out.shape[0]
+        n_gate = gate.shape[0]
+        if col >= grad_out.shape[1]:
+            return
+        chunk = cuda.blockIdx.y
+        while chunk < partial.shape[0]:
+            for k in range(n_gate):
+                acc[slot(chunk, k, col, tx, width)] = float32(0.0)
+            start = chunk * CHUNK_ROWS
+            stop = min(start + CHUNK_ROWS, n_rows)
+            for i in range(start, stop):
+                k = index[i]
+                if k < 0 or k >= n_gate:
+                    index_fault(flag)
+                    grad_y[i, col] = store(add_rn(float32(np.nan), float32(0.0)))
+                    continue
+                go = load(grad_out[i, col])
+                grad_y[i, col] = store(mul_rn(go, load(gate[k, col])))
+                s = slot(chunk, k, col, tx, width)
+                acc[s] = add_rn(acc[s], mul_rn(go, load(y[i, col])))
+            flush(partial, acc, chunk, n_gate, col, tx, width)
+            chunk += cuda.gridDim.y
+
+    return backward_chunks
+
+
+def _make_kernels(load, store):
+    """Build the element kernels for one storage dtype's ``load``/``store`` device functions."""
+
+    @cuda.jit
+    def forward(out, residual, gate, y, index, flag):
+        # grid: x over column blocks, y over rows (strided when N > MAX_GRID_Y); ``flag``
+        # (uint8, 1 element) is set to 0 on an index outside [0, G), whose row is NaN
+        col = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if col >= out.shape[1]:
+            return
+        row = cuda.blockIdx.y
+        while row < out.shape[0]:
+            k = index[row]
+            if k < 0 or k >= gate.shape[0]:
+                index_fault(flag)
+                out[row, col] = store(add_rn(float32(np.nan), float32(0.0)))
+            else:
+                product = store(mul_rn(load(gate[k, col]), load(y[row, col])))
+                out[row, col] = store(add_rn(load(residual[row, col]), load(product)))
+            row += cuda.gridDim.y
+
+    @cuda.jit
+    def reduce_chunks(grad_gate, partial):
+        # one thread per (k, d) element of grad_gate; chunks summed in increasing order
+        flat = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        n_gate = grad_gate.shape[0]
+        width = grad_gate.shape[1]
+        if flat >= n_gate * width:
+            return
+        k = flat // width
+        col = flat - k * width
+        # eight loads issued before their eight additions, which stay in chunk order
+        total = float32(0.0)
+        chunks = partial.shape[0]
+        c = 0
+        while c + 8 <= chunks:
+            p0 = partial[c, k, col]
+            p1 = partial[c + 1, k, col]
+            p2 = partial[c + 2, k, col]
+            p3 = partial[c + 3, k, col]
+            p4 = partial[c + 4, k, col]
+            p5 = partial[c + 5, k, col]
+            p6 = partial[c + 6, k, col]
+            p7 = partial[c + 7, k, col]
+            total = add_rn(add_rn(add_rn(add_rn(total, p0), p1), p2), p3)
+            total = add_rn(add_rn(add_rn(add_rn(total, p4), p5), p6), p7)
+            c += 8
+        while c < chunks:
+            total = add_rn(total, partial[c, k, col])
+            c += 1
+        grad_gate[k, col] = store(total)
+
+    backward_chunks = _make_element_backward(load, store, in_shared=True)
+    backward_chunks_global = _make_element_backward(load, store, in_shared=False)
+    return forward, backward_chunks, reduce_chunks, backward_chunks_global
+
+
+def _make_vec_kernels(get, put, rnd, word_lanes):
+    """The vectorised kernels: each thread moves 16-byte vectors (kernels/vector.py).
+
+    Same operations in the same order as :func:`_make_kernels`. Arrays are uint32 views of
+    the tensors' bytes: (N, D * itemsize / 4). A 32-bit word holds ``word_lanes`` lanes
+    (kernels/rounding.py: two bfloat16/float16, one float32); vector ``q`` of a row is words
+    ``4q .. 4q + 3``, columns ``q * vec_lanes ..``. The forward handles two rows per loop
+    step (:data:`FORWARD_ROWS_PER_STEP`), issuing all their loads before any store, so more
+    bytes are in flight per thread (one row per step measured slower: docs/performance.md).
+    Needs D * itemsize % 16 == 0 and 16-byte aligned storage.
+
+    ``flag`` (uint8, 1 element) is set to 0 by any thread that meets an index outside
+    [0, G); that row's output is NaN and ``gate`` is read at row 0 instead (never outside).
+    """
+    vec_lanes = 4 * word_lanes
+    nan = np.uint32(0x7FFF7FFF if word_lanes == 2 else 0x7FFFFFFF)  # canonical NaN lanes
+
+    @cuda.jit(device=True, inline="always")
+    def forward_word(rh, gh, yh):
+        o = np.uint32(0)
+        for j in range(word_lanes):
+            product = rnd(mul_rn(get(gh, j), get(yh, j)))
+            o |= put(add_rn(get(rh, j), product), j)
+        return o
+
+    @cuda.jit(device=True, inline="always")
+    def forward_store(out, row, q, r, g, y, bad):
+        if bad:
+            store_vec(out, row, q, nan, nan, nan, nan)
+        else:
+            store_vec(out, row, q, forward_word(r[0], g[0], y[0]),
+                      forward_word(r[1], g[1], y[1]), forward_word(r[2], g[2], y[2]),
+                      forward_word(r[3], g[3], y[3]))
+
+    @cuda.jit(device=True, inline="always")
+    def gate_row(index, row, n_gate, flag):
+        """(row of gate to read, whether index[row] is outside [0, G))."""
+        k = index[row]
+        if k < 0 or k >= n_gate:
+            index_fault(flag)
+            return 0, True
+        return k, False
+
+    @cuda.jit
+    def forward(out, residual, gate, y, index, flag):
+        # grid: x over 16-byte vectors of a row, y over pairs of rows (strided)
+        q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if q >= (out.shape[1] >> 2):
+            return
+        n_rows = out.shape[0]
+        n_gate = gate.shape[0]
+        row = 2 * cuda.blockIdx.y
+        while row < n_rows:
+            has_b = row + 1 < n_rows
+            row_b = row + 1 if has_b else row
+            ka, bad_a = gate_row(index, row, n_gate, flag)
+            kb, bad_b = gate_row(index, row_b, n_gate, flag)
+            ra = load_vec(residual, row, q)
+            ya = load_vec(y, row, q)
+            ga = load_vec(gate, ka, q)
+            rb = load_vec(residual, row_b, q)
+            yb = load_vec(y, row_b, q)
+            gb = load_vec(gate, kb, q)
+            forward_store(out, row, q, ra, ga, ya, bad_a)
+            if has_b:
+                forward_store(out, row_b, q, rb, gb, yb, bad_b)
+            row += 2 * cuda.gridDim.y
+
+    @cuda.jit(device=True, inline="always")
+    def backward_word(goh, gh, yh, acc, base, width, tx):
+        o = np.uint32(0)
+        for j in range(word_lanes):
+            go = get(goh, j)
+            o |= put(mul_rn(go, get(gh, j)), j)
+            slot = (base + j) * width + tx
+            acc[slot] = add_rn(acc[slot], mul_rn(go, get(yh, j)))
+        return o
+
+    @cuda.jit
+    def backward_chunks(grad_y, partial, grad_out, gate, y, index, flag):
+        # grid: x over 16-byte vectors, y over chunks (strided). Shared memory:
+        # acc[(k * vec_lanes + lane) * blockDim.x + threadIdx.x]; each thread owns its
+        # slots, so no barrier.
+        acc = cuda.shared.array(0, dtype=float32)
+        tx = cuda.threadIdx.x
+        width = cuda.blockDim.x
+        q = cuda.blockIdx.x * width + tx
+        n_rows = grad_out.shape[0]
+        n_gate = gate.shape[0]
+        if q >= (grad_out.shape[1] >> 2):
+            return
+        chunk = cuda.blockIdx.y
+        while chunk < partial.shape[0]:
+            for slot in range(n_gate * vec_lanes):
+                acc[slot * width + tx] = float32(0.0)
+            start = chunk * CHUNK_ROWS
+            stop = min(start + CHUNK_ROWS, n_rows)
+            # A two-row pipeline: row i has its index and all three vectors loaded; row
+            # i + 1 its index and grad_out/y vectors (its gate vector is loaded as soon as
+            # its index is known). Loads past the chunk's end re-read its last row.
+            k0, bad0 = gate_row(index, start, n_gate, flag)
+            go0 = load_vec(grad_out, start, q)
+            y0 = load_vec(y, start, q)
+            g0 = load_vec(gate, k0, q)
+            ahead = min(start + 1, stop - 1)
+            k1, bad1 = gate_row(index, ahead, n_gate, flag)
+            go1 = load_vec(grad_out, ahead, q)
+            y1 = load_vec(y, ahead, q)
+            for i in range(start, stop):
+                k = k0
+                bad = bad0
+                go = go0
+                yv = y0
+                g = g0
+                k0 = k1
+                bad0 = bad1
+                go0 = go1
+                y0 = y1
+                g0 = load_vec(gate, k0, q)
+                ahead = min(i + 2, stop - 1)
+                k1, bad1 = gate_row(index, ahead, n_gate, flag)
+                go1 = load_vec(grad_out, ahead, q)
+                y1 = load_vec(y, ahead, q)
+                if bad:
+                    store_vec(grad_y, i, q, nan, nan, nan, nan)
+                    continue
+                base = k * vec_lanes
+                o0 = backward_word(go[0], g[0], yv[0], acc, base, width, tx)
+                o1 = backward_word(go[1], g[1], yv[1], acc, base + word_lanes, width, tx)
+                o2 = backward_word(go[2], g[2], yv[2], acc, base + 2 * word_lanes, width, tx)
+                o3 = backward_word(go[3], g[3], yv[3], acc, base + 3 * word_lanes, width, tx)
+                store_vec(grad_y, i, q, o0, o1, o2, o3)
+            for k in range(n_gate):
+                for j in range(vec_lanes):
+                    partial[chunk, k, q * vec_lanes + j] = acc[(k * vec_lanes + j) * width + tx]
+            chunk += cuda.gridDim.y
+
+    return forward, backward_chunks
+
+
+_KERNELS: dict[str, tuple] = {}
+_VEC_KERNELS: dict[str, tuple] = {}
+
+#: Rows per loop step of the vectorised forward (its loop body is written for two).
+FORWARD_ROWS_PER_STEP = 2
+#: grid.y cap of the vectorised forward: a block walks N / (cap * rows per step) steps.
+FORWARD_MAX_GRID_Y = 8192
+
+
+def vec_kernels_for(dtype: str):
+    """The (forward, backward_chunks) 16-byte-vector numba.cuda kernels for a storage dtype.
+
+    Raises ``KeyError`` for an unknown dtype.
+    """
+    if dtype not in _VEC_KERNELS:
+        _VEC_KERNELS[dtype] = _make_vec_kernels(*LANE_CODECS[dtype])
+    return _VEC_KERNELS[dtype]
+
+
+def kernels_for(dtype: str):
+    """The (forward, backward_chunks, reduce_chunks, backward_chunks_global) element
+    numba.cuda kernels for a dtype (the last for G too large for shared memory).
+
+    ``dtype`` is ``"bfloat16"``, ``"float16"`` or ``"float32"``; kernels are built once per
+    process and compiled by numba on first launch for each argument type signature.
+    Raises ``KeyError`` for any other dtype.
+    """
+    if dtype not in _KERNELS:
+        load, store, _ = CODECS[dtype]
+        _KERNELS[dtype] = _make_kernels(load, store)
+    return _KERNELS[dtype]
+
+
+def n_chunks(n_rows: int) -> int:
+    """Number of CHUNK_ROWS-row chunks the grad_gate reduction splits N rows into."""
+    return -(-n_rows // CHUNK_ROWS)
+
+
+# --------------------------------------------------------------------------- launch geometry
+# Grid and block shapes change which thread computes what, never an operation or its order.
+
+
+def forward_vec_geometry(n_rows: int, vectors: int, block_cols: int | None = None,
+                         max_grid_y: int = FORWARD_MAX_GRID_Y) -> tuple[tuple, int]:
+    """(grid, block) of the vectorised forward: one 16-byte vector per thread, a block of
+    :data:`FORWARD_ROWS_PER_STEP` rows per grid.y step. ``vectors``: 16-byte vectors per row."""
+    width = block_cols or pick_width(vectors, 256)
+    steps = -(-n_rows // FORWARD_ROWS_PER_STEP)
+    return (math.ceil(vectors / width), max(1, min(steps, max_grid_y))), width
+
+
+def backward_vec_geometry(chunks: int, vectors: int, n_gate: int, lanes: int,
+                          block_cols: int | None = None,
+                          max_grid_y: int = MAX_GRID_Y) -> tuple[tuple, int, int]:
+    """(grid, block, shared bytes) of the vectorised backward: one vector per thread, a
+    chunk per grid.y step, G * lanes float32 accumulators per thread in shared memory."""
+    cap = block_cols_for(n_gate * lanes)
+    width = block_cols or pick_width(vectors, min(cap, 256))
+    return (math.ceil(vectors / width), min(chunks, max_grid_y)), width, n_gate * lanes * width * 4
+
+
+def _flag_array():
+    return np.ones(1, dtype=np.uint8)
+
+
+# ------------------------------------------------ launches on numba/numpy arrays (simulator)
+
+
+def launch_forward_vec(out, residual, gate, y, index, dtype: str, stream=0, *, flag=None,
+                       block_cols: int | None = None,
+                       max_grid_y: int = FORWARD_MAX_GRID_Y) -> None:
+    """Vectorised forward on uint32 views: ``out``/``residual``/``y`` (N, W), ``gate`` (G,
+    W), W = D * itemsize / 4 (a multiple of 4). ``flag``: uint8 (1,), set to 0 on an index
+    outside [0, G). ``block_cols``/``max_grid_y`` change the launch only."""
+    if out.shape[0] == 0 or out.shape[1] == 0:
+        return
+    grid, block = forward_vec_geometry(out.shape[0], out.shape[1] // 4, block_cols,
+                                       max_grid_y)
+    flag = _flag_array() if flag is None else flag
+    vec_kernels_for(dtype)[0][grid, block, stream](out, residual, gate, y, index, flag)
+
+
+def launch_backward_vec(grad_y, grad_gate, partial, grad_out, gate, y, index, dtype: str,
+                        stream=0, *, flag=None, block_cols: int | None = None,
+                        max_grid_y: int = MAX_GRID_Y) -> None:
+    """Vectorised backward on uint32 views (``grad_gate`` and the float32 ``partial``
+    (chunks, G, D) are element arrays), then the chunk reduction."""
+    if grad_out.shape[1] == 0 or gate.shape[0] == 0:
+        return
+    flag = _flag_array() if flag is None else flag
+    if partial.shape[0]:
+        lanes = 4 * LANE_CODECS[dtype][3]
+        grid, block, shared = backward_vec_geometry(partial.shape[0], grad_out.shape[1] // 4,
+                                                    gate.shape[0], lanes, block_cols,
+                                                    max_grid_y)
+        vec_kernels_for(dtype)[1][grid, block, stream, shared](grad_y, partial, grad_out,
+                                                               gate, y, index, flag)
+    grid, block = reduce_geometry(grad_gate.size)
+    kernels_for(dtype)[2][grid, block, stream](grad_gate, partial)
+
+
+def launch_forward(out, residual, gate, y, index, dtype: str, stream=0, *, flag=None,
+                   block_cols: int = BLOCK_COLS, max_grid_y: int = MAX_GRID_Y) -> None:
+    """Element forward on element arrays (bfloat16 as int16 bits); shapes as in the module
+    docstring. ``block_cols``/``max_grid_y`` change the launch only."""
+    if out.shape[0] == 0 or out.shape[1] == 0:
+        return
+    grid, block = forward_geometry(*out.shape, block_cols, max_grid_y)
+    flag = _flag_array() if flag is None else flag
+    kernels_for(dtype)[0][grid, block, stream](out, residual, gate, y, index, flag)
+
+
+def launch_backward(grad_y, grad_gate, partial, grad_out, gate, y, index, dtype: str,
+                    stream=0, *, flag=None, block_cols: int | None = None,
+                    max_grid_y: int = MAX_GRID_Y) -> None:
+    """Element backward: writes ``grad_y`` (N, D) and ``grad_gate`` (G, D) in full
+    (``grad_gate`` is +0.0 where no row selects a gate row); ``partial`` is float32 scratch
+    (n_chunks(N), G, D)."""
+    if grad_out.shape[1] == 0 or gate.shape[0] == 0:
+        return
+    _, backward_chunks, reduce_chunks, backward_global = kernels_for(dtype)
+    flag = _flag_array() if flag is None else flag
+    if partial.shape[0] and shared_fits(gate.shape[0]):
+        grid, block, shared = backward_geometry(partial.shape[0], grad_out.shape[1],
+                                                gate.shape[0], block_cols, max_grid_y)
+        backward_chunks[grid, block, stream, shared](grad_y, partial, grad_out, gate, y, index,
+                                                     flag)
+    elif partial.shape[0]:
+        grid, block = forward_geometry(partial.shape[0], grad_out.shape[1],
+                                       block_cols or BLOCK_COLS, max_grid_y)
+        backward_global[grid, block, stream](grad_y, partial, grad_out, gate, y, index, flag)
+    grid, block = reduce_geometry(grad_gate.size)
+    reduce_chunks[grid, block, stream](grad_gate, partial)
+
+
+__all__ = [
+    "CHUNK_ROWS",
+    "FORWARD_MAX_GRID_Y",
+    "FORWARD_ROWS_PER_STEP",
+    "SUMMATION_ORDER",
+    "backward_vec_geometry",
+    "forward_vec_geometry",
+    "kernels_for",
+    "launch_backward",
+    "launch_backward_vec",
+    "launch_forward",
+    "launch_forward_vec",
+    "n_chunks",
+    "vec_kernels_for",
+]
