@@ -1,41 +1,51 @@
-"""Benchmark: gate_residual forward and forward+backward against the copy bandwidth.
+"""Benchmark: gate_residual, every implementation in one run, against the copy bandwidth.
 
-``python -m runner.bench`` (``nox -s bench``) measures, in one process:
+``python -m runner.bench`` (``nox -s bench``) measures, in one process, with one harness
+(:func:`runner.timing.median_ms`: CUDA events around each call of the public function,
+``--warmup`` untimed calls, the median of ``--iters``, input sets rotated so that one round
+over them touches more than 3x the L2 cache):
 
 * the device-to-device copy bandwidth (bytes read + written, a 2 GiB buffer), the ceiling;
-* for each dtype and N: eager, ``torch.compile`` and our numba kernels, forward and
-  forward+backward, with :func:`runner.timing.median_ms` (CUDA events, warm-up, median),
-  input sets rotated so that the bytes touched per round exceed 3x the L2 cache;
-* the host-side cost of one numba forward call, split into input checks, the numba array
-  views and the launch (``perf_counter`` over many calls).
+* for each dtype and N, every peer of :mod:`runner.bench_peers` (eager, ``torch.compile``,
+  ours, RL-Kernel's op when its source tree is there, the SGLang and vllm-omni kernels when
+  installed or kernel-only): the forward, and for those with a backward, forward+backward
+  through ``torch.autograd.grad(out, (residual, gate, y), grad_out)`` (not ``out.backward()``:
+  its AccumulateGrad copy of ``grad_out`` is autograd's, docs/performance.md);
+* our backward alone (``gate_residual_backward``) at the largest N;
+* the host time per call of our entry points, broken down (:mod:`runner.bench_host`).
 
-Bytes that must move (``docs/performance.md``): forward reads ``residual`` and ``y`` and
-writes ``out``: 3*N*D*itemsize (``gate`` and ``index`` are small); backward reads
-``grad_out`` and ``y`` and writes ``grad_y``: 3*N*D*itemsize more (``grad_residual`` is
-``grad_out`` itself). Ratios are taken within one run. Results go to ``<out>/bench-<gpu>.json``
-and a table on stdout. On a host without a GPU, ``--smoke`` runs the same code path on the
-CPU with tiny shapes (CI uses it so the code cannot rot; no figure from it means anything).
+Bytes that must move (``ops.gate_residual`` spec, ``bytes_moved``): forward 3*N*D*itemsize,
+forward+backward twice that (``gate`` and ``index`` stay in L2). Ratios are only taken within
+one run. Writes ``<out>/bench-<gpu>.json`` and ``bench-<gpu>.md`` (the table); the log-log
+picture of time against N with the bandwidth floor is drawn from the JSON by ``python -m
+runner report`` (runner/plots.py) and linked from reports/README.md. ``--smoke`` runs the
+same code on the CPU with tiny shapes (CI: so it cannot rot; no figure from it means
+anything), the host breakdown emulated (:func:`runner.bench_host.emulate_on_cpu`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
-import platform
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
-from tabulate import tabulate
 
-from ops.gate_residual.inputs import make_inputs
 from runner import environment
-from runner.implementations import get
+from runner.bench_peers import LIBRARIES, Peer, peers
+
+__all__ = ["LIBRARIES", "PLAN", "Peer", "copy_bandwidth", "input_sets", "main", "markdown", "run",
+           "time_peer"]
 from runner.timing import median_ms
 
 L2_BYTES = 60 * 2**20  # H200 (KINDS.md: 60 MB of L2); rotation keeps 3x this in flight
+#: (dtype, N) of a full run: bf16 over the reference report's N, fp16 and fp32 at both ends
+PLAN = ([("bfloat16", n) for n in (1, 257, 4097, 32768)]
+        + [(dt, n) for dt in ("float16", "float32") for n in (1, 32768)])
+SMOKE_PLAN = [("bfloat16", 1), ("bfloat16", 257)]
 
 
 def copy_bandwidth(device: str, nbytes: int, iters: int) -> float:
@@ -48,6 +58,8 @@ def copy_bandwidth(device: str, nbytes: int, iters: int) -> float:
 
 def input_sets(n: int, d: int, g: int, dtype: str, device: str, seed: int) -> list[dict]:
     """Enough independent input sets that one round over them touches > 3x the L2."""
+    from ops.gate_residual.inputs import make_inputs
+
     base = make_inputs(n=n, d=d, g=g, dtype=dtype, index_dtype="int64", seed=seed).tensors
     per_set = sum(t.numel() * t.element_size() for t in base.values())
     count = max(1, min(64, math.ceil(3 * L2_BYTES / max(per_set, 1))))
@@ -55,233 +67,267 @@ def input_sets(n: int, d: int, g: int, dtype: str, device: str, seed: int) -> li
     return [first] + [{k: v.clone() for k, v in first.items()} for _ in range(count - 1)]
 
 
-def compiled_forward():
-    """``torch.compile`` of the eager expression (inductor defaults), built once."""
-    def expr(residual, gate, y, index):
-        return residual + gate.index_select(0, index) * y
-
-    return torch.compile(expr)
-
-
-def host_overhead_us(sets: list[dict], calls: int = 300) -> dict:
-    """Microseconds of host time per numba forward call (N = 1): numba's own dispatcher on
-    array views (what a plain ``kernel[grid, block](...)`` costs), our launcher with each of
-    kernels/launch.py's LAUNCH_METHODS, the synchronising index check, and the whole entry
-    point with each ``check_index`` setting."""
-    from numba import cuda
-
-    from kernels import gate_residual as K
-    from kernels.checks import check_inputs
-
-    x = sets[0]
-    args = (x["residual"], x["gate"], x["y"], x["index"])
-
-    def per_call(fn) -> float:
-        fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        elapsed = time.perf_counter() - t0
-        torch.cuda.synchronize()
-        return elapsed / calls * 1e6
-
-    out = torch.empty_like(x["residual"])
-    dtype = K._dtype_name(out)
-    words = [t.view(torch.int32).view(-1, t.shape[1] * t.element_size() // 4)
-             for t in (out, *args[:3])]
-    sink = K._flags(out.device)[1]
-
-    def numba_dispatch():
-        views = [cuda.as_cuda_array(t, sync=False).view(np.uint32) for t in words]
-        K.launch_forward_vec(*views, cuda.as_cuda_array(args[3], sync=False), dtype,
-                             cuda.external_stream(torch.cuda.current_stream().cuda_stream),
-                             flag=cuda.as_cuda_array(sink, sync=False))
-
-    def direct(method: str) -> float:
-        launcher = K._launcher("vec", 0, out.dtype, args[3].dtype)
-        default, launcher.method = launcher.method, method
-        try:
-            return per_call(lambda: K._launch_forward(out, *args, sink))
-        finally:
-            launcher.method = default
-
-    return {
-        "numba_dispatch_us": per_call(numba_dispatch),
-        "core_launch_us": direct("core"),
-        "driver_launch_us": direct("driver"),
-        "ctypes_launch_us": direct("ctypes"),
-        "sync_index_check_us": per_call(lambda: check_inputs(*args, device="cuda")),
-        "entry_point_us": per_call(lambda: K.gate_residual_forward(*args)),
-        "entry_point_sync_check_us": per_call(
-            lambda: K.gate_residual_forward(*args, check_index="sync")),
-        "entry_point_unchecked_us": per_call(
-            lambda: K.gate_residual_forward(*args, check_index=False)),
-    }
-
-
-def forward_launch_sweep(n: int, d: int, g: int, dtype: str, device: str, *, iters: int,
-                         warmup: int, caps=(65535, 8192, 2048)) -> list[dict]:
-    """The vectorised forward kernel alone (no checks, no allocation) for each grid.y cap: a
-    block then walks ceil(N / (2 * cap)) steps of two rows. Launch shape only; the bits do
-    not move (tests/test_kernels_gpu.py)."""
-    from kernels import gate_residual as K
-
-    sets = input_sets(n, d, g, dtype, device, 1)
-    outs = [torch.empty_like(x["residual"]) for x in sets]
-    sink = K._flags(outs[0].device)[1]
-    itemsize = outs[0].element_size()
-    rows = []
-    for cap in caps:
-        def call(i, cap=cap):
-            x, out = sets[i % len(sets)], outs[i % len(sets)]
-            K._launch_forward(out, x["residual"], x["gate"], x["y"], x["index"], sink,
-                              max_grid_y=cap)
-
-        t = median_ms(call, device=device, warmup=warmup, iters=iters)
-        rows.append({"dtype": dtype, "N": n, "impl": f"numba fwd kernel, grid.y<={cap}",
-                     "forward_ms": t["median_ms"],
-                     "forward_GBps": 3 * n * d * itemsize / t["median_ms"] / 1e6})
-    return rows
-
-
-def backward_alone(n: int, d: int, g: int, dtype: str, device: str, *, iters: int,
-                   warmup: int) -> dict:
-    """``gate_residual_backward`` alone (both kernels, the partials' allocation, no autograd;
-    ``check_index=False``, as autograd's backward runs it: the forward checked the index):
-    its time and bandwidth over the 3*N*D elements it must move."""
-    from kernels import gate_residual as K
-
-    sets = input_sets(n, d, g, dtype, device, 1)
-    itemsize = sets[0]["residual"].element_size()
-
-    def call(i):
-        x = sets[i % len(sets)]
-        K.gate_residual_backward(x["grad_out"], x["gate"], x["y"], x["index"],
-                                 check_index=False)
-
-    t = median_ms(call, device=device, warmup=warmup, iters=iters)
-    return {"dtype": dtype, "N": n, "impl": "numba backward alone", "backward_ms": t["median_ms"],
-            "backward_GBps": 3 * n * d * itemsize / t["median_ms"] / 1e6}
-
-
-def forward_backward(name: str, device: str):
-    """One forward + backward step of ``name`` ("eager" or "numba") through autograd:
-    ``torch.autograd.grad(out, (residual, gate, y), grad_out)``. Not ``out.backward()``,
-    whose AccumulateGrad would copy ``grad_out`` into ``residual.grad`` (the caller still
-    holds it): a copy of N*D elements that is autograd's, not the op's, for every
-    implementation alike (docs/performance.md)."""
-    if name == "eager":
-        def op(r, g, y, i):
-            return r + g.index_select(0, i) * y
-    elif device == "cuda":
-        from kernels.gate_residual import GateResidual
-        op = GateResidual.apply
-    else:
-        from kernels.gate_residual_cpu import GateResidualCPU
-        op = GateResidualCPU.apply
-
+def _step(op):
+    """One forward+backward of a differentiable ``op`` through autograd.grad."""
     def step(x):
-        r, g, y = (x[k].detach().requires_grad_() for k in ("residual", "gate", "y"))
-        out = op(r, g, y, x["index"])
-        return torch.autograd.grad(out, (r, g, y), x["grad_out"])
-
+        leaves = [x[k].detach().requires_grad_() for k in ("residual", "gate", "y")]
+        out = op(leaves[0], leaves[1], leaves[2], x["index"])
+        return torch.autograd.grad(out, leaves, x["grad_out"])
     return step
 
 
-def bench_case(n: int, d: int, g: int, dtype: str, device: str, *, iters: int, warmup: int,
-               with_compile: bool, seed: int = 1) -> list[dict]:
-    """One row per implementation: forward and forward+backward medians for one shape."""
-    sets = input_sets(n, d, g, dtype, device, seed)
-    itemsize = sets[0]["residual"].element_size()
-    fwd_bytes = 3 * n * d * itemsize
-    rows = []
-    impls = {"eager": get("eager").run, "numba": get("numba").run}
-    if with_compile:
-        fn = compiled_forward()
-        impls["compiled"] = lambda x, backward: {"out": fn(x["residual"], x["gate"], x["y"],
-                                                           x["index"])}
-    for name, run in impls.items():
-        kw = {"device": device, "warmup": warmup, "iters": iters}
-        fwd = median_ms(lambda i, r=run: r(sets[i % len(sets)], backward=False), **kw)
-        row = {"dtype": dtype, "N": n, "D": d, "G": g, "impl": name, "sets": len(sets),
-               "forward_ms": fwd["median_ms"], "forward_GBps": fwd_bytes / fwd["median_ms"] / 1e6}
-        if name != "compiled":
-            step = forward_backward(name, device)
-            both = median_ms(lambda i, f=step: f(sets[i % len(sets)]), **kw)
-            row["forward_backward_ms"] = both["median_ms"]
-            row["forward_backward_GBps"] = 2 * fwd_bytes / both["median_ms"] / 1e6
-        rows.append(row)
-    return rows
+def time_peer(peer: Peer, sets: list[dict], dtype: str, n: int, device: str, *, iters: int,
+              warmup: int) -> dict:
+    """``forward_ms`` and, where the peer has a backward, ``forward_backward_ms`` (medians);
+    ``error`` (one line) where a call raised."""
+    forward, op = peer.forward, peer.op
+    if peer.per_case is not None:
+        forward, op = peer.per_case(dtype, n, False), peer.per_case(dtype, n, True)
+    kw = {"device": device, "warmup": warmup, "iters": iters}
+    out: dict = {}
+    try:
+        with peer.context():
+            def fwd(i, f=forward):
+                x = sets[i % len(sets)]
+                with torch.no_grad():
+                    return f(x["residual"], x["gate"], x["y"], x["index"])
+
+            out["forward_ms"] = median_ms(fwd, **kw)["median_ms"]
+            if op is not None:
+                step = _step(op)
+                out["forward_backward_ms"] = median_ms(lambda i: step(sets[i % len(sets)]),
+                                                       **kw)["median_ms"]
+    except Exception as err:  # one peer's failure is a row, not the end of the run
+        first = (str(err).strip().splitlines() or [""])[0]
+        out["error"] = f"{type(err).__name__}: {first}"[:300]
+    return out
+
+
+def backward_alone(sets: list[dict], device: str, *, iters: int, warmup: int) -> float:
+    """Median ms of ``gate_residual_backward`` (``check_index=False``, as autograd's backward
+    runs it: the forward checked the index): both kernels and the allocations."""
+    if device == "cuda":
+        from kernels.gate_residual import gate_residual_backward
+    else:  # the CPU twin (--smoke)
+        from kernels.gate_residual_cpu import gate_residual_backward_cpu as gate_residual_backward
+
+    def call(i):
+        x = sets[i % len(sets)]
+        kwargs = {"check_index": False} if device == "cuda" else {}
+        gate_residual_backward(x["grad_out"], x["gate"], x["y"], x["index"], **kwargs)
+
+    return median_ms(call, device=device, warmup=warmup, iters=iters)["median_ms"]
+
+
+def ratios(rows: list[dict], copy: float) -> None:
+    """Add, in place, each row's ratios to its case's eager row and the fraction of the copy
+    bandwidth its bytes reach (``*_vs_eager`` > 1: faster than eager)."""
+    import ops
+
+    spec = ops.get(ops.OPS[0])
+    eager = {(r["dtype"], r["N"]): r for r in rows if r["impl"] == "eager"}
+    for r in rows:
+        size = torch.empty(0, dtype=getattr(torch, r["dtype"])).element_size()
+        moved = spec.bytes_moved(r["N"], {"D": r["D"], "G": r["G"]}, size)
+        base = eager.get((r["dtype"], r["N"]), {})
+        for key, nbytes in (("forward", moved[0]), ("forward_backward", moved[1]),
+                            ("backward", moved[1] - moved[0])):
+            ms = r.get(f"{key}_ms")
+            if not ms:
+                continue
+            r[f"{key}_copy_fraction"] = nbytes / (ms * 1e-3) / copy
+            if base.get(f"{key}_ms"):
+                r[f"{key}_vs_eager"] = base[f"{key}_ms"] / ms
+
+
+def fastest(rows: list[dict]) -> None:
+    """Mark, in place, each case's ``forward_vs_fastest`` / ``forward_backward_vs_fastest``:
+    the fastest time of the case over this row's (1.0: this row is the fastest)."""
+    for key in ("forward_ms", "forward_backward_ms"):
+        best: dict[tuple, float] = {}
+        for r in rows:
+            if r.get(key):
+                case = (r["dtype"], r["N"])
+                best[case] = min(best.get(case, math.inf), r[key])
+        for r in rows:
+            if r.get(key):
+                r[key.replace("_ms", "_vs_fastest")] = best[(r["dtype"], r["N"])] / r[key]
+
+
+def markdown(doc: dict) -> str:
+    """The run as Markdown: the timings per case, then the peers' code paths and why any did
+    not run, then the host breakdown."""
+    def ms(v):
+        return f"{v:.3f}" if isinstance(v, (int, float)) else "—"
+
+    def pct(v):
+        return f"{100 * v:.0f}%" if isinstance(v, (int, float)) else "—"
+
+    env = doc["environment"]
+    lines = [f"# {doc['title']}", "",
+             f"Commit {doc.get('commit') or 'unknown'}; torch {env.get('torch')}, "
+             f"{env.get('gpu') or 'CPU'}; copy bandwidth {doc['copy_GBps']:.0f} GB/s (read + "
+             "write). Median ms of CUDA events around each public call "
+             f"({doc['iters']} calls after {doc['warmup']} warm-up); x eager: eager's time "
+             "over this one's (> 1 is faster); % copy: bytes that must move over the time, "
+             "as a fraction of the copy bandwidth. Forward+backward: torch.autograd.grad.", "",
+             "| dtype | N | impl | fwd ms | fwd x eager | fwd % copy | fwd+bwd ms | "
+             "fwd+bwd x eager | fwd+bwd % copy |", "| --- | ---: | --- | ---: | ---: | ---: | "
+             "---: | ---: | ---: |"]
+    for r in doc["rows"]:
+        if "forward_ms" not in r and "error" not in r:
+            continue
+        name = r["impl"] + (f" (error: {r['error']})" if "error" in r else "")
+        lines.append(f"| {r['dtype']} | {r['N']} | {name} | {ms(r.get('forward_ms'))} | "
+                     f"{ms(r.get('forward_vs_eager'))} | {pct(r.get('forward_copy_fraction'))} | "
+                     f"{ms(r.get('forward_backward_ms'))} | "
+                     f"{ms(r.get('forward_backward_vs_eager'))} | "
+                     f"{pct(r.get('forward_backward_copy_fraction'))} |")
+    alone = [r for r in doc["rows"] if "backward_ms" in r]
+    if alone:
+        lines += ["", "Our backward alone (`gate_residual_backward`, both kernels and the "
+                  "allocations): " + "; ".join(f"{r['dtype']} N={r['N']}: "
+                                               f"{r['backward_ms']:.3f} ms "
+                                               f"({pct(r.get('backward_copy_fraction'))} of copy)"
+                                               for r in alone) + "."]
+    lines += ["", "## Peers", ""]
+    lines += [f"- **{p['name']}**: " + (f"not run: {p['unavailable']}" if p.get("unavailable")
+                                        else p["ran"]) for p in doc["peers"]]
+    host = doc.get("host_overhead_us")
+    if host:
+        lines += ["", f"## Host time per call (µs, {host['how']})", "",
+                  "| what | µs |", "| --- | ---: |"]
+        lines += [f"| {k} | {v:.2f} |" for k, v in host["per_call_us"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def run(args, checkpoint=None) -> dict:
+    """The whole benchmark (see the module docstring); returns the JSON document.
+    ``checkpoint(doc)``, when given, gets the document so far after each case (a run stopped
+    by a deadline keeps the cases it finished)."""
+    device = "cpu" if args.smoke else "cuda"
+    d, g = (64, 3) if args.smoke else (5376, 9)
+    plan = SMOKE_PLAN if args.smoke else PLAN
+    iters, warmup = (3, 1) if args.smoke else (args.iters, args.warmup)
+    copy = copy_bandwidth(device, (8 << 20) if args.smoke else (2 << 30), iters)
+    table = peers(device, with_compile=not (args.no_compile or args.smoke),
+                  libraries=args.library if args.library is not None else LIBRARIES)
+    rows, seconds = [], {}
+    largest = {dt: max(m for other, m in plan if other == dt) for dt, _ in plan}
+    for dtype, n in plan:
+        sets = input_sets(n, d, g, dtype, device, seed=1)
+        for peer in table:
+            if peer.unavailable or not peer.takes(dtype):
+                continue
+            t0 = time.perf_counter()
+            rows.append({"dtype": dtype, "N": n, "D": d, "G": g, "impl": peer.name,
+                         "sets": len(sets), **time_peer(peer, sets, dtype, n, device,
+                                                        iters=iters, warmup=warmup)})
+            seconds[peer.name] = seconds.get(peer.name, 0.0) + time.perf_counter() - t0
+        if n == largest[dtype]:
+            rows.append({"dtype": dtype, "N": n, "D": d, "G": g, "impl": "numba backward alone",
+                         "backward_ms": backward_alone(sets, device, iters=iters,
+                                                       warmup=warmup)})
+        del sets
+        if checkpoint is not None:
+            checkpoint(_document(device, copy, iters, warmup, table, None, rows, seconds))
+    host = host_overhead(device, d, g, quick=args.smoke)
+    return _document(device, copy, iters, warmup, table, host, rows, seconds)
+
+
+def _document(device, copy, iters, warmup, table, host, rows, seconds) -> dict:
+    rows = [dict(r) for r in rows]
+    ratios(rows, copy)
+    fastest(rows)
+    env = environment.capture(device, {})
+    project = env.get("project") or {}
+    return {"title": f"gate_residual benchmark ({env.get('gpu') or env.get('cpu')})",
+            "device": device, "commit": project.get("commit"), "dirty": project.get("dirty"),
+            "complete": host is not None, "copy_GBps": copy / 1e9, "iters": iters,
+            "warmup": warmup, "environment": env, "seconds_per_peer": seconds,
+            "peers": [{"name": p.name, "ran": p.ran, "unavailable": p.unavailable,
+                       "dtypes": p.dtypes} for p in table],
+            "host_overhead_us": host, "rows": rows}
+
+
+def host_overhead(device: str, d: int, g: int, *, quick: bool) -> dict:
+    """:func:`runner.bench_host.host_costs` at N = 1 (bf16): on the GPU as it is, on the CPU
+    emulated."""
+    from runner.bench_host import emulate_on_cpu, host_costs
+
+    sets = input_sets(1, d, g, "bfloat16", device, seed=2)
+    calls, repeats = (50, 2) if quick else (1000, 5)
+    if device == "cuda":
+        how = "H200 as measured: perf_counter over back-to-back calls, the least of 5 rounds"
+        return {"how": how, "per_call_us": host_costs(sets[0], calls=calls, repeats=repeats)}
+    with emulate_on_cpu():
+        costs = host_costs(sets[0], calls=calls, repeats=repeats)
+    return {"how": "CPU tensors, the driver call replaced by a no-op C function "
+                   "(runner/bench_host.py)", "per_call_us": costs}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; print the table; write the JSON. Returns 0."""
+    """Run the benchmark; print the table; write the JSON and the Markdown. Returns 0."""
     parser = argparse.ArgumentParser(prog="python -m runner.bench", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("reports/bench"))
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (CI)")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument("--library", action="append", default=None, metavar="IMPL-VERSION",
+                        help="library rows to time (repeatable; default: "
+                             f"{', '.join(LIBRARIES)})")
+    parser.add_argument("--precompile", action="store_true",
+                        help="only compile torch.compile's graphs into inductor's cache")
+    parser.add_argument("--host", action="store_true",
+                        help="only the host time per call (on the CPU: emulated)")
     args = parser.parse_args(argv)
-    if not args.smoke and not torch.cuda.is_available():
+    if not args.smoke and not args.host and not torch.cuda.is_available():
         parser.error("no CUDA device: the benchmark needs a GPU (--smoke runs its code path "
-                     "on tiny CPU shapes, and its figures mean nothing)")
-    device = "cpu" if args.smoke else "cuda"
-    d, g = (64, 3) if device == "cpu" else (5376, 9)
-    plan = [("bfloat16", n) for n in ((1, 257, 4097, 32768) if device == "cuda" else (1, 257))]
-    if device == "cuda":
-        plan += [("float16", 32768), ("float32", 32768)]
-    iters, warmup = (3, 1) if device == "cpu" else (args.iters, args.warmup)
-    copy = copy_bandwidth(device, (2 << 30) if device == "cuda" else (8 << 20), iters)
-    rows = []
-    for dtype, n in plan:
-        with_compile = device == "cuda" and not args.no_compile and (n in (1, 257, 32768))
-        rows += bench_case(n, d, g, dtype, device, iters=iters, warmup=warmup,
-                           with_compile=with_compile)
-    if device == "cuda":
-        rows += forward_launch_sweep(32768, d, g, "bfloat16", device, iters=iters,
-                                     warmup=warmup)
-        for dtype in ("bfloat16", "float16", "float32"):
-            rows.append(backward_alone(32768, d, g, dtype, device, iters=iters, warmup=warmup))
-    by_key = {(r["dtype"], r["N"], r["impl"]): r for r in rows}
-    for r in rows:
-        eager = by_key[(r["dtype"], r["N"], "eager")]
-        if "forward_ms" in r:
-            r["forward_vs_eager"] = eager["forward_ms"] / r["forward_ms"]
-        if "forward_GBps" in r:
-            r["forward_copy_fraction"] = r["forward_GBps"] * 1e9 / copy
-        if "backward_GBps" in r:
-            r["backward_copy_fraction"] = r["backward_GBps"] * 1e9 / copy
-        if "forward_backward_ms" in r:
-            r["forward_backward_vs_eager"] = eager["forward_backward_ms"] / r["forward_backward_ms"]
-            r["forward_backward_copy_fraction"] = r["forward_backward_GBps"] * 1e9 / copy
-        compiled = by_key.get((r["dtype"], r["N"], "compiled"))
-        if compiled and "forward_ms" in r:
-            r["forward_vs_compiled"] = compiled["forward_ms"] / r["forward_ms"]
-    overhead = None
-    if device == "cuda":
-        sets = input_sets(1, d, g, "bfloat16", device, 1)
-        overhead = host_overhead_us(sets)
-    env = environment.capture("cuda" if device == "cuda" else "cpu", {})
-    doc = {"title": f"gate_residual benchmark ({env.get('gpu') or platform.processor()})",
-           "device": device, "copy_GBps": copy / 1e9, "host_overhead_us": overhead,
-           "environment": env, "rows": rows}
+                     "on tiny CPU shapes, and its figures mean nothing; --host times the "
+                     "host path emulated)")
+    if args.host:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        host = host_overhead(device, 5376, 9, quick=False)
+        print(f"host time per call (µs; {host['how']}):")
+        for k, v in host["per_call_us"].items():
+            print(f"  {k:40s} {v:8.2f}")
+        return 0
+    if args.precompile:
+        precompile(PLAN, 5376, 9)
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    name = (env.get("gpu") or "cpu").replace(" ", "-").lower()
-    path = args.out / f"bench-{name}{'-smoke' if args.smoke else ''}.json"
-    path.write_text(json.dumps(doc, indent=2))
-    cols = ["dtype", "N", "impl", "forward_ms", "forward_copy_fraction", "forward_vs_eager",
-            "forward_vs_compiled", "forward_backward_ms", "forward_backward_copy_fraction",
-            "forward_backward_vs_eager", "backward_ms", "backward_copy_fraction"]
-    print(f"copy bandwidth: {copy / 1e9:.0f} GB/s (read + write)")
-    if overhead:
-        print("host overhead per numba forward call (us): "
-              + ", ".join(f"{k}={v:.1f}" for k, v in overhead.items()))
-    print(tabulate([[r.get(c, "") for c in cols] for r in rows], headers=cols, floatfmt=".3f"))
-    print(f"wrote {path}")
+
+    def write(doc: dict) -> Path:
+        name = (doc["environment"].get("gpu") or "cpu").replace(" ", "-").lower()
+        stem = args.out / f"bench-{name}{'-smoke' if args.smoke else ''}"
+        stem.with_suffix(".json").write_text(json.dumps(doc, indent=2))
+        stem.with_suffix(".md").write_text(markdown(doc))
+        return stem
+
+    stem = write(run(args, checkpoint=write))
+    print(stem.with_suffix(".md").read_text())
+    print(f"wrote {stem}.json and .md")
     return 0
 
 
+def precompile(plan, d: int, g: int) -> None:
+    """Compile the ``compiled`` peer's graphs of ``plan`` into inductor's on-disk cache (one
+    call each), so that a benchmark process started next finds them (run it beside other
+    work, before the benchmark)."""
+    from runner.bench_peers import compiled_peer
+
+    peer = compiled_peer("cuda")
+    if peer.unavailable:
+        print(f"compiled: {peer.unavailable}")
+        return
+    for dtype, n in plan:
+        t0 = time.perf_counter()
+        x = input_sets(n, d, g, dtype, "cuda", seed=1)[:1]
+        time_peer(peer, x, dtype, n, "cuda", iters=1, warmup=1)
+        print(f"compiled {dtype} N={n}: {time.perf_counter() - t0:.1f} s", flush=True)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with contextlib.suppress(BrokenPipeError):
+        raise SystemExit(main())
