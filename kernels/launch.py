@@ -263,6 +263,20 @@ class PackedLaunch:
                             f"{len(pointers)}")
         self.fast(stream, *pointers)
 
+    def _refused(self, err: int, stream: int, *pointers: int) -> None:
+        """A launch the driver refused: where ``cuLaunchKernelEx`` answered
+        ``CUDA_ERROR_INVALID_VALUE`` or ``CUDA_ERROR_NOT_SUPPORTED`` (a driver that does not
+        take the parameter buffer through it), every later launch of the process uses
+        ``cuLaunchKernel`` and this one is tried again; otherwise ``RuntimeError``."""
+        driver = DRIVER or _driver()
+        if driver["ex"] is not None and err in (1, 801) and driver["launch"] is not None:
+            driver["ex"] = None
+            self.fast = self._compile()
+            self.fast(stream, *pointers)
+            return
+        what = "cuLaunchKernelEx" if driver["ex"] is not None else "cuLaunchKernel"
+        raise RuntimeError(f"{what} failed: CUresult {err}")
+
     def _compile(self) -> Callable[..., None]:
         """The launch as one Python function of ``(stream, p0, p1, ...)``: a store per
         pointer slot, then the driver call, with everything else bound in advance (a loop
@@ -281,13 +295,13 @@ class PackedLaunch:
                     "extra)\n")
             what = "cuLaunchKernel"
         source = (f"def packed_launch(stream, {', '.join(names)}):\n{stores}{call}"
-                  f"    if err:\n        raise RuntimeError(f'{what} failed: CUresult {{err}}')\n")
+                  f"    if err:\n        refused(err, stream, {', '.join(names)})\n")
         scope = {"buffer": self._buffer, "last": [0], "config": self._config,
                  "config_address": ctypes.addressof(self._config),
                  "function": self.function, "extra": ctypes.addressof(self._extra),
                  "launch": driver["ex"] if driver["ex"] is not None else driver["launch"],
                  "gx": self.grid[0], "gy": self.grid[1], "block": self.block,
-                 "shared": self.shared}
+                 "shared": self.shared, "refused": self._refused}
         exec(compile(source, f"<PackedLaunch {what}>", "exec"), scope)
         return scope["packed_launch"]
 

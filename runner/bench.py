@@ -239,11 +239,16 @@ def _document(device, copy, iters, warmup, table, host, rows, seconds) -> dict:
     rows = [dict(r) for r in rows]
     ratios(rows, copy)
     fastest(rows)
+    from kernels.launch import DRIVER
+
     env = environment.capture(device, {})
     project = env.get("project") or {}
+    api = ("not loaded" if not DRIVER or "ex" not in DRIVER else
+           "cuLaunchKernelEx" if DRIVER["ex"] is not None else "cuLaunchKernel")
     return {"title": f"gate_residual benchmark ({env.get('gpu') or env.get('cpu')})",
             "device": device, "commit": project.get("commit"), "dirty": project.get("dirty"),
-            "complete": host is not None, "copy_GBps": copy / 1e9, "iters": iters,
+            "complete": host is not None, "launch_api": api, "copy_GBps": copy / 1e9,
+            "iters": iters,
             "warmup": warmup, "environment": env, "seconds_per_peer": seconds,
             "peers": [{"name": p.name, "ran": p.ran, "unavailable": p.unavailable,
                        "dtypes": p.dtypes} for p in table],

@@ -23,7 +23,7 @@ if [ -f .carry/issue14-src.tgz ]; then
   echo "source: commit $GATE_RESIDUAL_COMMIT (archive)"
 fi
 cd "$src" || exit 2
-if ls .whl/*.whl >/dev/null 2>&1; then  # numpy<2.5 for numba-cuda, and pure-Python wheels
+if [ -z "${NO_WHEELS:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then  # numpy<2.5 for numba-cuda
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
@@ -47,12 +47,14 @@ for step in ${STEPS:-tests bench}; do
       $pytest tests/test_kernels_gpu.py -k "not default_index_check" > "$out/logs/gpu-kernels.log" 2>&1 &
       $pytest tests/test_kernels_gpu.py -k default_index_check > "$out/logs/gpu-device-assert.log" 2>&1 &
       $pytest tests/test_op_input.py > "$out/logs/gpu-op-input.log" 2>&1 &
+      python3 scripts/sass_report.py > "$out/logs/sass-report.txt" 2>&1 &
       wait
       for f in gpu-kernels gpu-device-assert gpu-op-input; do
         echo "$f: $(tail -n 1 "$out/logs/$f.log")"
         grep -q " passed" "$out/logs/$f.log" && ! grep -qE "[0-9]+ (failed|error)" "$out/logs/$f.log" || rc=1
       done
-      tail -n 2 "$out/logs/rlbuild.log"; tail -n 3 "$out/logs/precompile.log" ;;
+      tail -n 2 "$out/logs/rlbuild.log"; tail -n 3 "$out/logs/precompile.log"
+      grep -E "regs=" "$out/logs/sass-report.txt" | cut -c1-110 ;;
     bench)
       timeout -s TERM "${BENCH_TIMEOUT:-240}" python3 -m runner.bench --out "$out/bench" \
         ${BENCH_ARGS:-} > "$out/logs/bench.log" 2>&1 || rc=1

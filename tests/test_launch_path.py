@@ -247,3 +247,31 @@ def test_kernels_assert_on_a_bad_index_through_assertfail():
     strings = [bytes(int(v) for v in body.split(",")).decode("latin-1")
                for body in re.findall(r"\.const \.align 1 \.b8 \S+\[\d+\] = \{([^}]*)\}", ptx)]
     assert "gate_residual: index holds a value outside [0, G)" in strings  # NUL implied
+
+
+def test_a_driver_that_refuses_the_ex_launch_falls_back_to_cuLaunchKernel():
+    """cuLaunchKernelEx answering CUDA_ERROR_INVALID_VALUE: the launch is made again with
+    cuLaunchKernel (eleven arguments, the same parameter buffer), and so are later ones."""
+    from kernels import launch as L
+
+    launch = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7,
+                              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+    seen = []
+
+    def classic(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        words = (ctypes.c_void_p * 5).from_address(extra)
+        size = ctypes.c_size_t.from_address(words[3]).value
+        seen.append((function, gx, gy, bx, list((ctypes.c_int64 * (size // 8)).from_address(
+            words[1]))))
+        return 0
+
+    classic_fn = launch(classic)
+    r, g, y, i, _ = tensors()
+    with emulate_on_cpu(_EX(lambda *args: 1)):
+        L.DRIVER["launch"] = classic_fn
+        out = K.gate_residual_forward(r, g, y, i)
+        K.gate_residual_forward(r, g, y, i)
+        assert L.DRIVER["ex"] is None
+    grid, block = K.forward_vec_geometry(5, 64 * 2 // 16)
+    assert len(seen) == 2 and seen[0][:4] == (handle("vec", 0, r.dtype), *grid, block)
+    assert seen[0][4][:9] == list(words(out))
