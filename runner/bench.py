@@ -42,9 +42,10 @@ __all__ = ["LIBRARIES", "PLAN", "Peer", "copy_bandwidth", "input_sets", "main", 
 from runner.timing import median_ms
 
 L2_BYTES = 60 * 2**20  # H200 (KINDS.md: 60 MB of L2); rotation keeps 3x this in flight
-#: (dtype, N) of a full run: bf16 over the reference report's N, fp16 and fp32 at both ends
-PLAN = ([("bfloat16", n) for n in (1, 257, 4097, 32768)]
-        + [(dt, n) for dt in ("float16", "float32") for n in (1, 32768)])
+#: (dtype, N) of a full run, in the order run (the ends first: a run stopped by a deadline
+#: keeps them): bf16 over the reference report's N, fp16 and fp32 at both ends
+PLAN = ([("bfloat16", n) for n in (1, 32768, 257, 4097)]
+        + [(dt, n) for dt in ("float16", "float32") for n in (32768, 1)])
 SMOKE_PLAN = [("bfloat16", 1), ("bfloat16", 257)]
 
 
@@ -212,6 +213,8 @@ def run(args, checkpoint=None) -> dict:
     copy = copy_bandwidth(device, (8 << 20) if args.smoke else (2 << 30), iters)
     table = peers(device, with_compile=not (args.no_compile or args.smoke),
                   libraries=args.library if args.library is not None else LIBRARIES)
+    # the host breakdown first, on an idle GPU (and kept if a deadline stops the run)
+    host = host_overhead(device, d, g, quick=args.smoke)
     rows, seconds = [], {}
     largest = {dt: max(m for other, m in plan if other == dt) for dt, _ in plan}
     for dtype, n in plan:
@@ -230,13 +233,15 @@ def run(args, checkpoint=None) -> dict:
                                                        warmup=warmup)})
         del sets
         if checkpoint is not None:
-            checkpoint(_document(device, copy, iters, warmup, table, None, rows, seconds))
-    host = host_overhead(device, d, g, quick=args.smoke)
-    return _document(device, copy, iters, warmup, table, host, rows, seconds)
+            checkpoint(_document(device, copy, iters, warmup, table, host, rows, seconds,
+                                 complete=False))
+    return _document(device, copy, iters, warmup, table, host, rows, seconds, complete=True)
 
 
-def _document(device, copy, iters, warmup, table, host, rows, seconds) -> dict:
-    rows = [dict(r) for r in rows]
+def _document(device, copy, iters, warmup, table, host, rows, seconds, *,
+              complete: bool) -> dict:
+    order = {"bfloat16": 0, "float16": 1, "float32": 2}
+    rows = sorted((dict(r) for r in rows), key=lambda r: (order.get(r["dtype"], 3), r["N"]))
     ratios(rows, copy)
     fastest(rows)
     from kernels.launch import DRIVER
@@ -247,7 +252,7 @@ def _document(device, copy, iters, warmup, table, host, rows, seconds) -> dict:
            "cuLaunchKernelEx" if DRIVER["ex"] is not None else "cuLaunchKernel")
     return {"title": f"gate_residual benchmark ({env.get('gpu') or env.get('cpu')})",
             "device": device, "commit": project.get("commit"), "dirty": project.get("dirty"),
-            "complete": host is not None, "launch_api": api, "copy_GBps": copy / 1e9,
+            "complete": complete, "launch_api": api, "copy_GBps": copy / 1e9,
             "iters": iters,
             "warmup": warmup, "environment": env, "seconds_per_peer": seconds,
             "peers": [{"name": p.name, "ran": p.ran, "unavailable": p.unavailable,
