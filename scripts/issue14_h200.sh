@@ -9,8 +9,8 @@
 # Runs the commit in .carry/issue14-src.tgz when there (made here by
 #   git archive --format=tar.gz -o .carry/issue14-src.tgz HEAD && git rev-parse HEAD > .carry/issue14-commit
 # so the reports name exactly that commit), else the tree as it is. STEPS (default
-# "tests bench") picks steps; BENCH_TIMEOUT (default 240 s) bounds the benchmark, which
-# keeps the cases it finished.
+# "tests bench") picks steps; TESTS_TIMEOUT (default 150 s) bounds each test process and the
+# precompile, BENCH_TIMEOUT (default 240 s) the benchmark, which keeps the cases it finished.
 set -uo pipefail
 repo=$PWD
 out=$(realpath -m "${1:-${OUT:-artifacts}}")
@@ -42,12 +42,13 @@ for step in ${STEPS:-tests bench}; do
   case $step in
     tests)
       PYTHONPATH=$src/.carry/rl-kernel-h3:$PYTHONPATH python3 -c "import time; t = time.time(); from rl_engine.kernels.ops import base; print('rl_engine._C built:', base._EXT_AVAILABLE, getattr(base, '_EXT_ERROR', None), f'{time.time() - t:.0f} s')" > "$out/logs/rlbuild.log" 2>&1 &
-      python3 -m runner.bench --precompile > "$out/logs/precompile.log" 2>&1 &
-      pytest="python3 -m pytest -q -m gpu -p no:cacheprovider"
+      limit="timeout -s TERM ${TESTS_TIMEOUT:-150}"
+      $limit python3 -m runner.bench --precompile > "$out/logs/precompile.log" 2>&1 &
+      pytest="$limit python3 -m pytest -q -m gpu -p no:cacheprovider"
       $pytest tests/test_kernels_gpu.py -k "not default_index_check" > "$out/logs/gpu-kernels.log" 2>&1 &
       $pytest tests/test_kernels_gpu.py -k default_index_check > "$out/logs/gpu-device-assert.log" 2>&1 &
       $pytest tests/test_op_input.py > "$out/logs/gpu-op-input.log" 2>&1 &
-      python3 scripts/sass_report.py > "$out/logs/sass-report.txt" 2>&1 &
+      $limit python3 scripts/sass_report.py > "$out/logs/sass-report.txt" 2>&1 &
       wait
       for f in gpu-kernels gpu-device-assert gpu-op-input; do
         echo "$f: $(tail -n 1 "$out/logs/$f.log")"
