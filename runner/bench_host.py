@@ -148,7 +148,7 @@ def host_costs(x: dict, *, calls: int = 2000, repeats: int = 5) -> dict[str, flo
         "backward.allocate_grads": t(lambda: (torch.empty_like(go), torch.empty_like(g))),
         "backward.workspace": t(lambda: bplan.workspace(stream, go.device)),
         "backward.chunk_launch": t(lambda: chunk_launch.fast(stream, *bptrs)),
-        "backward.reduce_launch": t(lambda: bplan.reduce.fast(stream, bptrs[0], partial)),
+        "backward.reduce_launch": t(lambda: bplan.reduce.fast(stream, grads[1].data_ptr(), partial)),
         "forward_backward_autograd_ours": t(ours_step),
         "forward_backward_autograd_eager": t(eager_step),
         "eager_forward": t(lambda: r + g.index_select(0, i) * y),
