@@ -215,9 +215,13 @@ class Cell:
 
     @property
     def problem_key(self) -> tuple[Any, ...] | None:
-        """(dtype, D, G, index dtype, seed): cells with the same key ran the same problem."""
+        """(op, dtype, sizes, index dtype, seed): cells with the same key ran the same
+        problem."""
         p = self.data.get("problem")
-        return None if not p else (p["dtype"], p["D"], p["G"], p["index_dtype"], p["seed"])
+        if not p:
+            return None
+        sizes = tuple((k, v) for k, v in p.items() if k not in ("dtype", "index_dtype", "seed"))
+        return (self.op, p["dtype"], sizes, p["index_dtype"], p["seed"])
 
     def per_case(self, impl: str, key: str, case: str) -> Any:
         """``results[impl][key][case]`` (e.g. ``key="sha256"``), None where absent."""

@@ -30,9 +30,10 @@ from runner.cells import cases_on
 from runner.implementations import Implementation
 from runner.inputs import build
 from runner.phases import PhaseClock
+from runner.report import SCHEMA_VERSION
 
 KIND = "gate_residual_matrix"
-SCHEMA_VERSION = 1
+"""The ``kind`` of every report of this project (its name; every op's reports share it)."""
 __all__ = ["fingerprint", "out_of_memory", "run_cell", "skeleton"]
 _SEVERITY = {"ok": 0, "mismatch": 1, "unavailable": 0, "error": 2, "oom": 2}
 
@@ -82,10 +83,13 @@ def skeleton(matrix, cell, cases, *, backend: str, run_id: str, status: str,
     """
     project = (env or {}).get("project") or environment.project_state()
     p = matrix.problem
+    spec = ops.get(matrix.op)
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": KIND,
         "op": matrix.op,
+        "tensors": spec.table(),
+        "index_groups": spec.groups,
         "run_id": run_id,
         "cell": {"id": cell.id, "stack": cell.stack, "mode": cell.mode, "target": cell.target,
                  "backend": backend},

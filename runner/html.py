@@ -41,7 +41,6 @@ HTML_MARKS = 6000
 """The most headline marks (pairs × columns) the page shows before it merges columns."""
 MAX_ACROSS_ROWS = 200
 
-_TITLE = "gate_residual reproducibility matrix"
 _WRAP = 60
 _NUMBER = re.compile(r"^([-+]?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?x?|inf)$")
 
@@ -318,9 +317,9 @@ def render_html(tables: Tables, plots: dict[str, tuple[str, str]] | None = None,
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{_TITLE}</title>",
+        f"<title>{_e(tables.title())}</title>",
         f"<style>\n{_asset('report.css')}</style></head><body>",
-        f"<header><h1>{_TITLE}</h1>",
+        f"<header><h1>{_e(tables.title())}</h1>",
         f'<p class="summary">{_inline(tables.summary_line())} Current commit <code>{_e(head)}'
         f"</code>: {len(stale)} of {sum(c.ours for c in cells)} of our reports made at "
         "another commit or from a dirty tree (⚠).</p>",

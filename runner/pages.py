@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
+from runner import report_tensors
 from runner.aggregate import Cell, Table
 from runner.table_headline import LEVELS, Column, Headline, headline, name_list, not_run
 
@@ -47,8 +48,8 @@ CELL_SECTIONS = ("verdicts", "bitwise", "accuracy", "implementations", "kernel_o
 """The per-cell tables (keys of :class:`runner.aggregate.Table`) a cell's page shows."""
 LEGEND = (
     "Each mark sums up every case of the column's cells: `✓` every tensor has the same bits "
-    "in every case; `✗` the tensors that differ in at least one case (`out`, `res` = "
-    "grad_residual, `y` = grad_y, `gate` = grad_gate), the largest fraction of their "
+    "in every case; `✗` the tensors that differ in at least one case (`out`, {legend}), "
+    "the largest fraction of their "
     "elements that differ, then `R` when both sides gave the same bits in every repeat "
     "within their process in the cases that differ, `NR` when one side did not (no letter: "
     "no repeats recorded); `NaN out` those tensors differ in NaN payloads only (`≈` when "
@@ -56,6 +57,11 @@ LEGEND = (
     "pair there. ⚠ marks a column whose reports were not made at the current commit "
     "(`at <commit>`) or were made from a dirty tree. A mark links to the cell's page.")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def _legend(tables: Tables) -> str:
+    """:data:`LEGEND` with the shown reports' tensor names."""
+    return LEGEND.format(legend=report_tensors.legend(c.data for c in tables.cells))
 
 
 def page_names(cells: Sequence[Cell]) -> dict[int, str]:
@@ -211,10 +217,11 @@ def _readme(tables: Tables, names: Mapping[int, str],
               "mark of their cells) to keep this page short; the full table, one column per "
               "mode: [cells/README.md](cells/README.md).")
     del single
-    parts = [HEADER, tables.summary_line() + "\n", _stale_line(tables),
+    parts = [HEADER.format(title=tables.title()), tables.summary_line() + "\n",
+             _stale_line(tables),
              "## Can I swap one implementation for another?\n",
              "Rows: each candidate against the baseline it was compared with; columns: GPU × "
-             "stack (its library versions) × mode. " + LEGEND + merged + "\n",
+             "stack (its library versions) × mode. " + _legend(tables) + merged + "\n",
              headline_markdown(h, link)]
     parts.append("## Pictures\n")
     parts += [f"![{md_text(title)}](plots/{name})\n" for name, (title, _) in plots.items()]
@@ -254,7 +261,7 @@ def _cells_index(tables: Tables, names: Mapping[int, str]) -> str:
     by_key = {t.key: t for t in tables.sections}
     links = {i: name for i, name in names.items()}
     parts = ["# Every cell\n", "[Back to the headline](../README.md). " + tables.summary_line()
-             + "\n", "## Headline, one column per GPU × stack × mode\n", LEGEND + "\n",
+             + "\n", "## Headline, one column per GPU × stack × mode\n", _legend(tables) + "\n",
              headline_markdown(h, lambda c: names[c.cells[0].index])]
     for key in ("cells", "environment"):
         if key in by_key:

@@ -14,7 +14,8 @@ links them and the HTML page embeds them. Three kinds:
 * ``bench-<file>.svg``: each ``reports/bench/*.json`` with rows of ``N``, ``dtype``, ``D``,
   ``forward_ms`` (and ``forward_backward_ms``): time against N per implementation for its
   first dtype, with the bandwidth floor, the bytes the op must move
-  (:func:`runner.table_stats.moved_bytes`) over the file's ``copy_GBps``.
+  (the first op's ``bytes_moved``, :mod:`ops`: runner/bench.py times it) over the file's
+  ``copy_GBps``.
 
 The SVG is deterministic (fixed hash salt, no date, text kept as text), so rendering twice
 gives the same bytes.
@@ -29,11 +30,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import ops
+from runner import report_tensors
 from runner.aggregate import ABSENT, Cell
-from runner.report import TENSORS
 from runner.table_cases import case_dtypes
 from runner.table_headline import Headline
-from runner.table_stats import ITEMSIZE, moved_bytes
+from runner.table_stats import ITEMSIZE
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -42,7 +44,6 @@ __all__ = ["FLOOR", "MAX_MARKERS", "render_plots"]
 
 FLOOR = 1e-2
 """Where an error of 0 ULP is drawn on the log scale."""
-_TENSOR_TITLES = {"out": "out", "res": "grad_residual", "y": "grad_y", "gate": "grad_gate"}
 _CASE_N = re.compile(r"^([0-9]+)(?:-(?:bfloat16|float16|float32)-int(?:32|64))?$")
 _MAX_TICKS = 60
 MAX_MARKERS = 200
@@ -97,32 +98,37 @@ def _ulps(value: Any) -> float | None:
 
 
 def accuracy_series(cells: Sequence[Cell]) -> dict[str, dict[str, dict[str, dict[int, float]]]]:
-    """gpu -> tensor -> implementation -> N -> the largest error in ULPs over the cells."""
+    """gpu -> tensor label -> implementation -> N -> the largest error in ULPs over the cells
+    (an implementation of an op other than the first named ``<impl> (<op>)``)."""
     out: dict[str, dict[str, dict[str, dict[int, float]]]] = {}
     for cell in cells:
         gpu = "CPU" if cell.target == "cpu" else (cell.gpu or ABSENT)
+        names = report_tensors.labels(cell.data)
         for impl, entry in cell.results.items():
             if not isinstance(entry, Mapping) or entry.get("role") == "accuracy_reference":
                 continue
+            if cell.op not in (None, ops.OPS[0]):
+                impl = f"{impl} ({cell.op})"
             for case, acc in (entry.get("accuracy") or {}).items():
                 n = _n_of(cell, case)
                 if n is None or not isinstance(acc, Mapping) or case_dtypes(cell, case)[0] is None:
                     continue
                 figures = {"out": acc.get("out"), **(acc.get("grads") or {})}
-                for tensor in TENSORS:
+                for tensor, name in names.items():
                     ulps = _ulps((figures.get(tensor) or {}).get("max_abs_ulps"))
                     if ulps is None:
                         continue
-                    series = out.setdefault(gpu, {}).setdefault(tensor, {}).setdefault(impl, {})
+                    series = out.setdefault(gpu, {}).setdefault(name, {}).setdefault(impl, {})
                     series[n] = max(series.get(n, 0.0), ulps)
     return out
 
 
 def _accuracy_figure(gpu: str, by_tensor: dict[str, dict[str, dict[int, float]]]) -> Figure:
-    fig = _figure(11, 3.6)
-    axes = fig.subplots(1, len(TENSORS), sharey=True)
+    tensors = list(by_tensor)
+    fig = _figure(11 * max(1, len(tensors)) / 4, 3.6)
+    axes = fig.subplots(1, len(tensors), sharey=True, squeeze=False)[0]
     impls = list(dict.fromkeys(i for t in by_tensor.values() for i in t))
-    for ax, tensor in zip(axes, TENSORS, strict=True):
+    for ax, tensor in zip(axes, tensors, strict=True):
         for n, impl in enumerate(impls):
             series = by_tensor.get(tensor, {}).get(impl)
             if not series:
@@ -134,7 +140,7 @@ def _accuracy_figure(gpu: str, by_tensor: dict[str, dict[str, dict[int, float]]]
                     label=impl)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_title(_TENSOR_TITLES[tensor])
+        ax.set_title(tensor)
         ax.set_xlabel("N (rows)")
         ax.grid(True, which="major", alpha=0.3)
     axes[0].set_ylabel("error vs fp64 (ULPs of the dtype)")
@@ -226,11 +232,11 @@ def _bench_figure(title: str, doc: Mapping[str, Any]) -> Figure | None:
                         color=f"C{n % 10}", label=impl)
         size = ITEMSIZE.get(str(dtype))
         first = rows[0]
-        if _time(copy) and size and _count(first.get("D")):
+        spec = ops.get(ops.OPS[0])  # runner/bench.py times the first op
+        sizes = {k: first[k] for k in spec.sizes if _count(first.get(k))}
+        if _time(copy) and size and len(sizes) == len(spec.sizes):
             ns = sorted({r["N"] for r in rows})
-            g = first.get("G") if _count(first.get("G")) else 0
-            floor = [moved_bytes(n, first["D"], g, size)[idx]
-                     / (copy * 1e6) for n in ns]
+            floor = [spec.bytes_moved(n, sizes, size)[idx] / (copy * 1e6) for n in ns]
             ax.plot(ns, floor, color="black", linewidth=1.5, linestyle="--",
                     label=f"bandwidth floor ({copy:.0f} GB/s copy)")
         ax.set_xscale("log")

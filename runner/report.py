@@ -1,4 +1,4 @@
-"""Validate, write and read cell reports (docs/report-format.md, schema_version 1).
+"""Validate, write and read cell reports (docs/report-format.md, schema_version 2).
 
 Writing: :func:`write_report` validates against ``runner/schema/report.schema.json``
 and the rules JSON Schema cannot state, then writes ``<cell id>.json`` atomically
@@ -34,7 +34,7 @@ from jsonschema.exceptions import best_match
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
-from runner import files
+from runner import files, report_tensors
 from runner.errors import ReportError
 from runner.report_checks import (
     CELL_ID_RE,
@@ -44,14 +44,14 @@ from runner.report_checks import (
     path_str,
 )
 
-__all__ = ["SCHEMA_PATH", "SCHEMA_VERSION", "TENSORS", "UPGRADES", "LoadedReport", "PairRow",
+__all__ = ["SCHEMA_PATH", "SCHEMA_VERSION", "UPGRADES", "LoadedReport", "PairRow",
            "ReadResult", "iter_pairs", "read_report", "read_reports", "remove_stale_temp_files",
            "upgrade", "validate", "write_report", "write_text_atomic"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""Version 2 (issue 12): the report carries its op's tensors (``tensors``, ``index_groups``)
+and ``problem`` the op's sizes; version 1 was gate_residual's alone (:data:`UPGRADES`)."""
 SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "report.schema.json"
-TENSORS = ("out", "res", "y", "gate")
-"""Tensor names in display order: the forward output, then the three gradients."""
 
 _MAX_MESSAGE = 240
 _NOT_A_REPORT = (
@@ -146,27 +146,38 @@ def _first_problem(
 
 
 def validate(report: dict[str, Any]) -> None:
-    """Check a schema_version 1 report; raise :class:`ReportError` if it is invalid.
+    """Check a schema_version 2 report (an older one upgraded first); raise
+    :class:`ReportError` if it is invalid.
 
     Checks the JSON Schema (``runner/schema/report.schema.json``), that every value is
     a JSON value (string keys, no NaN/Infinity: infinities are written ``"inf"``), and the
     rules of :func:`runner.report_checks.ours_problems`: the cell id is
-    ``<stack>-<mode>-<target>``, each CMP has ``equal == (differ == 0)``, counts within
-    ``numel`` and ``numel`` = N x D (G x D for ``gate``), the case keys of ``inputs`` and
-    ``"vs <x>"`` maps are listed in ``cases`` and agree with their inputs (n, specials,
-    dtypes), a case's ``index_counts`` has G entries summing to its n, and both directions
-    of a pair agree.
+    ``<op's cell prefix><stack>-<mode>-<target>``, each CMP has ``equal == (differ == 0)``,
+    counts within ``numel`` and ``numel`` the product of its tensor's shape (``tensors``; N
+    from the case), every compared tensor is one of ``tensors``, the case keys of ``inputs``
+    and ``"vs <x>"`` maps are listed in ``cases`` and agree with their inputs (n, specials,
+    dtypes), a case's ``index_counts`` has one entry per index value (the ``index_groups``
+    size) summing to its n, and both directions of a pair agree.
 
     Raises:
         ReportError: one line, ``<path in the document>: <message>``, e.g.
             ``results.numba["vs eager"]["257"].out[0].max_abs: nan is not valid ...``.
 
     Example:
-        >>> validate({"schema_version": 1})
+        >>> validate({"schema_version": 2})
         Traceback (most recent call last):
         ReportError: invalid report: (root): 'kind' is a required property (and 6 more)
     """
-    _validate(report)
+    _validate(_current(report))
+
+
+def _current(report: dict[str, Any]) -> dict[str, Any]:
+    """``report`` upgraded when it is of an older version (an integer below
+    :data:`SCHEMA_VERSION`), else itself (a bad version is the schema's to report)."""
+    version = report.get("schema_version") if isinstance(report, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version < SCHEMA_VERSION:
+        return upgrade(report)
+    return report
 
 
 def _validate(report: dict[str, Any], json_checked: bool = False) -> None:
@@ -233,7 +244,8 @@ def remove_stale_temp_files(directory: Path, min_age_s: float = 600.0) -> list[P
 
 
 def write_report(report: dict[str, Any], directory: Path) -> Path:
-    """Validate ``report`` and write it atomically to ``<directory>/<cell id>.json``.
+    """Validate ``report`` and write it atomically to ``<directory>/<cell id>.json`` (a
+    report of an older schema version is written upgraded: :func:`upgrade`).
 
     The JSON is indented by 2, keys in the order given, ``allow_nan=False``, with a final
     newline. ``directory`` is created if missing.
@@ -256,6 +268,7 @@ def write_report(report: dict[str, Any], directory: Path) -> Path:
             f"invalid report: cell.id: expected a name matching {CELL_ID_RE.pattern}, "
             f"got {cell_id!r}"
         )
+    report = _current(report)
     validate(report)  # also rules out what json.dumps(allow_nan=False) would reject
     text = json.dumps(report, indent=2, sort_keys=False, allow_nan=False) + "\n"
     directory = Path(directory)
@@ -292,17 +305,20 @@ ReadResult = LoadedReport
 """Alias: the result of reading one report file."""
 
 
-UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
-"""``UPGRADES[v]`` turns a version-``v`` report into a version-``v + 1`` one (new dict).
+def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 -> 2: the tensors of the first op's spec, the only op version 1 had
+    (:func:`runner.report_tensors.upgrade_v1`)."""
+    return report_tensors.upgrade_v1(data)
 
-Empty while 1 is the only version: when version 2 comes, add ``UPGRADES[1] = _v1_to_v2``.
-"""
+
+UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
+"""``UPGRADES[v]`` turns a version-``v`` report into a version-``v + 1`` one (new dict)."""
 
 
 def upgrade(data: dict[str, Any]) -> dict[str, Any]:
     """Bring a report of an older ``schema_version`` to :data:`SCHEMA_VERSION`, one step each.
 
-    Version 1 is returned as is.
+    Version 2 is returned as is; version 1 gains its op's ``tensors`` (:func:`_v1_to_v2`).
 
     Raises:
         ReportError: the version is not an integer, newer than this reader (refused),
@@ -536,8 +552,9 @@ def _flag_duplicates(reports: list[LoadedReport], directory: Path) -> list[Loade
 class PairRow(NamedTuple):
     """One ``results[impl]["vs <other>"][case]`` entry, flattened.
 
-    ``tensors`` maps each present name of :data:`TENSORS` to its CMP dict (``out`` is
-    the first element of the ``out`` list); a tensor absent from the file is absent here.
+    ``tensors`` maps each present tensor of the report (:func:`runner.report_tensors.labels`,
+    in that order) to its CMP dict (the forward output's is the first element of its list);
+    a tensor absent from the file is absent here.
     """
 
     impl: str
@@ -564,13 +581,15 @@ def iter_pairs(data: Mapping[str, Any]) -> Iterator[PairRow]:
         >>> next(iter_pairs(reference)).tensors["gate"]["differ"]
         0
     """
+    order = report_tensors.labels(data)
     for impl, entry in data.get("results", {}).items():
         for key, by_case in entry.items():
             if not key.startswith("vs "):
                 continue
             for case in _ordered_cases(data, list(by_case)):
                 comparison = by_case[case]
-                tensors = {"out": (comparison.get("out") or [None])[0]}
+                tensors = {k: (v or [None])[0] for k, v in comparison.items()
+                           if isinstance(v, list)}
                 tensors.update(comparison.get("grads") or {})
-                ordered = {n: tensors[n] for n in TENSORS if tensors.get(n) is not None}
+                ordered = {n: tensors[n] for n in order if tensors.get(n) is not None}
                 yield PairRow(impl, key[3:], case, ordered)

@@ -5,18 +5,19 @@ accepted a report, so every value here has the type the schema gives it:
 
 * :func:`json_problems`: what ``json.dump(allow_nan=False)`` would reject or change;
 * :func:`ours_problems`: our reports (``schema_version``): the cell id is
-  ``<stack>-<mode>-<target>``; ``inputs`` per case agree with the case id (N, specials,
-  dtypes) and with G; every CMP's ``numel`` is the case's tensor size, N x D for ``out``,
-  ``res`` and ``y`` and G x D for ``gate``, N read from the case id (``"257-specials"``: 257);
-  and :func:`comparison_problems`;
+  ``<op's cell prefix><stack>-<mode>-<target>``; ``inputs`` per case agree with the case id
+  (N, specials, dtypes) and with the index's value count; every CMP is of one of the
+  report's ``tensors`` and its ``numel`` is that tensor's size in the case (its shape, N read
+  from the case id: ``"257-specials"``: 257); and :func:`comparison_problems`;
 * :func:`comparison_problems` (ours and foreign): every ``"vs <x>"`` map names another
   implementation of the report, its case keys are listed in ``cases``, each CMP is consistent
   (``equal`` against ``differ``, every count against ``numel``, ``max_abs`` of equal bits),
   and the two directions of a pair agree.
 
 Each function yields ``<path in the document>: <what is wrong>``; the path is built only for
-a problem (a report of 20,000 cases holds 180,000 CMPs). No module of the runner is imported:
-:mod:`runner.report` imports this one.
+a problem (a report of 20,000 cases holds 180,000 CMPs). Of the runner only
+:mod:`runner.report_tensors` is imported (it imports :mod:`ops` alone): :mod:`runner.report`
+imports this one.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import math
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+from runner import report_tensors
 
 __all__ = ["CELL_ID_RE", "comparison_problems", "json_problems", "ours_problems", "path_str"]
 
@@ -143,13 +146,14 @@ def _case_rows(case: str) -> tuple[int, bool] | None:
 
 
 def _numel_problems(report: Mapping[str, Any]) -> Iterator[str]:
-    """Each CMP's ``numel`` is its tensor's size in that case: N x D (``out`` and the
-    gradients of ``residual`` and ``y``) or G x D (``gate``), N from the case id. A report
-    without ``problem`` (one that failed before it was known) has no sizes to check."""
+    """Each CMP is of a tensor the report lists (``tensors``), and its ``numel`` is that
+    tensor's size in the case: the product of its shape, N from the case id and the other
+    symbols from ``problem``. A report without ``problem`` (one that failed before it was
+    known) has no sizes to check."""
     problem = report.get("problem")
     if not problem:
         return
-    d, g = problem["D"], problem["G"]
+    shapes = {k: v["shape"] for k, v in report_tensors.table(report).items()}
     for impl, entry in report["results"].items():
         for vs_key, by_case in entry.items():
             if not vs_key.startswith("vs "):
@@ -159,18 +163,31 @@ def _numel_problems(report: Mapping[str, Any]) -> Iterator[str]:
                 if rows is None:
                     continue  # the schema's case_key pattern makes this unreachable
                 for sub, cmp in _comparison_tensors(comparison):
-                    want = g * d if sub[-1] == "gate" else rows[0] * d
+                    where = path_str(("results", impl, vs_key, case, *sub))
+                    tensor = sub[0] if sub[0] != "grads" else sub[1]
+                    if tensor not in shapes:
+                        yield (f"{where}: tensor {json.dumps(tensor)} is not one of the "
+                               f"report's tensors ({', '.join(shapes)})")
+                        continue
+                    sizes = {**problem, "N": rows[0]}
+                    if not all(isinstance(sizes.get(s), int) for s in shapes[tensor]):
+                        yield f"{where}: shape {' x '.join(shapes[tensor])} has no size in problem"
+                        continue
+                    want = math.prod(sizes[s] for s in shapes[tensor])
                     if cmp["numel"] != want:
-                        where = path_str(("results", impl, vs_key, case, *sub))
-                        shape = "G x D" if sub[-1] == "gate" else "N x D"
+                        shape = " x ".join(shapes[tensor])
+                        given = ", ".join(f"{s} = {sizes[s]}" for s in dict.fromkeys(
+                            shapes[tensor]))
                         yield (f"{where}: numel is {cmp['numel']}, not {shape} = {want} "
-                               f"(N = {rows[0]}, D = {d}, G = {g})")
+                               f"({given})")
 
 
 def _inputs_problems(report: Mapping[str, Any], cases: set[str]) -> Iterator[str]:
     """``inputs[case]``: listed in ``cases``; ``n`` and ``specials`` as the case id says;
-    ``index_counts`` G counts summing to n; dtypes as a case id naming them says."""
-    g = (report.get("problem") or {}).get("G")
+    ``index_counts`` one count per index value (the ``index_groups`` size of ``problem``)
+    summing to n; dtypes as a case id naming them says."""
+    groups = report_tensors.index_groups(report)
+    g = (report.get("problem") or {}).get(groups)
     for key, given in report.get("inputs", {}).items():
         where = path_str(("inputs", key))
         if key not in cases:
@@ -186,7 +203,7 @@ def _inputs_problems(report: Mapping[str, Any], cases: set[str]) -> Iterator[str
                    f"the inputs say {given['specials']}")
         counts = given.get("index_counts")
         if counts is not None and g is not None and len(counts) != g:
-            yield f"{where}.index_counts: {len(counts)} counts for G = {g} gate rows"
+            yield f"{where}.index_counts: {len(counts)} counts for {groups} = {g} index values"
         if counts is not None and sum(counts) != given["n"]:
             yield f"{where}.index_counts: they sum to {sum(counts)}, not n = {given['n']}"
         dtypes = named.group(3, 4)
@@ -229,9 +246,10 @@ def ours_problems(report: Mapping[str, Any]) -> Iterator[str]:
     cell_id = cell["id"]
     if not CELL_ID_RE.fullmatch(cell_id):  # jsonschema's $ lets "x\n" pass
         yield f"cell.id: expected a name matching {CELL_ID_RE.pattern}, got {cell_id!r}"
-    made = f"{_cell_prefix(report)}{cell['stack']}-{cell['mode']}-{cell['target']}"
+    prefix = _cell_prefix(report)
+    made = f"{prefix}{cell['stack']}-{cell['mode']}-{cell['target']}"
     if cell_id != made:
-        yield (f"cell.id: expected <op's cell prefix><stack>-<mode>-<target> = "
+        yield (f"cell.id: expected {prefix}<stack>-<mode>-<target> = "
                f"{json.dumps(made)}, got {json.dumps(cell_id)}")
     yield from _repeated_case_problems(report)
     cases = {str(c) for c in report["cases"]}

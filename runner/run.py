@@ -48,26 +48,38 @@ _ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "int64": 8, "int32": 4}
 def case_bytes_at_least(matrix, case) -> tuple[int, str, int]:
     """A lower bound on the host memory of ``case``, and the key to blame when it is too big.
 
-    Counts every tensor the case must hold at once: ``residual``, ``y`` and the upstream
-    gradient (N x D each in the case's dtype), the float64 reference's output (N x D x 8
-    bytes, when the matrix has an accuracy reference), ``gate`` (G x D) and ``index`` (N in
-    the index dtype). Returns ``(bytes, key, value)``: the key is the largest of N, D and G
-    in the term that dominates (``"n"`` for the case's N, ``"problem.D"``, ``"problem.G"``).
+    Counts every tensor the case must hold at once, by the op's spec: its floating-point
+    inputs (the upstream gradient among them) in the case's dtype, the float64 reference's
+    forward output (8 bytes an element, when the matrix has an accuracy reference) and the
+    index (N in the index dtype). Tensors of one shape add up into one term; returns
+    ``(bytes, key, value)``: the key is the largest size of the term that dominates (``"n"``
+    for the case's N, else ``"problem.<size>"``; the first of equal sizes).
 
     Example::
 
         >>> m = load_matrix("matrix.yaml"); case_bytes_at_least(m, m.cases[0])[1:]
         ('problem.D', 5376)
     """
+    import ops
+
+    spec, sizes = ops.get(matrix.op), {**matrix.problem.sizes, "N": case.n}
     dtype, index_dtype = matrix.case_dtypes(case)
-    size, d, g, n = _ITEMSIZE[dtype], matrix.problem.D, matrix.problem.G, case.n
-    rows = n * d * (3 * size + (8 if matrix.accuracy_reference else 0)) + n * _ITEMSIZE[index_dtype]
-    gate = g * d * size
-    if gate > rows:
-        key, value = ("problem.G", g) if g >= d else ("problem.D", d)
-    else:
-        key, value = ("n", n) if n >= d else ("problem.D", d)
-    return rows + gate, key, value
+    terms: dict[tuple[str, ...], int] = {}
+
+    def add(shape: tuple[str, ...], itemsize: int) -> None:
+        terms[shape] = terms.get(shape, 0) + math.prod(sizes[s] for s in shape) * itemsize
+
+    for shape in spec.inputs.values():
+        add(tuple(shape), _ITEMSIZE[dtype])
+    if matrix.accuracy_reference:
+        add(tuple(spec.outputs[spec.forward].shape), 8)
+    rows = next(iter(s for s in spec.inputs.values() if s[0] == "N"), ("N",))
+    add(tuple(rows), 0)
+    terms[tuple(rows)] += case.n * _ITEMSIZE[index_dtype]
+    shape = max(terms, key=terms.__getitem__)
+    symbol = max(shape, key=lambda s: (sizes[s], -shape.index(s)))
+    key = "n" if symbol == "N" else f"problem.{symbol}"
+    return sum(terms.values()), key, sizes[symbol]
 
 
 def cuda_available() -> bool:
@@ -118,7 +130,8 @@ def check_case_sizes(matrix, cases, matrix_path: Path, memory: int | None) -> No
             p = matrix.problem
             raise ConfigError(
                 f"{matrix_path.name}: {key}: expected a size whose tensors fit in this host's "
-                f"memory, got {value} (case {case.id}: N = {case.n}, D = {p.D}, G = {p.G}, "
+                f"memory, got {value} (case {case.id}: N = {case.n}, "
+                + "".join(f"{k} = {v}, " for k, v in p.sizes.items()) +
                 f"{'/'.join(matrix.case_dtypes(case))}: at least {_bytes(need)} for the "
                 f"inputs, the upstream gradient and the reference's output; "
                 f"this host has {_bytes(memory)})")

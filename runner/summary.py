@@ -2,7 +2,7 @@
 
 ``summary.csv`` is one long table, one row per cell x implementation x case x tensor
 (:data:`COLUMNS`), with the case's dtypes (:mod:`runner.table_cases`) and fewest and most rows
-per gate row, the tensor's sha256, its comparison with the cell's baseline (or, in a
+per index value, the tensor's sha256, its comparison with the cell's baseline (or, in a
 foreign report, the implementation it was compared with), its accuracy against fp64, the
 determinism verdicts and the case's median times (repeated on each tensor's row). A cell with
 no results has one row with its status and reason and empty implementation columns (its
@@ -10,7 +10,8 @@ problem's dtypes).
 
 ``summary.json`` holds the same rows (typed: numbers, booleans, null) under ``rows``, plus
 ``cells`` (each with its configuration), ``across`` (cells grouped by identical bits) and
-``unreadable``. Its ``schema`` is ``"gate_residual_tables/1"``.
+``unreadable``. Its ``schema`` is ``"gate_residual_tables/2"`` (2: ``index_rows_min/max``, and
+the tensors each op names; 1 had ``gate_rows_min/max``).
 """
 
 from __future__ import annotations
@@ -22,21 +23,21 @@ from collections.abc import Iterator
 from json.encoder import encode_basestring as _string
 from typing import TYPE_CHECKING, Any
 
+from runner import report_tensors
 from runner.aggregate import Cell
-from runner.report import TENSORS
 from runner.table_ab import configuration
 from runner.table_bits import AcrossRow
-from runner.table_cases import CaseFilter, case_dtypes, gate_rows
+from runner.table_cases import CaseFilter, case_dtypes, index_rows
 
 if TYPE_CHECKING:
     from runner.tables import Tables
 
 __all__ = ["COLUMNS", "SCHEMA", "render_csv", "render_json", "summary_rows"]
 
-SCHEMA = "gate_residual_tables/1"
+SCHEMA = "gate_residual_tables/2"
 COLUMNS = (
     "cell", "origin", "op", "stack", "mode", "target", "dtype", "index_dtype", "gpu", "status",
-    "reason", "impl", "impl_status", "case", "gate_rows_min", "gate_rows_max", "tensor",
+    "reason", "impl", "impl_status", "case", "index_rows_min", "index_rows_max", "tensor",
     "sha256", "vs", "equal", "differ", "numel",
     "vs_max_abs", "vs_max_ulp", "max_abs", "max_rel", "max_abs_ulps", "rel_l2", "repeatable",
     "repeatable_across_processes", "forward_ms", "forward_backward_ms",
@@ -70,15 +71,15 @@ def _cell_rows(cell: Cell, keeps_impl: Any, by_dtype: CaseFilter) -> Iterator[di
         cases = list(dict.fromkeys([*(c for k in keys for c in entry.get(k) or {}), *compared]))
         for case in by_dtype.cases(cell, cases):
             dtype, index_dtype = case_dtypes(cell, case)
-            rows = gate_rows(cell, case) or (None, None)
+            rows = index_rows(cell, case) or (None, None)
             per_case = {**base, "dtype": dtype, "index_dtype": index_dtype,
-                        "gate_rows_min": rows[0], "gate_rows_max": rows[1]}
+                        "index_rows_min": rows[0], "index_rows_max": rows[1]}
             acc = _case_of(entry, "accuracy", case)
             figures = {"out": acc.get("out"), **(acc.get("grads") or {})}
             cmp_case = compared.get(case) or {}
             cmps = {"out": (cmp_case.get("out") or [None])[0], **(cmp_case.get("grads") or {})}
             timing = _case_of(entry, "timings", case)
-            for tensor in TENSORS:
+            for tensor in report_tensors.labels(cell.data):
                 sha = _case_of(entry, "sha256", case).get(tensor)
                 fig, cmp = figures.get(tensor) or {}, cmps.get(tensor) or {}
                 rep = _case_of(entry, "repeatable", case).get(tensor)

@@ -14,8 +14,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from runner import report_tensors
 from runner.aggregate import ABSENT, Cell, Filters, Row, Table, case_order, ms, num, text
-from runner.report import TENSORS
 from runner.table_cases import CaseFilter, case_problem, dtype_label
 
 __all__ = ["DEFAULT_WHY", "ab_tables", "configuration", "default_ab", "image_of"]
@@ -126,7 +126,7 @@ def ab_tables(a: Cell, b: Cell, filters: Filters | None = None, why: str = "") -
             return [c for c in case_order(ka & kb) if by_dtype.keeps(a, c)]
 
         for case in cases_of("sha256", "accuracy"):
-            for tensor in TENSORS:
+            for tensor in report_tensors.columns((a.data, b.data)):
                 sa = (a.per_case(impl, "sha256", case) or {}).get(tensor)
                 sb = (b.per_case(impl, "sha256", case) or {}).get(tensor)
                 fa, fb = _acc(a, impl, case, tensor) or {}, _acc(b, impl, case, tensor) or {}

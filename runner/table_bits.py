@@ -3,7 +3,7 @@
 * :func:`bitwise_table`: per cell, each unordered implementation pair x case, each tensor
   ``equal`` or ``differ/numel`` (``results[impl]["vs <other>"][case]``), then the largest
   |a - b| and the largest distance in representable values ("ULP apart") per differing tensor.
-* :func:`across_cells`: per problem (dtype, D, G, index dtype, seed), implementation, case and
+* :func:`across_cells`: per problem (op, dtype, sizes, index dtype, seed), implementation, case and
   tensor, the cells grouped by the sha256 of the tensor's bits
   (``results[impl].sha256[case][tensor]``). A case's problem uses the case's own dtypes
   (:mod:`runner.table_cases`), and its id there drops them (``257-float16-int32`` is case
@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from runner import report_tensors
 from runner.aggregate import (
     ABSENT,
     Cell,
@@ -32,14 +33,14 @@ from runner.aggregate import (
     status_kind,
     text,
 )
-from runner.report import TENSORS, iter_pairs
+from runner.report import iter_pairs
 from runner.table_cases import CaseFilter, base_case, case_problem, dtype_label
 
 __all__ = ["NOTHING_TO_COMPARE", "Across", "AcrossRow", "PairResult", "across_cells",
            "across_tables", "bitwise_table", "pair_results"]
 
 LEGEND = (
-    "Each tensor (`res` = grad_residual, `y` = grad_y, `gate` = grad_gate): `equal` (every "
+    "Each tensor ({legend}): `equal` (every "
     "element has the same bits), or `differ/numel`: elements whose bits differ, of the element "
     "count (`nan k`: k of them are NaN on at least one side). `—`: the tensor is absent (no "
     "backward). For each differing tensor, `max abs(a−b)` is the largest difference between the "
@@ -51,8 +52,6 @@ LEGEND = (
     "values in [0, 1), as many in (−1, −0]; a sign change crosses them all): read the two "
     "together."
 )
-TENSOR_NAMES = {"out": "out", "res": "grad_res", "y": "grad_y", "gate": "grad_gate"}
-"""How the tensors are named in sentences (the verdicts)."""
 _MAX_LISTED = 12
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -138,21 +137,24 @@ def bitwise_table(cells: Sequence[Cell], filters: Filters | None = None) -> Tabl
     """Per cell x pair x case: each tensor's CMP, and how far apart the differing tensors are.
     A cell without comparisons gets one row with its status, so no cell is dropped."""
     rows = []
+    columns = report_tensors.columns(c.data for c in cells)
     for cell in cells:
         results = pair_results(cell, filters)
         for r in results:
-            cmps = {t: r.tensors.get(t) for t in TENSORS}
+            cmps = {t: r.tensors.get(t) for t in columns}
             rows.append(Row((cell.label, cell.status, r.pair, r.case, dtype_label(cell, r.case),
                              *map(format_count, cmps.values()), _apart(cmps, "max_abs"),
                              _apart(cmps, "max_ulp")),
                             cell.index, ("", status_kind(cell.status), "", "", "",
                                          *map(cmp_kind, cmps.values()))))
         if not results and not _unordered_pairs(cell.data):
-            rows.append(Row((cell.label, cell.status, *[ABSENT] * (5 + len(TENSORS))),
+            rows.append(Row((cell.label, cell.status, *[ABSENT] * (5 + len(columns))),
                             cell.index, ("", status_kind(cell.status))))
     return Table("bitwise", "Bitwise comparison per cell",
-                 ("cell", "status", "pair", "case", "dtype", *TENSORS, "max abs(a−b)",
-                  "max ULP apart"), rows, note=LEGEND, empty="No reports.")
+                 ("cell", "status", "pair", "case", "dtype", *columns, "max abs(a−b)",
+                  "max ULP apart"), rows,
+                 note=LEGEND.format(legend=report_tensors.legend(c.data for c in cells)),
+                 empty="No reports.")
 
 
 # --------------------------------------------------------------------------- across cells
@@ -243,11 +245,15 @@ def across_cells(cells: Sequence[Cell], filters: Filters | None = None) -> Acros
             key = case_problem(cell, case)
             problems.setdefault(key, {}).setdefault(cell.index, {})[base_case(case)] = case
     across = Across([], [], [], without)
+    several_ops = len({key[0] for key in problems}) > 1
     for n, (key, members) in enumerate(problems.items(), 1):
         label = f"P{n}"
-        dtype, d, g, index_dtype, seed = key
-        across.problems.append((label, f"{dtype}, D={d}, G={g}, index {index_dtype}, seed {seed}",
+        op, dtype, sizes, index_dtype, seed = key
+        sized = "".join(f", {k}={v}" for k, v in sizes)
+        across.problems.append((label, (f"{op}: " if several_ops else "")
+                                + f"{dtype}{sized}, index {index_dtype}, seed {seed}",
                                 tuple(members)))
+        columns = report_tensors.columns(by_index[i].data for i in members)
         cases = case_order(b for own in members.values() for b in own)
         void = set()
 
@@ -271,7 +277,7 @@ def across_cells(cells: Sequence[Cell], filters: Filters | None = None) -> Acros
         impls = list(dict.fromkeys(i for m in members for i in by_index[m].results))
         for impl in filter(filters.keeps_impl, impls):
             for case in cases:
-                for tensor in TENSORS:
+                for tensor in columns:
                     found = [(s, i) for i in members if own(i, case)
                              and (s := (by_index[i].per_case(impl, "sha256", own(i, case))
                                         or {}).get(tensor))]
@@ -313,7 +319,7 @@ def across_tables(across: Across, cells: Sequence[Cell]) -> list[Table]:
     head = Table(
         "across", "Identical bits across cells", (),
         note="Our cells grouped by the sha256 of each tensor's bits, within one problem "
-             "(dtype, D, G, index dtype, seed; " + (problems or "none") + "): first the "
+             "(op, dtype, sizes, index dtype, seed; " + (problems or "none") + "): first the "
              "inputs of each case, which must agree for the comparison to mean anything (where "
              "they differ, that case's rows are void), then each implementation's outputs. "
              "Groups are lettered in the order of the cells.")
@@ -327,19 +333,20 @@ def across_tables(across: Across, cells: Sequence[Cell]) -> list[Table]:
     for r in across.rows if across.comparable else []:
         by_case.setdefault((r.problem, r.impl, r.case), {})[r.tensor] = r
     rows = []
+    columns = report_tensors.columns(c.data for c in cells if c.ours)
     for key, tensors in by_case.items():
         split: dict[str, list[str]] = {}
         for t, r in tensors.items():
             if len(r.groups) > 1:
                 split.setdefault(_listing(r, labels), []).append(t)
-        found = [tensors.get(t) for t in TENSORS]
+        found = [tensors.get(t) for t in columns]
         rows.append(Row((*key, *(r.verdict() if r else ABSENT for r in found),
                          " / ".join(f"{', '.join(ts)}: {listing}" for listing, ts in split.items())
                          or ABSENT), None, ("", "", "", *(r.kind() if r else "absent"
                                                           for r in found))))
     outputs = Table(
         "across-outputs", "Outputs",
-        ("problem", "impl", "case", *TENSORS, "cells by identical bits, where they differ"),
+        ("problem", "impl", "case", *columns, "cells by identical bits, where they differ"),
         rows, empty=NOTHING_TO_COMPARE,
         footer=f"Cells without bits: {without}." if without else "", level=3)
     return [head, inputs, outputs]

@@ -24,7 +24,7 @@ from runner.aggregate import ABSENT, Cell, Filters
 from runner.errors import SelectionError
 
 __all__ = ["DTYPE_NAMES", "CaseFilter", "base_case", "case_dtypes", "case_problem", "cell_dtypes",
-           "dtype_label", "gate_rows", "short_dtype"]
+           "dtype_label", "index_rows", "short_dtype"]
 
 CASE_RE = re.compile(r"^(?P<base>[0-9]+(?:-specials)?)"
                      r"(?:-(?P<dtype>bfloat16|float16|float32)-(?P<index>int64|int32))?$")
@@ -59,14 +59,23 @@ def _case_dtypes(cell: Cell, case: str) -> tuple[str | None, str | None]:
             given.get("index_dtype") or named[1] or problem.get("index_dtype"))
 
 
+PROBLEM_KEYS = ("dtype", "index_dtype", "seed")
+"""The keys of a report's ``problem`` besides its op's sizes."""
+
+
+def problem_sizes(problem: dict) -> tuple[tuple[str, object], ...]:
+    """The op's sizes of a report's ``problem``, in its order (``(("D", 5376), ("G", 9))``)."""
+    return tuple((k, v) for k, v in problem.items() if k not in PROBLEM_KEYS)
+
+
 def case_problem(cell: Cell, case: str) -> tuple[object, ...] | None:
-    """(dtype, D, G, index dtype, seed) of ``case``: cases with the same key, in any cells,
-    ran the same problem (with the same base id, the same inputs)."""
+    """(op, dtype, sizes, index dtype, seed) of ``case``: cases with the same key, in any
+    cells, ran the same problem (with the same base id, the same inputs)."""
     p = cell.data.get("problem")
     if not p:
         return None
     dtype, index_dtype = case_dtypes(cell, case)
-    return (dtype, p["D"], p["G"], index_dtype, p["seed"])
+    return (cell.op, dtype, problem_sizes(p), index_dtype, p["seed"])
 
 
 def short_dtype(dtype: str | None) -> str:
@@ -91,10 +100,11 @@ def cell_dtypes(cell: Cell) -> list[str]:
     return [d for d in dict.fromkeys(found) if d]
 
 
-def gate_rows(cell: Cell, case: str) -> tuple[int, int] | None:
-    """(min, max) rows per gate index of ``case`` (``inputs[case].index_counts``), or None.
+def index_rows(cell: Cell, case: str) -> tuple[int, int] | None:
+    """(min, max) rows per index value of ``case`` (``inputs[case].index_counts``), or None.
 
-    grad_gate's row g sums ``index_counts[g]`` products, so its error grows with the count.
+    A gradient with one row per index value (an AdaLN row's) sums ``index_counts[k]``
+    products in its row k, so its error grows with the count.
     """
     counts = ((cell.data.get("inputs") or {}).get(case) or {}).get("index_counts")
     if not counts:

@@ -33,8 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import ops
+from runner import report_tensors
 from runner.aggregate import ABSENT, Cell, Filters, text
-from runner.report import TENSORS
 from runner.table_bits import pair_results
 
 __all__ = ["LEVELS", "Column", "Headline", "Mark", "current_commit", "headline", "not_run",
@@ -111,6 +112,12 @@ class Mark:
     repeats_known: bool = False
     not_repeatable: set[str] = field(default_factory=set)
     missing: str = ""  # why the candidate has no comparison here (its status)
+    order: tuple[str, ...] = ()  # the op's tensor keys in display order
+
+    def _ordered(self, keys: set[str] | dict[str, float]) -> list[str]:
+        """``keys`` in the op's tensor order (any others after, sorted)."""
+        return ([t for t in self.order if t in keys]
+                + sorted(t for t in keys if t not in self.order))
 
     def add(self, other: Mark) -> None:
         """Merge ``other`` (another cell of a merged column) into this mark: the worst."""
@@ -121,6 +128,7 @@ class Mark:
         self.repeats_known |= other.repeats_known
         self.not_repeatable |= other.not_repeatable
         self.missing = self.missing or other.missing
+        self.order = tuple(dict.fromkeys((*self.order, *other.order)))
 
     @property
     def equal(self) -> bool:
@@ -129,7 +137,7 @@ class Mark:
     @property
     def nan_only(self) -> list[str]:
         """Tensors whose only differences, in every case, are NaN payloads."""
-        return [t for t in TENSORS if t in self.payload and t not in self.differ]
+        return [t for t in self._ordered(self.payload) if t not in self.differ]
 
     def kind(self) -> str:
         """``eq``, ``diff``, ``nan`` (NaN payloads only) or ``absent`` (the colour class)."""
@@ -150,7 +158,7 @@ class Mark:
         nan = f"NaN {','.join(self.nan_only)}" if self.nan_only else ""
         if not self.differ:
             return f"≈ {nan}"
-        tensors = ",".join(t for t in TENSORS if t in self.differ)
+        tensors = ",".join(self._ordered(self.differ))
         rep = ("NR" if self.not_repeatable else "R") if self.repeats_known else ""
         main = " ".join(x for x in ("✗", tensors, _percent(self.worst()), rep) if x)
         return f"{main}; {nan}" if nan else main
@@ -204,9 +212,9 @@ def _cell_marks(cell: Cell, filters: Filters | None) -> dict[str, Mark]:
     marks: dict[str, Mark] = {}
     for r in pair_results(cell, filters):
         a, b = (r.b, r.a) if r.a in _BASELINES and not cell.data.get("baseline") else (r.a, r.b)
-        pair = f"{a} vs {b}" + (f" ({cell.op})" if cell.op not in (None, "gate_residual")
-                                    else "")
-        mark = marks.setdefault(pair, Mark())
+        # the first op's pairs unlabelled (its reports predate ops), every other op's named
+        pair = f"{a} vs {b}" + (f" ({cell.op})" if cell.op not in (None, ops.OPS[0]) else "")
+        mark = marks.setdefault(pair, Mark(order=tuple(report_tensors.labels(cell.data))))
         mark.compared += 1
         for tensor, cmp in r.tensors.items():
             if not cmp or cmp.get("equal"):

@@ -3,8 +3,8 @@
 * :func:`accuracy_table`: per cell, implementation, case and tensor: error against fp64
   (``results[impl].accuracy``), repeatable within a process (``repeatable``), across processes
   (``repeatable_across_processes``) and batch-invariant (``batch_invariant``); the last two may
-  be absent from a report and then show ``—``. On grad_gate's rows, the fewest and most rows
-  per gate row (``inputs[case].index_counts``).
+  be absent from a report and then show ``—``. On the rows of a gradient with one row per
+  index value, the fewest and most rows per index value (``inputs[case].index_counts``).
 * :func:`cells_table`, :func:`environment_table`, :func:`implementations_table`: every
   readable report with its status and reason, versions and image; implementations that did
   not run.
@@ -22,13 +22,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import ops
+from runner import report_tensors
 from runner.aggregate import ABSENT, Cell, Filters, Row, Table, ms, num, status_kind, text
-from runner.report import TENSORS
 from runner.table_ab import image_of
-from runner.table_cases import CaseFilter, case_dtypes, cell_dtypes, dtype_label, gate_rows
+from runner.table_cases import CaseFilter, case_dtypes, cell_dtypes, dtype_label, index_rows
 
 __all__ = ["ITEMSIZE", "LIBRARIES", "accuracy_table", "bench_tables", "cells_table",
-           "environment_table", "implementations_table", "moved_bytes", "timings_table"]
+           "environment_table", "implementations_table", "timings_table"]
 
 ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
 """Bytes per element of each storage dtype."""
@@ -77,20 +78,29 @@ def _kind(verdict: str) -> str:
     return "eq" if verdict == "yes" else ("diff" if verdict.startswith("NO") else "")
 
 
-def _gate_rows(cell: Cell, case: str, tensor: str) -> str:
-    """``min–max`` rows per gate row of the case, on grad_gate's rows only."""
-    found = gate_rows(cell, case) if tensor == "gate" else None
+def _index_rows(cell: Cell, case: str, grouped: set[str], tensor: str) -> str:
+    """``min–max`` rows per index value of the case, on the rows of the tensors with one row
+    per index value (``grouped``) only."""
+    found = index_rows(cell, case) if tensor in grouped else None
     return ABSENT if found is None else f"{found[0]}–{found[1]}"
+
+
+def _grouped(cell: Cell) -> set[str]:
+    """The report's tensors with one row per index value (shape[0] is the index's size)."""
+    groups = report_tensors.index_groups(cell.data)
+    return {k for k, v in report_tensors.table(cell.data).items()
+            if (v.get("shape") or [None])[0] == groups}
 
 
 def accuracy_table(cells: Sequence[Cell], filters: Filters | None = None) -> Table:
     """Per cell x implementation x case x tensor: error vs fp64 and the determinism checks;
-    on grad_gate's rows, the fewest and most rows that one gate row sums."""
+    on a per-index-value gradient's rows, the fewest and most rows that one of its rows sums."""
     filters = filters or Filters()
     by_dtype = CaseFilter.of(filters)
     rows, without = [], []
     for cell in cells:
         before = len(rows)
+        names, grouped = report_tensors.labels(cell.data), _grouped(cell)
         for impl, entry in cell.results.items():
             if not filters.keeps_impl(impl):
                 continue
@@ -102,7 +112,7 @@ def accuracy_table(cells: Sequence[Cell], filters: Filters | None = None) -> Tab
             for case in by_dtype.cases(cell, cases):
                 figures = {"out": (acc.get(case) or {}).get("out"),
                            **((acc.get(case) or {}).get("grads") or {})}
-                for tensor in TENSORS:
+                for tensor in names:
                     fig = figures.get(tensor) or {}
                     verdicts = [_yes_no((rep.get(case) or {}).get(tensor)),
                                 _yes_no((across.get(case) or {}).get(tensor)),
@@ -113,7 +123,8 @@ def accuracy_table(cells: Sequence[Cell], filters: Filters | None = None) -> Tab
                     over = ulps == "inf" or (isinstance(ulps, (int, float)) and ulps > 1)
                     rows.append(Row((cell.label, impl, case, dtype_label(cell, case), tensor,
                                      num(fig.get("max_abs")), num(fig.get("max_rel")), num(ulps),
-                                     _gate_rows(cell, case, tensor), *verdicts), cell.index,
+                                     _index_rows(cell, case, grouped, tensor), *verdicts),
+                                    cell.index,
                                     ("",) * 7 + ("warn" if over else "", "")
                                     + tuple(map(_kind, verdicts))))
         if len(rows) == before and cell.ours:
@@ -126,17 +137,19 @@ def accuracy_table(cells: Sequence[Cell], filters: Filters | None = None) -> Tab
     return Table(
         "accuracy", "Accuracy vs fp64 and determinism",
         ("cell", "impl", "case", "dtype", "tensor", "max_abs", "max_rel", "err ULP vs fp64",
-         "rows per gate row", "repeatable", "across processes", "batch-invariant"), rows,
+         "rows per index", "repeatable", "across processes", "batch-invariant"), rows,
         note="Each implementation against the float64 reference: `max_abs`, `max_rel` "
              "(over elements with a non-zero reference) and `err ULP vs fp64` (`max_abs_ulps`: "
              "max_abs in ULPs of the storage dtype at the largest |reference|; above 1 is marked "
              "in the HTML page; not the bitwise table's `max ULP apart`, a distance between two "
-             "implementations). `rows per gate row`, on grad_gate: the fewest and most rows "
-             "of the case that share one gate row (`inputs[case].index_counts`), which one "
-             "grad_gate element sums, so its error grows with them. `repeatable`: the same "
-             "bits in every repeat within one process; `across processes`: the same bits in "
-             "separate processes; `batch-invariant`: rows computed alone, in sub-batches and "
-             "in the full batch agree. `—`: the report has no such figure.",
+             "implementations). `rows per index`, on a gradient with one row per index value "
+             "(an AdaLN row's: " + (_grouped_labels(cells) or "none") + "): the fewest and "
+             "most rows of the case that share one index value (`inputs[case]."
+             "index_counts`), which one of its elements sums, so its error grows with them. "
+             "`repeatable`: the same bits in every repeat within one process; `across "
+             "processes`: the same bits in separate processes; `batch-invariant`: rows "
+             "computed alone, in sub-batches and in the full batch agree. `—`: the report "
+             "has no such figure.",
         empty="No accuracy figures.",
         footer=f"Cells without figures: {'; '.join(without)}." if without else "")
 
@@ -251,20 +264,35 @@ def _rows_of(cell: Cell, case: str) -> int | None:
     return n if isinstance(n, int) else (int(match.group(1)) if match else None)
 
 
-def moved_bytes(n: int, d: int, g: int, itemsize: int) -> tuple[int, int]:
-    """The bytes the op must move: (forward, forward+backward).
+def _bytes_moved(cell: Cell, n: int, itemsize: int) -> tuple[int, int] | None:
+    """(forward, forward+backward) bytes the cell's op must move for ``n`` rows (its spec's
+    ``bytes_moved``; a foreign report is the first op's), or None without its sizes."""
+    op = cell.op if cell.op in ops.OPS else ops.OPS[0]
+    spec = ops.get(op)
+    problem = cell.data.get("problem") or {}
+    sizes = {k: problem.get(k) for k in spec.sizes}
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in sizes.values()):
+        return None
+    return spec.bytes_moved(n, sizes, itemsize)
 
-    Forward reads ``residual`` and ``y`` and writes ``out``: 3·N·D·s (``gate`` and ``index``
-    ignored). The backward reads ``grad_out`` and ``y`` and writes ``grad_y`` (3·N·D·s; as in
-    autograd ``grad_residual`` is ``grad_out`` itself), reads ``gate`` and writes ``grad_gate``
-    (2·G·D·s). Source: issue 7 (docs/tables.md).
 
-    Example:
-        >>> moved_bytes(32768, 5376, 9, 2)
-        (1056964608, 2114122752)
-    """
-    forward = 3 * n * d * itemsize
-    return forward, forward + 3 * n * d * itemsize + 2 * g * d * itemsize
+def _grouped_labels(cells: Sequence[Cell]) -> str:
+    """The labels of the per-index-value gradients of the cells' ops (``grad_gate``)."""
+    found: dict[str, None] = {}
+    for cell in cells:
+        names = report_tensors.labels(cell.data)
+        found.update(dict.fromkeys(f"`{names[k]}`" for k in sorted(_grouped(cell))))
+    return ", ".join(found)
+
+
+def _bytes_notes(cells: Sequence[Cell]) -> str:
+    """Each op's bytes formula (its spec's first note), named by op when there are several."""
+    found = list(dict.fromkeys(c.op if c.op in ops.OPS else ops.OPS[0] for c in cells)) or [
+        ops.OPS[0]]
+    notes = {op: (ops.get(op).notes or ("",))[0] for op in found}
+    if len(notes) == 1:
+        return next(iter(notes.values()))
+    return " ".join(f"{op}: {note}" for op, note in notes.items())
 
 
 def _gbps(nbytes: int | None, ms: Any) -> str:
@@ -280,7 +308,6 @@ def timings_table(cells: Sequence[Cell], filters: Filters | None = None) -> Tabl
     by_dtype = CaseFilter.of(filters)
     rows, without = [], []
     for cell in cells:
-        problem = cell.data.get("problem") or {}
         before = len(rows)
         for impl, entry in cell.results.items():
             timings = entry.get("timings") or {}
@@ -291,10 +318,9 @@ def timings_table(cells: Sequence[Cell], filters: Filters | None = None) -> Tabl
                 t = timings[case] or {}
                 n = _rows_of(cell, case)
                 size = ITEMSIZE.get(case_dtypes(cell, case)[0] or "")
-                known = (n and size and "D" in problem and "G" in problem
-                         and entry.get("role") != "accuracy_reference")
-                fwd, both = (moved_bytes(n, problem["D"], problem["G"], size) if known
-                             else (None, None))
+                moved = (_bytes_moved(cell, n, size) if n and size
+                         and entry.get("role") != "accuracy_reference" else None)
+                fwd, both = moved or (None, None)
                 f_ms, b_ms = t.get("forward_ms"), t.get("forward_backward_ms")
                 rows.append(Row((cell.label, impl, case, dtype_label(cell, case), num(n),
                                  ms(f_ms), _gbps(fwd, f_ms), ms(b_ms), _gbps(both, b_ms)),
@@ -311,10 +337,7 @@ def timings_table(cells: Sequence[Cell], filters: Filters | None = None) -> Tabl
                                "forward GB/s", "fwd+bwd ms", "fwd+bwd GB/s"), rows,
         note="Medians over the timed iterations (CUDA events on a GPU). Effective bandwidth = "
              "bytes that must move / median time, GB/s = 1e9 B/s, with s the storage dtype's "
-             "bytes per element: forward 3·N·D·s (reads `residual`, `y`; writes `out`); "
-             "forward+backward adds 3·N·D·s (reads `grad_out`, `y`; writes `grad_y`) and "
-             "2·G·D·s (reads `gate`; writes `grad_gate`). `gate`/`index` reads of the forward "
-             "are not counted.",
+             "bytes per element: " + _bytes_notes(cells),
         empty="No timings.",
         footer=" ".join(footer))
 

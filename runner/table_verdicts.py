@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from runner import report_tensors
 from runner.aggregate import ABSENT, Cell, Filters, Row, Table
-from runner.report import TENSORS
-from runner.table_bits import TENSOR_NAMES, PairResult, pair_results
+from runner.table_bits import PairResult, pair_results
 from runner.table_cases import case_dtypes, short_dtype
 
 __all__ = ["describe_dtypes", "pair_verdict", "verdict_table"]
@@ -86,20 +86,21 @@ def pair_verdict(cell: Cell, results: Sequence[PairResult]) -> str:
     """
     groups: dict[tuple[str, str], list[str]] = {}
     absent = []
-    for tensor in TENSORS:
+    names = report_tensors.labels(cell.data)
+    for tensor, name in names.items():
         phrase, verb = _tensor_phrase(cell, results, tensor)
         if not phrase:
-            absent.append(TENSOR_NAMES[tensor])
+            absent.append(name)
             continue
-        groups.setdefault((verb, phrase), []).append(TENSOR_NAMES[tensor])
+        groups.setdefault((verb, phrase), []).append(name)
     parts = []
-    for (verb, phrase), names in groups.items():
+    for (verb, phrase), group in groups.items():
         if verb == "differ":
-            verb = "differs in" if len(names) == 1 else "differ in"
-            parts.append(f"{', '.join(names)} {verb} {phrase}")
+            verb = "differs in" if len(group) == 1 else "differ in"
+            parts.append(f"{', '.join(group)} {verb} {phrase}")
         else:
-            parts.append(f"{', '.join(names)} {phrase}")
-    if absent and any(TENSOR_NAMES[t] not in absent for t in TENSORS):
+            parts.append(f"{', '.join(group)} {phrase}")
+    if absent and any(name not in absent for name in names.values()):
         parts.append(f"no {', '.join(absent)} (no backward)")
     return "; ".join(parts) or ABSENT
 
@@ -128,6 +129,14 @@ def _where(cell: Cell) -> str:
     return "CPU" if cell.target == "cpu" else ABSENT
 
 
+def _labels(cells: Sequence[Cell]) -> str:
+    """```out`, `grad_res`, ...``: the labels of the cells' tensors, each once, in order."""
+    found: dict[str, None] = {}
+    for cell in cells:
+        found.update(dict.fromkeys(report_tensors.labels(cell.data).values()))
+    return ", ".join(f"`{name}`" for name in found) or "none"
+
+
 def verdict_table(cells: Sequence[Cell], filters: Filters | None = None) -> Table:
     """One row per cell and implementation pair: where it ran, the dtypes, the verdict."""
     rows = []
@@ -153,6 +162,6 @@ def verdict_table(cells: Sequence[Cell], filters: Filters | None = None) -> Tabl
              "table below: the tensors whose bits are equal in every case, and those that "
              "differ, in how many cases, and whether each side gave the same bits in every "
              "repeat within its process (`repeatable`) in the cases where they differ. "
-             "Tensors: `out`, `grad_res` (grad_residual), `grad_y`, `grad_gate`. A cell whose "
+             "Tensors, by their labels: " + _labels(cells) + ". A cell whose "
              "status is not ok (error, oom, timeout, mismatch, ...) says so first.",
         empty="No comparisons.")

@@ -113,3 +113,25 @@ def test_scale_shift_cell_on_the_cpu():
         assert numba["batch_invariant"][case]["size_sweep"] is True
         assert set(r["inputs"][case]["sha256"]) == {"x", "scale", "shift", "grad_out", "index"}
     assert r["inputs"]["37"]["n"] == sum(r["inputs"]["37"]["index_counts"])
+
+
+def test_a_version_1_report_is_upgraded_with_the_first_ops_tensors():
+    from runner.report import SCHEMA_VERSION, upgrade
+
+    v1 = {"schema_version": 1, "op": "gate_residual", "x": 1}
+    v2 = upgrade(v1)
+    assert SCHEMA_VERSION == 2 and v2["schema_version"] == 2 and v2["x"] == 1
+    assert {k: t["label"] for k, t in v2["tensors"].items()} == {
+        "out": "out", "res": "grad_res", "y": "grad_y", "gate": "grad_gate"}
+    assert v2["index_groups"] == "G" and v1 == {"schema_version": 1, "op": "gate_residual",
+                                                "x": 1}
+
+
+def test_every_committed_report_loads():
+    """Today's reports (version 1 and 2, ours and foreign) load and validate."""
+    from runner.report import read_reports
+
+    loaded = read_reports(ROOT / "reports")
+    ours = [r for r in loaded if r.origin == "ours"]
+    assert ours and all(r.problem is None for r in ours), [r.problem for r in ours if r.problem]
+    assert all(r.data["schema_version"] == 2 and r.data["tensors"] for r in ours)

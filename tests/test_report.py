@@ -39,7 +39,8 @@ def load(name: str) -> dict[str, Any]:
 
 @pytest.fixture
 def good() -> dict[str, Any]:
-    return load("host-plain-cuda.json")
+    """A synthetic report as this runner writes it (the data file is version 1: upgraded)."""
+    return upgrade(load("host-plain-cuda.json"))
 
 
 # --------------------------------------------------------------------------- schema
@@ -94,7 +95,7 @@ CMP = ["results", "numba", "vs eager", "257", "grads", "gate"]
     ("path", "value", "expected"),
     [
         (["status"], "crashed", "status: 'crashed' is not one of"),
-        (["schema_version"], 2, "schema_version: 1 was expected"),
+        (["schema_version"], 3, "schema_version: 2 was expected"),
         (["unknown_top_level"], 1, "Additional properties are not allowed"),
         (["cell", "id"], "../evil", "cell.id"),
         ([*CMP, "max_abs"], float("nan"), '["vs eager"]["257"].grads.gate.max_abs: non-finite'),
@@ -158,16 +159,19 @@ def test_max_abs_inf_string_and_open_environment_accepted(good: dict[str, Any]) 
 # --------------------------------------------------------------------------- writing
 
 
-def test_write_report_round_trips(tmp_path: Path, good: dict[str, Any]) -> None:
-    path = write_report(good, tmp_path / "reports")
+def test_write_report_round_trips(tmp_path: Path) -> None:
+    good = load("host-plain-cuda.json")
+    path = write_report(good, tmp_path / "reports")  # a version-1 report: written upgraded
     assert path == tmp_path / "reports" / "host-plain-cuda.json"
     text = path.read_text(encoding="utf-8")
-    assert text.endswith("}\n") and text.startswith('{\n  "schema_version": 1,')
-    assert json.loads(text) == good
-    assert list(json.loads(text)) == list(good)  # key order kept (sort_keys=False)
+    assert text.endswith("}\n") and text.startswith('{\n  "schema_version": 2,')
+    current = upgrade(good)
+    assert json.loads(text) == current
+    assert list(json.loads(text)) == list(current)  # key order kept (sort_keys=False)
     assert sorted(p.name for p in path.parent.iterdir()) == ["host-plain-cuda.json"]
     loaded = read_report(path)
-    assert loaded == LoadedReport(path, good, "ours", None)
+    assert loaded == LoadedReport(path, current, "ours", None)
+    assert write_report(current, tmp_path / "again").read_text(encoding="utf-8") == text
 
 
 def test_write_report_invalid_writes_nothing_and_keeps_existing(
@@ -239,7 +243,7 @@ def test_read_reports_flags_bad_files_and_keeps_going() -> None:
     expected = {
         "corrupt.json": "corrupt JSON: Expecting value at line 1",
         "truncated.json": "truncated JSON",
-        "newer.json": "schema_version 2 is newer than this runner reads (1): refused",
+        "newer.json": "schema_version 3 is newer than this runner reads (2): refused",
         "invalid-status.json": "status: 'crashed' is not one of",
     }
     for name, problem in expected.items():
@@ -276,8 +280,8 @@ def test_read_reports_missing_directory(tmp_path: Path) -> None:
 
 
 def test_upgrade_identity_and_chain(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert upgrade(current := {"schema_version": 2, "x": 1}) is current
     doc = {"schema_version": 1, "x": 1}
-    assert upgrade(doc) is doc
     monkeypatch.setattr(report_mod, "SCHEMA_VERSION", 3)
     monkeypatch.setattr(
         report_mod,

@@ -339,7 +339,7 @@ def test_summary_csv_and_json(golden: Path) -> None:
     ref = [r for r in table if r["cell"] == REF]
     assert {r["vs"] for r in ref} == {"rl_kernel", "diffusers"} and ref[0]["origin"] == "foreign"
     doc = json.loads((golden / "summary.json").read_text("utf-8"))
-    assert doc["schema"] == "gate_residual_tables/1"
+    assert doc["schema"] == "gate_residual_tables/2"
     assert len(doc["rows"]) == len(table)
     assert doc["rows"][0] == {k: doc["rows"][0][k] for k in COLUMNS}
     outputs = doc["across"]["outputs"]

@@ -27,7 +27,7 @@ from runner.errors import SelectionError
 from runner.html import render_html
 from runner.report import LoadedReport, read_report, read_reports, validate, write_report
 from runner.summary import render_csv
-from runner.table_cases import base_case, case_dtypes, gate_rows
+from runner.table_cases import base_case, case_dtypes, index_rows
 from runner.table_verdicts import describe_dtypes, verdict_table
 from runner.tables import build_tables, markdown, render_markdown
 
@@ -83,7 +83,7 @@ def test_case_dtypes_from_inputs_id_or_problem(two_cells) -> None:
     assert case_dtypes(b, str(n)) == ("float16", "int32")
     assert base_case(f"{n}-specials-float32-int64") == f"{n}-specials"
     counts = a.data["inputs"][str(n)]["index_counts"]
-    assert gate_rows(a, str(n)) == (min(counts), max(counts))
+    assert index_rows(a, str(n)) == (min(counts), max(counts))
 
 
 def test_tables_show_each_case_in_its_dtype(two_cells) -> None:
@@ -140,7 +140,7 @@ def test_summary_rows_carry_the_case_dtypes_and_gate_rows(two_cells) -> None:
         given = data["inputs"][row["case"]]
         assert (row["dtype"], row["index_dtype"]) == (given["dtype"], given["index_dtype"])
         counts = given["index_counts"]
-        assert (int(row["gate_rows_min"]), int(row["gate_rows_max"])) == (min(counts),
+        assert (int(row["index_rows_min"]), int(row["index_rows_max"])) == (min(counts),
                                                                          max(counts))
     assert {r["dtype"] for r in found if r["cell"] == "host-plain-cpu"} == {
         "bfloat16", "float16", "float32"}

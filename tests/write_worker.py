@@ -23,9 +23,12 @@ LINE = "0123456789abcdef" * 4 + "\n"
 
 
 def report(generation: int, cell_id: str) -> dict:
-    """A valid report whose every byte depends on ``generation`` and ``cell_id``."""
+    """A valid report whose every byte depends on ``generation`` and ``cell_id`` (written as
+    version 1 was, then upgraded: what the writer writes)."""
+    from runner.report import upgrade
+
     stack, mode, target = cell_id.split("-")
-    return {
+    return upgrade({
         "schema_version": 1,
         "kind": "gate_residual_matrix",
         "op": "gate_residual",
@@ -39,7 +42,7 @@ def report(generation: int, cell_id: str) -> dict:
         "environment": {},
         "cases": [],
         "results": {},
-    }
+    })
 
 
 def generation_of(data: dict) -> int:
