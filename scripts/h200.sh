@@ -106,6 +106,27 @@ for step in $steps; do
             for f in "$out"/matrix-*.log; do tail -n 3 "$f"; done > "$out/modes-tails.log"
             tar czf "$out/modes-logs.tgz" -C "$out" $(cd "$out" && ls matrix-*.log rlbuild.log) && rm -f "$out"/matrix-*.log
             cat "$out/modes-tails.log" ;;
+    cells)  # CELLS ("MATRIX:MODE ...", default: each op's plain cell) one after another, each
+            # alone on the GPU and timed, after one precompile per matrix (all at once, beside
+            # RL-Kernel's build): a cell's own wall time, its compile caches warm
+            cells=${CELLS:-"matrix.yaml:plain matrix-scale-shift.yaml:plain"}
+            reports=${CELL_REPORTS:-$out/reports-cells}; mkdir -p "$reports"
+            deadline=$(( $(date +%s) + ${MATRIX_TIMEOUT:-540} )); t0=$(date +%s)
+            PYTHONPATH=$PWD/.carry/rl-kernel-h3:$PYTHONPATH python3 -c "import time; t = time.time(); from rl_engine.kernels.ops import base; print('rl_engine._C built:', base._EXT_AVAILABLE, getattr(base, '_EXT_ERROR', None), f'{time.time() - t:.0f} s')" > "$out/rlbuild.log" 2>&1 &
+            pids="$!"
+            for m in $(printf '%s\n' $cells | cut -d: -f1 | sort -u); do
+              timeout -s TERM $(( deadline - $(date +%s) )) python3 -m runner.precompile --matrix "$m" --target "${MODE_TARGET:-cuda}" $(printf '%s\n' $cells | grep "^$m:" | cut -d: -f2 | sed 's/^/--mode /') > "$out/precompile-$(basename "$m" .yaml).log" 2>&1 &
+              pids="$pids $!"
+            done
+            wait $pids; echo "precompile + rlbuild: $(( $(date +%s) - t0 )) s: $(cat "$out"/precompile-*.log | tail -c 800) $(tail -n 1 "$out/rlbuild.log")"
+            for c in $cells; do
+              t1=$(date +%s)
+              timeout -s TERM $(( deadline - $(date +%s) )) python3 -m runner matrix --matrix "${c%%:*}" --stack host --target "${MODE_TARGET:-cuda}" --mode "${c##*:}" --reports "$reports" ${MATRIX_ARGS:-} > "$out/matrix-cell-$(basename "${c%%:*}" .yaml)-${c##*:}.log" 2>&1
+              echo "$c: exit $? after $(( $(date +%s) - t1 )) s (alone)"
+            done
+            python3 -c "import json, glob; [print(r['cell']['id'], r['status'], r['duration_s'], 's', len(r['cases']), 'cases', {k: v for k, v in r.get('phases', {}).items() if not isinstance(v, dict)}) for r in (json.load(open(p)) for p in sorted(glob.glob('$reports/*.json'))) if 'cell' in r]" 2>&1 || true
+            tar czf "$out/cells-reports.tgz" -C "$reports" $(cd "$reports" && ls *.json) && rm -rf "$reports"
+            tar czf "$out/cells-logs.tgz" -C "$out" $(cd "$out" && ls matrix-cell-*.log precompile-*.log rlbuild.log) && rm -f "$out"/matrix-cell-*.log "$out"/precompile-*.log ;;
     bench)  python3 -m runner.bench ${BENCH_ARGS:-} --out "$out" 2>&1 | tee "$out/bench.log" | tail -60 || rc=1 ;;
     profile) python3 scripts/profile_host.py 1 > "$out/profile-host.txt" 2>&1 || rc=1; grep "us/call" "$out/profile-host.txt" ;;
   esac
