@@ -109,13 +109,13 @@ for step in $steps; do
     cells)  # CELLS ("MATRIX:MODE ...", default: each op's plain cell) one after another, each
             # alone on the GPU and timed, after one precompile per matrix (all at once, beside
             # RL-Kernel's build): a cell's own wall time, its compile caches warm
-            cells=${CELLS:-"matrix.yaml:plain matrix-scale-shift.yaml:plain"}
+            cells=${CELLS:-"matrix-scale-shift.yaml:plain matrix.yaml:plain"}
             reports=${CELL_REPORTS:-$out/reports-cells}; mkdir -p "$reports"
             deadline=$(( $(date +%s) + ${MATRIX_TIMEOUT:-540} )); t0=$(date +%s)
             PYTHONPATH=$PWD/.carry/rl-kernel-h3:$PYTHONPATH python3 -c "import time; t = time.time(); from rl_engine.kernels.ops import base; print('rl_engine._C built:', base._EXT_AVAILABLE, getattr(base, '_EXT_ERROR', None), f'{time.time() - t:.0f} s')" > "$out/rlbuild.log" 2>&1 &
             pids="$!"
             for m in $(printf '%s\n' $cells | cut -d: -f1 | sort -u); do
-              timeout -s TERM $(( deadline - $(date +%s) )) python3 -m runner.precompile --matrix "$m" --target "${MODE_TARGET:-cuda}" $(printf '%s\n' $cells | grep "^$m:" | cut -d: -f2 | sed 's/^/--mode /') > "$out/precompile-$(basename "$m" .yaml).log" 2>&1 &
+              timeout -s TERM $(( deadline - $(date +%s) )) python3 -m runner.precompile --matrix "$m" --target "${MODE_TARGET:-cuda}" $(printf '%s\n' $cells | grep "^$m:" | cut -d: -f2 | sed 's/^/--mode /') ${PRECOMPILE_ARGS:-} > "$out/precompile-$(basename "$m" .yaml).log" 2>&1 &
               pids="$pids $!"
             done
             wait $pids; echo "precompile + rlbuild: $(( $(date +%s) - t0 )) s: $(cat "$out"/precompile-*.log | tail -c 800) $(tail -n 1 "$out/rlbuild.log")"
