@@ -54,7 +54,10 @@ LEGEND = (
     "within their process in the cases that differ, `NR` when one side did not (no letter: "
     "no repeats recorded); `NaN out` those tensors differ in NaN payloads only (`≈` when "
     "nothing else does); `n/a: unavailable` the candidate did not run there; `—` no such "
-    "pair there. ⚠ marks a column whose reports were not made at the current commit "
+    "pair there; `ᴷ` a library row that ran kernel-only (its kernel modules loaded from the "
+    "released wheel, under this host's torch and triton: not a full-stack install; the "
+    "kernel-only table of the cell's page has the record). "
+    "⚠ marks a column whose reports were not made at the current commit "
     "(`at <commit>`) or were made from a dirty tree. A mark links to the cell's page.")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 

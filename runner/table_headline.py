@@ -38,14 +38,18 @@ from runner import report_tensors
 from runner.aggregate import ABSENT, Cell, Filters, text
 from runner.table_bits import pair_results
 
-__all__ = ["LEVELS", "Column", "Headline", "Mark", "current_commit", "headline", "not_run",
-           "staleness"]
+__all__ = ["KERNEL_ONLY", "LEVELS", "Column", "Headline", "Mark", "current_commit", "headline",
+           "not_run", "staleness"]
 
 LEVELS = ("GPU × stack × mode", "GPU × stack", "GPU")
 """How far columns are merged: level 0 keeps every mode apart, 2 merges stacks too."""
 LIBRARY_KEYS = ("vllm", "vllm-omni", "sglang", "sgl-kernel", "sglang-kernel", "diffusers",
                 "RL-Kernel")
 """Libraries named beside torch in a stack's label when the report says they are installed."""
+KERNEL_ONLY = "ᴷ"
+"""Appended to a mark where one side is a library row that ran kernel-only: the library's
+kernel modules loaded from its released wheel under this host's torch and triton, not a
+full-stack install (``environment.kernel_only[impl].mode``)."""
 _BASELINES = ("eager", "diffusers")  # a foreign report's baseline, by name
 _ROOT = Path(__file__).resolve().parent.parent
 _MAX_NAMES = 30
@@ -113,6 +117,7 @@ class Mark:
     not_repeatable: set[str] = field(default_factory=set)
     missing: str = ""  # why the candidate has no comparison here (its status)
     order: tuple[str, ...] = ()  # the op's tensor keys in display order
+    kernel_only: bool = False  # a side ran kernel-only (runner/table_kernel_only.py)
 
     def _ordered(self, keys: set[str] | dict[str, float]) -> list[str]:
         """``keys`` in the op's tensor order (any others after, sorted)."""
@@ -128,6 +133,7 @@ class Mark:
         self.repeats_known |= other.repeats_known
         self.not_repeatable |= other.not_repeatable
         self.missing = self.missing or other.missing
+        self.kernel_only |= other.kernel_only
         self.order = tuple(dict.fromkeys((*self.order, *other.order)))
 
     @property
@@ -150,9 +156,13 @@ class Mark:
 
     def label(self) -> str:
         """``✓``, ``✗ gate 97% NR``, ``✗ gate 73% R; NaN out,y``, ``≈ NaN out``,
-        ``n/a: unavailable``, ``—``."""
+        ``n/a: unavailable``, ``—``; :data:`KERNEL_ONLY` appended where a side ran
+        kernel-only (``✗ out 0.3% R ᴷ``)."""
         if not self.compared:
             return f"n/a: {self.missing}" if self.missing else ABSENT
+        return self._verdict() + (f" {KERNEL_ONLY}" if self.kernel_only else "")
+
+    def _verdict(self) -> str:
         if self.equal:
             return "✓"
         nan = f"NaN {','.join(self.nan_only)}" if self.nan_only else ""
@@ -216,6 +226,7 @@ def _cell_marks(cell: Cell, filters: Filters | None) -> dict[str, Mark]:
         pair = f"{a} vs {b}" + (f" ({cell.op})" if cell.op not in (None, ops.OPS[0]) else "")
         mark = marks.setdefault(pair, Mark(order=tuple(report_tensors.labels(cell.data))))
         mark.compared += 1
+        mark.kernel_only |= any(_kernel_only(cell, side) for side in (r.a, r.b))
         for tensor, cmp in r.tensors.items():
             if not cmp or cmp.get("equal"):
                 continue
@@ -240,6 +251,13 @@ def _cell_marks(cell: Cell, filters: Filters | None) -> dict[str, Mark]:
                 filters is None or filters.keeps_impl(impl)):
             marks.setdefault(f"{impl} vs {baseline}", Mark(missing=str(status)))
     return marks
+
+
+def _kernel_only(cell: Cell, impl: str) -> bool:
+    """Whether ``impl`` ran kernel-only in ``cell`` (its report's load record says so)."""
+    records = (cell.data.get("environment") or {}).get("kernel_only") or {}
+    record = records.get(impl) if isinstance(records, dict) else None
+    return isinstance(record, dict) and record.get("mode") == "kernel-only"
 
 
 def _key(cell: Cell, level: int) -> tuple[str, str, str]:
