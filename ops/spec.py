@@ -61,6 +61,8 @@ class OpSpec:
     share an id. ``bytes_moved(n, sizes, itemsize)``: (forward, forward+backward) bytes
     that must move, for bandwidth figures. ``library_distributions``: the distributions
     whose versions ``libraries.versions`` may expand (their rows run per version).
+    ``reference_names``: implementation names in foreign reference reports -> ours, for the
+    seed comparison table (runner/table_seed.py).
     """
 
     name: str
@@ -78,6 +80,7 @@ class OpSpec:
     bytes_moved: Callable[[int, Mapping[str, int], int], tuple[int, int]]
     cell_prefix: str = ""
     library_distributions: tuple[str, ...] = ()
+    reference_names: Mapping[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property

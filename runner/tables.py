@@ -54,6 +54,7 @@ from runner.table_ab import DEFAULT_WHY, ab_tables, default_ab
 from runner.table_bits import Across, across_cells, across_tables, bitwise_table
 from runner.table_cases import CaseFilter
 from runner.table_kernel_only import kernel_only_table
+from runner.table_seed import seed_tables
 from runner.table_stats import (
     accuracy_table,
     bench_tables,
@@ -172,7 +173,7 @@ def build_tables(reports: Sequence[LoadedReport], *, relative_to: Path | None = 
         why = "; chosen with `--ab`"
     across = across_cells(cells, filters)
     sections = [verdict_table(cells, filters), bitwise_table(cells, filters),
-                *across_tables(across, cells)]
+                *seed_tables(cells, filters), *across_tables(across, cells)]
     for a, b in pairs:
         sections += ab_tables(a, b, filters, why)
     sections += [accuracy_table(cells, filters), cells_table(cells, relative_to),

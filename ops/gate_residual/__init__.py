@@ -62,5 +62,8 @@ SPEC = OpSpec(
     bytes_moved=bytes_moved,
     cell_prefix="",  # its reports predate ops: their ids stay <stack>-<mode>-<target>
     library_distributions=("sglang", "vllm-omni"),
+    # RL-Kernel's reference report (reports/reference/gate_residual_b200.json) names the
+    # diffusers expression and its own op so
+    reference_names={"diffusers": "eager", "rl_kernel": "rl_kernel_h3"},
     notes=(BYTES_NOTE,),
 )
