@@ -275,8 +275,14 @@ def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
     if unknown:
         raise ConfigError(f"unknown mode(s) {', '.join(unknown)}: the matrix has "
                           f"{', '.join(matrix.modes)}")
+    if target not in matrix.targets:
+        raise ConfigError(f"unknown target {target!r}: the matrix has "
+                          f"{', '.join(matrix.targets)}")
     p, outcome, groups, keys = matrix.problem, {}, [], {}
     for mode in modes:
+        if not matrix.modes[mode].runs_on(target):
+            outcome[mode] = f"not on target {target}"
+            continue
         items = cell_plan(matrix, Cell("host", mode, target), matrix.cases)
         spec = matrix.modes[mode]
         torch_settings = spec.torch.model_dump()
@@ -313,13 +319,24 @@ def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
     return outcome
 
 
+def _positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of workers >= 1")
+    return value
+
+
 def _cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m runner.precompile",
                                      description="Fill the compile caches for host cells.")
     parser.add_argument("--matrix", type=Path, default=Path("matrix.yaml"))
     parser.add_argument("--target", default="cuda")
     parser.add_argument("--mode", action="append", required=True)
-    parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--workers", type=_positive, default=None)
     args = parser.parse_args(argv)
     from runner.errors import ConfigError
 
@@ -335,6 +352,6 @@ def _cli(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    if sys.argv[1:2] and sys.argv[1].startswith("--"):
-        sys.exit(_cli(sys.argv[1:]))
-    sys.exit(main(sys.argv[1:]))
+    if len(sys.argv) == 2 and sys.argv[1].endswith(".json") and Path(sys.argv[1]).is_file():
+        sys.exit(main(sys.argv[1:]))  # a worker, started by run_groups with its plan file
+    sys.exit(_cli(sys.argv[1:]))

@@ -167,3 +167,29 @@ def test_the_precompile_command_names_an_unknown_mode_in_one_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "nosuchmode" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--mode", "plain", "--target", "gpu"], "unknown target 'gpu'"),
+    (["--mode", "plain", "--target", "cpu", "--workers", "-3"], "--workers"),
+    (["--mode", "plain", "--target", "cpu", "--workers", "many"], "--workers"),
+    ([], "--mode"),
+    (["--mode", "plain", "--matrix", "/nonexistent/matrix.yaml"], "/nonexistent/matrix.yaml"),
+])
+def test_the_precompile_command_refuses_bad_input_in_one_line(args, says):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "runner.precompile", *args],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert says in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_mode_without_a_cell_on_the_target_compiles_nothing(tmp_path, fresh_seed):
+    """matrix.yaml's tf32 runs on cuda only: on cpu it is named, not compiled."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    outcome = precompile.precompile_modes(root / "matrix.yaml", target="cpu", modes=["tf32"])
+    assert outcome == {"tf32": "not on target cpu"}
