@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ops.gate_residual import vllm_omni_ops
+from ops.gate_residual import rl_kernel_ops, vllm_omni_ops
 from runner import wheelhouse
 from runner.config import parse_matrix
 from runner.errors import ConfigError
@@ -180,7 +180,7 @@ def test_libraries_section_expands_rows_and_rejects_a_bad_version():
 # --- RL-Kernel source tree -------------------------------------------------------------------
 
 
-def tree(tmp_path: Path, module: str = rl_kernel_tree.MODULES[0]) -> Path:
+def tree(tmp_path: Path, module: str = rl_kernel_ops.TREE_MODULES[0]) -> Path:
     """A minimal source tree with the op's module file and a PROVENANCE.json over it."""
     root = tmp_path / "rlk"
     path = root / (module.replace(".", "/") + ".py")
@@ -206,16 +206,16 @@ def cuda_torch(monkeypatch, tmp_path):
 
 
 def test_rl_kernel_bad_path_is_one_line(tmp_path):
-    why = rl_kernel_tree.problem(tmp_path / "missing")
+    why = rl_kernel_tree.problem(tmp_path / "missing", rl_kernel_ops.TREE_MODULES)
     assert why.startswith(f"RL-Kernel source tree {tmp_path / 'missing'} does not exist")
     (tmp_path / "empty").mkdir()
     assert "has neither rl_engine/kernels/ops/cuda/h3/gate_residual.py nor " in \
-        rl_kernel_tree.problem(tmp_path / "empty")
+        rl_kernel_tree.problem(tmp_path / "empty", rl_kernel_ops.TREE_MODULES)
 
 
 def test_rl_kernel_cpu_torch_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", None)
-    why = rl_kernel_tree.problem(tree(tmp_path))
+    why = rl_kernel_tree.problem(tree(tmp_path), rl_kernel_ops.TREE_MODULES)
     assert why == (f"torch {torch.__version__} is a CPU build: RL-Kernel's CUDA extension "
                    "cannot be built or run")
 
@@ -224,16 +224,16 @@ def test_rl_kernel_no_nvcc_is_one_line(tmp_path, monkeypatch, cuda_torch):
     monkeypatch.delenv("CUDA_HOME")
     monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
-    why = rl_kernel_tree.problem(tree(tmp_path))
+    why = rl_kernel_tree.problem(tree(tmp_path), rl_kernel_ops.TREE_MODULES)
     assert why.startswith("no nvcc (not on PATH, not in $CUDA_HOME/bin)") and "\n" not in why
 
 
-@pytest.mark.parametrize("module", rl_kernel_tree.MODULES)
+@pytest.mark.parametrize("module", rl_kernel_ops.TREE_MODULES)
 def test_rl_kernel_either_module_path_is_accepted(tmp_path, cuda_torch, module):
     root = tree(tmp_path, module)
-    assert rl_kernel_tree.problem(root) is None
+    assert rl_kernel_tree.problem(root, rl_kernel_ops.TREE_MODULES) is None
     row = versioned.on_tree(get("rl_kernel_h3"), root)
-    assert [e.partition(":")[0] for e in row.entries] == list(rl_kernel_tree.MODULES)
+    assert [e.partition(":")[0] for e in row.entries] == list(rl_kernel_ops.TREE_MODULES)
     assert row.unavailable_reason("cpu") == "rl_kernel_h3 does not run on target 'cpu'"
 
 
@@ -241,8 +241,8 @@ def test_rl_kernel_tree_differing_from_provenance_and_its_digest(tmp_path, cuda_
     root = tree(tmp_path)
     digest = rl_kernel_tree.provenance(root)
     assert digest.startswith(f"tree {root}, PROVENANCE.json sha256 ")
-    (root / rl_kernel_tree.MODULES[0].replace(".", "/")).with_suffix(".py").write_text("X=2\n")
-    assert rl_kernel_tree.problem(root) == (
+    (root / rl_kernel_ops.TREE_MODULES[0].replace(".", "/")).with_suffix(".py").write_text("X=2\n")
+    assert rl_kernel_tree.problem(root, rl_kernel_ops.TREE_MODULES) == (
         f"RL-Kernel tree {root}: rl_engine/kernels/ops/cuda/h3/gate_residual.py does not "
         "match PROVENANCE.json")
 

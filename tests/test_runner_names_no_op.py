@@ -23,9 +23,6 @@ EXEMPT = {
                 "ops/gate_residual/ once #14 has landed",
     "bench_host.py": "issue 14: host time of gate_residual's CUDA entry points (as bench.py)",
     "bench_peers.py": "issue 14: gate_residual's benchmark peers (as bench.py)",
-    "implementations/rl_kernel_tree.py": "RL-Kernel's source-tree loader: its module paths are "
-                                         "gate_residual's; to move into ops/gate_residual/ with "
-                                         "versioned.on_tree's binding",
 }
 """Modules not yet op-free, each with the reason; the list may only shrink."""
 

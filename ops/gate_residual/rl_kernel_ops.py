@@ -25,6 +25,9 @@ import torch
 from runner.implementations.library import LibraryImplementation
 
 MODULE = "rl_engine.kernels.ops.cuda.h3.gate_residual"
+TREE_MODULES = (MODULE, "rl_engine.backends.cuda.model_specific.minimax_h3.gate_residual")
+"""The module paths RL-Kernel has used for the op, newest layout last (both supported on a
+source tree: runner.implementations.versioned.on_tree)."""
 
 
 def run(inputs, *, backward: bool, impl=None) -> dict[str, torch.Tensor]:
@@ -75,6 +78,7 @@ RL_KERNEL_H3 = LibraryImplementation(
     targets=("cuda",),
     distribution="RL-Kernel",
     entries=(f"{MODULE}:H3GateResidualCudaOp",),
+    tree_entries=tuple(f"{m}:H3GateResidualCudaOp" for m in TREE_MODULES),
     backend=kernels,
     check=extension_missing,
     notes=("an int32 index is converted to int64 by us (the op takes int64 only)",),

@@ -93,6 +93,8 @@ class LibraryImplementation(Implementation):
     ``check(module)``: why the library cannot run although it imports (an extension that
     was not built), or None. ``dtypes``: the storage dtypes the library function takes (None:
     every dtype), for a cell runner that skips other cases; :meth:`refuse_dtype` raises.
+    ``tree_entries``: the ``"module:function"`` candidates inside a source tree (RL-Kernel's
+    layouts), which a row bound to a tree tries instead of ``entries`` (versioned.on_tree).
     """
 
     distribution: str = ""
@@ -101,6 +103,7 @@ class LibraryImplementation(Implementation):
     backend: Callable[[ModuleType], str | None] | None = None
     check: Callable[[ModuleType], str | None] | None = None
     dtypes: tuple[str, ...] | None = None
+    tree_entries: tuple[str, ...] = ()
 
     def entry(self) -> tuple[ModuleType, Callable]:
         """``(module, function)`` of the first candidate that imports and has the function;

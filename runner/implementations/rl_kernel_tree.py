@@ -33,9 +33,6 @@ ENV_TREE = "GATE_RESIDUAL_RL_KERNEL"
 DEFAULT_TREES = (PROJECT_ROOT / ".carry" / "rl-kernel-h3",
                  PROJECT_ROOT.parent / "shared" / "third_party" / "rl-kernel-h3")
 BUILD_DIR = "/tmp/gate-residual-rl-kernel-build"
-#: The module paths RL-Kernel has used for the op, newest layout last (both supported).
-MODULES = ("rl_engine.kernels.ops.cuda.h3.gate_residual",
-           "rl_engine.backends.cuda.model_specific.minimax_h3.gate_residual")
 
 
 def resolve(configured: str | os.PathLike | None = None) -> Path:
@@ -50,8 +47,8 @@ def resolve(configured: str | os.PathLike | None = None) -> Path:
     return DEFAULT_TREES[0]
 
 
-def _module_files(tree: Path) -> list[Path]:
-    return [tree / (m.replace(".", "/") + ".py") for m in MODULES]
+def _module_files(tree: Path, modules: tuple[str, ...]) -> list[Path]:
+    return [tree / (m.replace(".", "/") + ".py") for m in modules]
 
 
 def needs_build(tree: Path) -> bool:
@@ -59,15 +56,16 @@ def needs_build(tree: Path) -> bool:
     return not any((tree / "rl_engine").glob("_C*.so"))
 
 
-def problem(tree: Path) -> str | None:
+def problem(tree: Path, modules: tuple[str, ...]) -> str | None:
     """One line why ``tree`` cannot run the op on this host, or None. Checked in order: the
-    path, the op's module, ``PROVENANCE.json``'s file digests, torch's CUDA build, nvcc."""
+    path, the op's module (one of ``modules``: the implementation's ``tree_entries``),
+    ``PROVENANCE.json``'s file digests, torch's CUDA build, nvcc."""
     if not tree.is_dir():
         return (f"RL-Kernel source tree {tree} does not exist (set {ENV_TREE} "
                 "or libraries.rl_kernel in matrix.yaml)")
-    if not any(f.is_file() for f in _module_files(tree)):
+    if not any(f.is_file() for f in _module_files(tree, modules)):
         return (f"RL-Kernel source tree {tree} has neither "
-                f"{' nor '.join(m.replace('.', '/') + '.py' for m in MODULES)}")
+                f"{' nor '.join(m.replace('.', '/') + '.py' for m in modules)}")
     bad = _provenance_mismatch(tree)
     if bad:
         return bad

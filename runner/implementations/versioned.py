@@ -129,8 +129,12 @@ class TreeImplementation(LibraryImplementation):
         no nvcc), then the import and the built extension; one line each."""
         if target not in self.targets:
             return f"{self.name} does not run on target {target!r}"
-        why = rl_kernel_tree.problem(Path(self.tree))
+        why = rl_kernel_tree.problem(Path(self.tree), self.modules())
         return why or super().unavailable_reason(target)
+
+    def modules(self) -> tuple[str, ...]:
+        """The modules of ``entries`` (the tree's candidates)."""
+        return tuple(e.partition(":")[0] for e in self.entries)
 
     def entry(self):
         """Import the op from the tree (put first on ``sys.path``); :class:`LibraryMissing`
@@ -147,7 +151,7 @@ class TreeImplementation(LibraryImplementation):
         """The op's path and kernel ids, then ``[RL-Kernel tree T, PROVENANCE.json sha256 H;
         torch X]`` (or the checkout's commit)."""
         tree = Path(self.tree)
-        if rl_kernel_tree.problem(tree):
+        if rl_kernel_tree.problem(tree, self.modules()):
             path = " | ".join(self.entries)
         else:
             path = super().ran().rsplit(" [", 1)[0]
@@ -178,12 +182,12 @@ def versioned(impl: LibraryImplementation, version: str,
 
 
 def on_tree(impl: LibraryImplementation, tree: str | Path | None = None) -> TreeImplementation:
-    """``impl`` (``rl_kernel_h3``) bound to the RL-Kernel tree :func:`rl_kernel_tree.resolve`
-    picks for ``tree``; both module paths are candidates."""
+    """``impl`` (an RL-Kernel row) bound to the RL-Kernel tree :func:`rl_kernel_tree.resolve`
+    picks for ``tree``; its ``tree_entries`` (every layout RL-Kernel used) are the
+    candidates."""
     fields = {f.name: getattr(impl, f.name) for f in dataclasses.fields(impl)}
-    attr = impl.entries[0].partition(":")[2]
     fields.update(tree=str(rl_kernel_tree.resolve(tree)),
-                  entries=tuple(f"{m}:{attr}" for m in rl_kernel_tree.MODULES))
+                  entries=impl.tree_entries or impl.entries)
     return _bound(TreeImplementation(**fields))
 
 
