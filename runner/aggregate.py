@@ -22,6 +22,7 @@ from typing import Any
 
 from runner.errors import SelectionError
 from runner.report import LoadedReport
+from runner.status import Status
 
 __all__ = ["ABSENT", "FACETS", "STATUSES", "Cell", "Filters", "Row", "Table", "case_order",
            "cell_label", "cmp_kind", "find_cell", "format_cmp", "load_cells", "matches", "ms",
@@ -33,10 +34,10 @@ ABSENT = "—"
 FACETS = ("op", "stack", "mode", "target", "dtype", "gpu")
 """Cell attributes the filters select on (command line and HTML page)."""
 
-STATUSES = ("ok", "mismatch", "error", "oom", "timeout", "build_error", "skipped", "unavailable")
+STATUSES = tuple(s.value for s in Status if s is not Status.PARTIAL)
 """Cell statuses in the order the summaries count them (docs/report-format.md)."""
 
-_BAD = {"error", "oom", "timeout", "build_error"}
+_BAD = {s.value for s in Status if s.failed}
 _CASE_RE = re.compile(r"^([0-9]+)(-specials)?$")
 
 

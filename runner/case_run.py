@@ -25,6 +25,7 @@ import torch
 from runner import batch_invariance, compare, gpu_lock, timing
 from runner.implementations import Implementation
 from runner.phases import PhaseClock
+from runner.status import Status
 
 
 def changed_inputs(before: dict, after: dict) -> list[str]:
@@ -170,7 +171,7 @@ def _run_one(ctx: CaseContext, impl: Implementation, x, on_device: dict, key: st
     """Run one implementation on one case: repeats, timings, batch invariance; its first
     outputs, or None (unavailable, unsupported dtype, or it failed: recorded)."""
     entry = ctx.results[impl.name]
-    if entry["status"] == "unavailable":
+    if entry["status"] == Status.UNAVAILABLE:
         return None
     supported = getattr(impl, "dtypes", None)  # an optional Implementation field
     if supported and dtype not in supported:
@@ -206,7 +207,7 @@ def _inputs_for(impl: Implementation, x, on_device: dict) -> dict:
 def _failed(ctx: CaseContext, entry: dict, key: str, err: BaseException) -> None:
     """Record an implementation's failure on case ``key`` (status ``oom`` or ``error``)."""
     oom = out_of_memory(err)
-    entry.update(status="oom" if oom else "error", reason=f"case {key}: {one_line(err)}",
+    entry.update(status=Status.OOM if oom else Status.ERROR, reason=f"case {key}: {one_line(err)}",
                  traceback=traceback.format_exc()[-4000:])
     if oom and ctx.device == "cuda":
         torch.cuda.empty_cache()

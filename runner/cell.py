@@ -31,11 +31,11 @@ from runner.implementations import Implementation
 from runner.inputs import build
 from runner.phases import PhaseClock
 from runner.report import SCHEMA_VERSION
+from runner.status import SEVERITY, Status
 
 KIND = "gate_residual_matrix"
 """The ``kind`` of every report of this project (its name; every op's reports share it)."""
 __all__ = ["fingerprint", "out_of_memory", "run_cell", "skeleton"]
-_SEVERITY = {"ok": 0, "mismatch": 1, "unavailable": 0, "error": 2, "oom": 2}
 
 
 def _now() -> str:
@@ -116,11 +116,11 @@ def _entry(impl: Implementation, target: str) -> dict:
     """An implementation's results entry before any case ran (``unavailable`` with the
     reason where it cannot run on ``target`` here)."""
     entry = {"source": impl.source, "has_backward": impl.has_backward, "role": impl.role,
-             "code_path": impl.ran(), "status": "ok", "reason": None, "sha256": {},
+             "code_path": impl.ran(), "status": Status.OK, "reason": None, "sha256": {},
              "repeatable": {}, "accuracy": {}, "timings": {}, "mutated_inputs": {}}
     why = impl.unavailable_reason(target)
     if why:
-        entry.update(status="unavailable", reason=why)
+        entry.update(status=Status.UNAVAILABLE, reason=why)
     return entry
 
 
@@ -168,33 +168,33 @@ def _set_status(report: dict, matrix, broken: list[str], no_baseline: list[str])
     results = report["results"]
     for entry in results.values():
         changed = {k: v for k, v in entry["mutated_inputs"].items() if v}
-        if changed and entry["status"] == "ok":
+        if changed and entry["status"] == Status.OK:
             entry["reason"] = "mutates its inputs: " + "; ".join(
                 f"case {k}: {', '.join(v)}" for k, v in changed.items())
-    worst = max((r["status"] for r in results.values()), key=lambda s: _SEVERITY.get(s, 0))
-    if _SEVERITY.get(worst, 0) >= 2:
+    worst = max((r["status"] for r in results.values()), key=lambda s: SEVERITY.get(s, 0))
+    if SEVERITY.get(worst, 0) >= 2:
         report["status"] = worst
         report["reason"] = "; ".join(f"{n}: {r['reason']}" for n, r in results.items()
-                                     if r["status"] in ("error", "oom"))
+                                     if r["status"] in (Status.ERROR, Status.OOM))
         tracebacks = "\n".join(f"{n}: {r['traceback']}" for n, r in results.items()
                                if r.get("traceback"))
         report["log_tail"] = tracebacks[-6000:] or None
     elif no_baseline:  # nothing in those cases was compared: not an ok cell
         base = results[matrix.baseline]
         why = base["reason"] or "; ".join(sorted(set((base.get("unsupported") or {}).values())))
-        report["status"] = "error"
+        report["status"] = Status.ERROR
         report["reason"] = (f"baseline {matrix.baseline} gave no result in case(s) "
                             f"{', '.join(no_baseline)} ({why or 'no output'}), so nothing "
                             "there was compared with it")
     elif broken:
-        report["status"] = "mismatch"
+        report["status"] = Status.MISMATCH
         report["reason"] = "bitwise claim broken: " + ", ".join(broken)
 
 
 def partial_view(report: dict, done: list, missing: list, *, reason: str | None = None) -> dict:
     """A ``partial`` report of the cases ``done`` so far (a shallow copy of ``report``): its
     ``cases`` are those, ``cases_missing`` the rest. What a cell leaves when it is stopped."""
-    return {**report, "status": "partial", "cases": list(done), "cases_missing": list(missing),
+    return {**report, "status": Status.PARTIAL, "cases": list(done), "cases_missing": list(missing),
             "reason": reason or (f"{len(done)} of {len(done) + len(missing)} cases done; the "
                                  "next run of this cell runs only the missing ones"),
             "finished_at": _now()}
@@ -234,14 +234,14 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
     mode = matrix.modes[cell.mode]
     with clock("setup"):
         env = environment.capture(cell.target, mode_environment or {cell.mode: dict(mode.env)})
-        report = skeleton(matrix, cell, cases, backend=backend, run_id=run_id, status="ok",
+        report = skeleton(matrix, cell, cases, backend=backend, run_id=run_id, status=Status.OK,
                           env=env)
         rows = versioned.rows(matrix)  # results keep the matrix's order
         report["results"] = {impl.name: _entry(impl, cell.target) for impl in rows}
         impls = _run_order(rows, matrix)
     asked, cases = cases, cases_on(cases, cell.target)
     if asked and not cases:
-        report["status"] = "skipped"
+        report["status"] = Status.SKIPPED
         report["reason"] = (f"no selected case runs on target {cell.target} (case targets: "
                             + ", ".join(f"{c.id}: {'/'.join(c.targets or ())}" for c in asked)
                             + ")")
