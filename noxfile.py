@@ -129,9 +129,10 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(venv_params=VENV)
 def lint(session: nox.Session) -> None:
-    """ruff over the project."""
-    session.install("ruff>=0.6")
+    """ruff over the project, then mypy over the modules pyproject.toml's [tool.mypy] lists."""
+    session.install("ruff>=0.6", "mypy>=1.10")
     session.run("ruff", "check", ".", *session.posargs)
+    session.run("mypy")
 
 
 @nox.session(venv_params=VENV)

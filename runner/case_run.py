@@ -19,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures as futures
 import traceback
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,6 +27,10 @@ from runner import batch_invariance, compare, gpu_lock, timing
 from runner.implementations import Implementation
 from runner.phases import PhaseClock
 from runner.status import Status
+
+if TYPE_CHECKING:
+    from ops.spec import OpSpec
+    from runner.config import Matrix
 
 
 def changed_inputs(before: dict, after: dict) -> list[str]:
@@ -147,8 +152,8 @@ class CaseContext:
     ``spec``: the op's :class:`ops.spec.OpSpec`. ``broken`` and ``no_baseline`` collect
     broken claims and cases without a baseline."""
 
-    spec: object
-    matrix: object
+    spec: OpSpec
+    matrix: Matrix
     target: str
     device: str
     impls: list

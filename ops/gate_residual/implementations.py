@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 
 from ops.gate_residual import compiled, eager, fp64, libraries, numba_kernel
+from runner.implementations import Implementation
 
-IMPLEMENTATIONS = (eager.EAGER, numba_kernel.NUMBA, fp64.FP64, compiled.COMPILED,
-                   compiled.COMPILED_EMULATE, *libraries.LIBRARIES)
+IMPLEMENTATIONS: tuple[Implementation, ...] = (
+    eager.EAGER, numba_kernel.NUMBA, fp64.FP64, compiled.COMPILED, compiled.COMPILED_EMULATE,
+    *libraries.LIBRARIES)
 
 if os.environ.get("GATE_RESIDUAL_FAULTS") == "1":
     from ops.gate_residual import faulty

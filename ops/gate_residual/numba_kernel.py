@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from runner.implementations import Implementation
@@ -10,12 +13,16 @@ from runner.implementations import Implementation
 def run(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
     """Forward (and backward) through ``GateResidual`` or ``GateResidualCPU`` by device."""
     device = inputs["residual"].device.type
+    forward: Callable[..., torch.Tensor]
+    Fn: Any  # an autograd Function class
     if device == "cuda":
-        from kernels.gate_residual import GateResidual as Fn
-        from kernels.gate_residual import gate_residual_forward as forward
+        from kernels import gate_residual as gpu
+
+        Fn, forward = gpu.GateResidual, gpu.gate_residual_forward
     else:
-        from kernels.gate_residual_cpu import GateResidualCPU as Fn
-        from kernels.gate_residual_cpu import gate_residual_cpu as forward
+        from kernels import gate_residual_cpu as cpu
+
+        Fn, forward = cpu.GateResidualCPU, cpu.gate_residual_cpu
     args = (inputs["residual"], inputs["gate"], inputs["y"], inputs["index"])
     if not backward:
         return {"out": forward(*args)}

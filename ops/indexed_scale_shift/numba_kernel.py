@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from runner.implementations import Implementation
@@ -9,12 +12,16 @@ from runner.implementations import Implementation
 
 def run(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
     """Forward (and backward) through ``IndexedScaleShift`` or ``IndexedScaleShiftCPU``."""
+    forward: Callable[..., torch.Tensor]
+    Fn: Any  # an autograd Function class
     if inputs["x"].device.type == "cuda":
-        from kernels.indexed_scale_shift import IndexedScaleShift as Fn
-        from kernels.indexed_scale_shift import indexed_scale_shift_forward as forward
+        from kernels import indexed_scale_shift as gpu
+
+        Fn, forward = gpu.IndexedScaleShift, gpu.indexed_scale_shift_forward
     else:
-        from kernels.indexed_scale_shift_cpu import IndexedScaleShiftCPU as Fn
-        from kernels.indexed_scale_shift_cpu import indexed_scale_shift_cpu as forward
+        from kernels import indexed_scale_shift_cpu as cpu
+
+        Fn, forward = cpu.IndexedScaleShiftCPU, cpu.indexed_scale_shift_cpu
     args = (inputs["x"], inputs["scale"], inputs["shift"], inputs["index"])
     if not backward:
         return {"out": forward(*args)}
