@@ -1,4 +1,8 @@
-"""Shared fixtures: fresh random inputs (new seed each run, printed on failure)."""
+"""Shared fixtures: fresh random inputs (new seed each run, printed on failure).
+
+torch is imported where a fixture or helper needs it, not here: the config, report and table
+tests run without it (tests/test_ops.py checks those modules import without torch).
+"""
 
 from __future__ import annotations
 
@@ -6,18 +10,22 @@ import os
 import secrets
 
 import pytest
-import torch
-
-from ops.gate_residual.inputs import make_inputs
 
 DTYPES = ("bfloat16", "float16", "float32")
 INDEX_DTYPES = ("int64", "int32")
-INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
 
 
 def pytest_collection_modifyitems(config, items):
     """GPU tests are skipped where torch sees no CUDA device (CI); the H200 script runs them."""
-    if torch.cuda.is_available():
+    if not any("gpu" in item.keywords for item in items) or _cuda():
         return
     skip = pytest.mark.skip(reason="no CUDA device: run scripts/h200.sh on the H200")
     for item in items:
@@ -36,14 +44,21 @@ def fresh_seed(request):
 
 def inputs(n, d, g, dtype, index_dtype, seed, specials=True):
     """Inputs for one test case, with special values planted by default."""
+    from ops.gate_residual.inputs import make_inputs
+
     return make_inputs(n=n, d=d, g=g, dtype=dtype, index_dtype=index_dtype, seed=seed,
                        specials=specials).tensors
 
 
-def assert_bitwise(a: torch.Tensor, b: torch.Tensor, what: str, nan_payload_ok: bool = False):
-    """Assert equal bits; with ``nan_payload_ok``, NaN on both sides may differ in payload."""
+def assert_bitwise(a, b, what: str, nan_payload_ok: bool = False):
+    """Assert equal bits of two tensors; with ``nan_payload_ok``, NaN on both sides may differ
+    in payload."""
+    import torch
+
+    int_view = {torch.bfloat16: torch.int16, torch.float16: torch.int16,
+                torch.float32: torch.int32}
     assert a.shape == b.shape and a.dtype == b.dtype, what
-    ia, ib = a.view(INT_VIEW[a.dtype]), b.view(INT_VIEW[b.dtype])
+    ia, ib = a.view(int_view[a.dtype]), b.view(int_view[b.dtype])
     differ = ia != ib
     if nan_payload_ok:
         differ &= ~(torch.isnan(a) & torch.isnan(b))

@@ -135,3 +135,18 @@ def test_every_committed_report_loads():
     ours = [r for r in loaded if r.origin == "ours"]
     assert ours and all(r.problem is None for r in ours), [r.problem for r in ours if r.problem]
     assert all(r.data["schema_version"] == 2 and r.data["tensors"] for r in ours)
+
+
+def test_config_report_and_table_tests_run_without_torch():
+    """The runner's config, report and table code (and their tests) import no torch or
+    numba: they run where neither is installed (issue 12)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['numba'] = None; "
+            "import pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', "
+            "'tests/test_config.py', 'tests/test_report.py', 'tests/test_tables.py', "
+            "'tests/test_tables_read.py', 'tests/test_status.py']))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]

@@ -371,7 +371,7 @@ def test_str_subclasses_such_as_torch_version_are_written(
     tmp_path: Path, good: dict[str, Any]
 ) -> None:
     """torch.__version__ is a str subclass; jsonschema-rs (when installed) refuses it."""
-    import torch
+    torch = pytest.importorskip("torch")
 
     good["environment"]["torch"] = torch.__version__
     path = write_report(good, tmp_path)
