@@ -226,6 +226,7 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
     later keeps its finished cases) and ``progress`` (``{"case", "id", "of", "case_s",
     "elapsed_s", "eta_s"}``); after the last case with the final report.
     """
+    from runner import implementations
     from runner.implementations import versioned
 
     t0 = time.perf_counter()
@@ -236,7 +237,7 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
         env = environment.capture(cell.target, mode_environment or {cell.mode: dict(mode.env)})
         report = skeleton(matrix, cell, cases, backend=backend, run_id=run_id, status=Status.OK,
                           env=env)
-        rows = versioned.rows(matrix)  # results keep the matrix's order
+        rows = implementations.rows(matrix)  # results keep the matrix's order
         report["results"] = {impl.name: _entry(impl, cell.target) for impl in rows}
         impls = _run_order(rows, matrix)
     asked, cases = cases, cases_on(cases, cell.target)

@@ -93,10 +93,10 @@ def workers_for(items: list, cpus: int | None) -> int:
 def cell_plan(matrix, cell, cases) -> list[dict]:
     """:func:`plan` for one cell: its cases on its target, the matrix's implementations that
     compile per shape and can run there, forward only in an inference mode."""
+    from runner import implementations
     from runner.cells import cases_on
-    from runner.implementations import versioned
 
-    compiling = [i for i in versioned.rows(matrix)
+    compiling = [i for i in implementations.rows(matrix)
                  if i.compiles_per_shape and not i.unavailable_reason(cell.target)]
     inference = bool(matrix.modes[cell.mode].torch.inference_mode)
     return plan(matrix, cases_on(cases, cell.target), compiling, target=cell.target,

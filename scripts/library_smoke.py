@@ -48,7 +48,7 @@ def main() -> int:
     want = eager({k: v.clone() for k, v in x.items()}, backward=False)["out"]
     failed = 0
     print(f"target {target}; {versioned.runtime()}")
-    for impl in versioned.rows(matrix):
+    for impl in implementations.rows(matrix):
         if not isinstance(impl, LibraryImplementation):
             continue
         why = impl.unavailable_reason(target)

@@ -121,7 +121,7 @@ def test_an_implementation_that_does_not_take_a_dtype_is_not_run_on_it(monkeypat
 
     wrapped = OnlyBf16()
     real_get = implementations.get
-    monkeypatch.setattr("runner.implementations.get",
+    monkeypatch.setattr("runner.implementations.catalog.get",
                         lambda name, op=None: wrapped if name == "numba" else real_get(name, op))
     m = small_matrix(2, [{"n": 5}, {"n": 5, "dtype": "float32"}])
     report = run_cell(m, Cell("host", "plain", "cpu"), m.cases, timings=False)

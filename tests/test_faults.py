@@ -187,11 +187,11 @@ def test_unknown_fault_is_an_error_naming_the_choices(with_fault, monkeypatch):
 
 
 def test_fault_is_registered_only_when_enabled():
-    code = ("import importlib, os, runner.implementations as i; "
-            "print(','.join(i.known('gate_residual'))); "
+    code = ("import importlib, os, runner.implementations.catalog as c; "
+            "print(','.join(c.known('gate_residual'))); "
             "os.environ['GATE_RESIDUAL_FAULTS'] = '1'; "
             "import ops.gate_residual.implementations as g; importlib.reload(g); "
-            "importlib.reload(i); print(','.join(i.known('gate_residual')))")
+            "importlib.reload(c); print(','.join(c.known('gate_residual')))")
     env = {k: v for k, v in os.environ.items() if k != "GATE_RESIDUAL_FAULTS"}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                           text=True, check=True)

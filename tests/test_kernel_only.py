@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from ops.gate_residual import rl_kernel_ops, vllm_omni_ops
-from runner import wheelhouse
+from runner import implementations, wheelhouse
 from runner.config import parse_matrix
 from runner.errors import ConfigError
 from runner.implementations import get, kernel_only, rl_kernel_tree, versioned
@@ -168,7 +168,7 @@ def test_libraries_section_expands_rows_and_rejects_a_bad_version():
                                               "rl_kernel": "/nowhere"}}
     m = parse_matrix(data, known_implementations=("eager", "vllm_omni_gated_residual",
                                                   "rl_kernel_h3"))
-    names = [r.name for r in versioned.rows(m)]
+    names = [r.name for r in implementations.rows(m)]
     assert names == ["eager", "vllm_omni_gated_residual-0.28.0",
                      "vllm_omni_gated_residual-0.30.0", "rl_kernel_h3"]
     data["libraries"]["versions"]["vllm-omni"] = ["0.30 beta"]

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
 
-from runner.implementations import Implementation
+from runner.implementations.base import Implementation
 
 #: Backends seen by :meth:`LibraryImplementation.call` in this process, by implementation name.
 OBSERVED: dict[str, str] = {}

@@ -2,9 +2,10 @@
 implementation, version), and the RL-Kernel row bound to a source tree.
 
 matrix.yaml's ``libraries`` section (:class:`runner.config.Libraries`) names the versions per
-distribution; :func:`rows` turns each library implementation of the matrix whose distribution
-is named there into rows ``<name>-<version>`` (``sglang_indexed_gate_triton-0.5.23``: the
-report schema's name pattern), each a :class:`VersionedImplementation`:
+distribution; :func:`runner.implementations.catalog.rows` turns each library implementation
+of the matrix whose distribution is named there into rows ``<name>-<version>``
+(``sglang_indexed_gate_triton-0.5.23``: the report schema's name pattern), each a
+:class:`VersionedImplementation`:
 
 * where that exact version is installed, the library is imported normally, and the code path
   says ``installed, normal import``;
@@ -26,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from runner.implementations import Implementation, kernel_only, rl_kernel_tree
+import runner.implementations.kernel_only as kernel_only
+import runner.implementations.rl_kernel_tree as rl_kernel_tree
 from runner.implementations.library import LibraryImplementation, LibraryMissing, installed_version
 from runner.wheelhouse import resolve_root
 
@@ -189,41 +191,6 @@ def on_tree(impl: LibraryImplementation, tree: str | Path | None = None) -> Tree
     fields.update(tree=str(rl_kernel_tree.resolve(tree)),
                   entries=impl.tree_entries or impl.entries)
     return _bound(TreeImplementation(**fields))
-
-
-def rows(matrix) -> list[Implementation]:
-    """The implementation rows of ``matrix``: its ``implementations`` in order, each library
-    one whose distribution ``libraries.versions`` names expanded into one row per version,
-    and ``rl_kernel_h3`` bound to its tree; unchanged without a ``libraries`` section."""
-    from runner.implementations import get
-
-    op = getattr(matrix, "op", None)
-    libraries = getattr(matrix, "libraries", None)
-    out: list[Implementation] = []
-    for name in matrix.implementations:
-        impl = get(name, op)
-        if libraries is not None and isinstance(impl, LibraryImplementation):
-            versions = libraries.versions.get(impl.distribution)
-            if versions:
-                out.extend(versioned(impl, v, libraries.wheelhouse) for v in versions)
-                continue
-            if impl.distribution == "RL-Kernel":
-                out.append(on_tree(impl, libraries.rl_kernel))
-                continue
-        out.append(impl)
-    return out
-
-
-def lookup(name: str, op: str) -> Implementation | None:
-    """A versioned row of ``op`` by name (``<library implementation>-<version>``) with the
-    default wheelhouse, or None when ``name`` is not one."""
-    from runner.implementations import registry
-
-    base, sep, version = name.rpartition("-")
-    impl = registry(op).get(base)
-    if not sep or not isinstance(impl, LibraryImplementation) or impl.distribution == "RL-Kernel":
-        return None
-    return versioned(impl, version)
 
 
 def environment_record(impls) -> dict:
