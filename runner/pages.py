@@ -107,7 +107,7 @@ def cached_headline(cells: Sequence[Cell], tables: Tables, level: int) -> Headli
 
 
 def _header(column: Column, head: str | None, gpu: bool = False) -> str:
-    from runner.tables import md_text
+    from runner.markdown import md_text
 
     parts = ([column.gpu] if gpu else []) + [column.stack, column.mode]
     label = " · ".join(parts)
@@ -122,7 +122,7 @@ def _header(column: Column, head: str | None, gpu: bool = False) -> str:
 def headline_markdown(h: Headline, link: Callable[[Column], str]) -> str:
     """The headline as Markdown: a ``###`` heading per GPU, then tables of at most
     :data:`COLUMNS_PER_TABLE` columns; each mark a link to ``link(column)``."""
-    from runner.tables import md_text
+    from runner.markdown import md_text
 
     if not h.columns:
         return "_No cell has comparisons yet._\n"
@@ -164,7 +164,7 @@ def _rows_markdown(table: Table, rows: Sequence, links: Mapping[int, str] | None
                    level: int | None = None, fast: bool = False) -> str:
     """``table`` with only ``rows``; the first value a link where ``links`` has the row's
     cell; ``fast``: with :func:`pipe_table` rather than tabulate."""
-    from runner.tables import md_text
+    from runner.markdown import md_text
 
     heading = f"{'#' * (level or table.level)} {md_text(table.title)}\n"
     parts = [heading] + ([table.note + "\n"] if table.note else [])
@@ -185,7 +185,7 @@ def _rows_markdown(table: Table, rows: Sequence, links: Mapping[int, str] | None
 
 
 def _not_run_markdown(cells: Sequence[Cell]) -> str:
-    from runner.tables import md_text
+    from runner.markdown import md_text
 
     groups = not_run(cells)
     if not groups:
@@ -206,7 +206,7 @@ def _stale_line(tables: Tables) -> str:
 
 def _readme(tables: Tables, names: Mapping[int, str],
             plots: Mapping[str, tuple[str, str]]) -> str:
-    from runner.tables import HEADER, md_text
+    from runner.markdown import HEADER, md_text
 
     h = choose_level(tables.cells, tables, README_MARKS)
     single = {n: c for n, c in enumerate(h.columns) if len(c.cells) == 1}
@@ -259,7 +259,7 @@ def _readme(tables: Tables, names: Mapping[int, str],
 
 
 def _cells_index(tables: Tables, names: Mapping[int, str]) -> str:
-    from runner.tables import md_text
+    from runner.markdown import md_text
 
     h = cached_headline(tables.cells, tables, 0)
     by_key = {t.key: t for t in tables.sections}
@@ -279,8 +279,8 @@ def _cells_index(tables: Tables, names: Mapping[int, str]) -> str:
 
 
 def _cell_page(tables: Tables, cell: Cell, rows: Mapping[tuple[str, int | None], list]) -> str:
+    from runner.markdown import md_text
     from runner.table_headline import staleness
-    from runner.tables import md_text
 
     env = cell.environment
     facts = [("status", cell.status), ("reason", cell.reason or "—"), ("origin", cell.origin),
