@@ -3,7 +3,9 @@
 Parse once, at the boundary: unknown keys, wrong types and bad values are errors, and
 each becomes one :class:`~runner.errors.ConfigError` with a one-line message,
 ``<file>: <key path>: expected <what>, got <what was found>``, e.g.
-``matrix.yaml: cases[2].n: expected an integer >= 1, got 0``.
+``matrix.yaml: cases[2].n: expected an integer >= 1, got 0``. Reading the file is
+:mod:`runner.config_yaml`'s (bounded size, depth, aliases, integers; no duplicate key);
+turning pydantic's errors into that line is :mod:`runner.config_errors`'s.
 
 Example::
 
@@ -18,10 +20,9 @@ import difflib
 import hashlib
 import json
 import re
-import types
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args
 
 import yaml
 from packaging.version import Version
@@ -43,7 +44,17 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from runner import files, pins
+from runner import pins
+from runner.config_errors import (
+    ENV_NAME_PATTERN,
+    NAME_PATTERN,
+    _describe,
+    _one_line,
+    _one_of,
+    _path,
+    _show,
+)
+from runner.config_yaml import _read_matrix_file, _refuse_huge_integers, _UniqueKeyLoader
 from runner.errors import ConfigError
 
 __all__ = ["DTYPES", "INDEX_DTYPES", "LIBRARY_DISTRIBUTIONS", "PROBLEM_KEYS",
@@ -69,20 +80,6 @@ MAX_ENV_VALUE_BYTES = 32 * 1024
 """One mode environment value at most (Linux refuses a ``NAME=value`` over 128 KiB)."""
 MAX_ENV_BYTES = 128 * 1024
 """A mode's ``NAME=value`` entries together at most (beside the host's own environment)."""
-MAX_MATRIX_BYTES = 1 << 20
-"""The matrix file's size at most (matrix.yaml is about 8 KB)."""
-MAX_YAML_DEPTH = 32
-"""Nesting of the matrix file at most (matrix.yaml nests 4 deep)."""
-MAX_YAML_NODES = 100_000
-"""Values in the matrix file at most, each alias counted as often as it is used."""
-NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"  # mode and stack names: they become file names
-ENV_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]*$"
-_PATTERN_WORDS = {
-    NAME_PATTERN: "a name of 1-63 characters from a-z 0-9 _ . - starting with a letter or digit",
-    ENV_NAME_PATTERN: f"an environment variable name matching {ENV_NAME_PATTERN}",
-}
-
-
 Known = Collection[str] | Callable[[str], Collection[str]] | None
 """``known_implementations``: names, a function of the op giving them, or None (the op's)."""
 
@@ -668,257 +665,3 @@ def load_matrix(path: str | Path, *,
         raise ConfigError(_one_line(f"{source}: {where}invalid YAML: {problem}")) from err
     _refuse_huge_integers(data, source)
     return parse_matrix(data, source, known_implementations=known_implementations)
-
-
-MAX_INTEGER_BITS = 128
-"""No value of a matrix needs more: larger integers (YAML's hex and octal forms are not
-bounded by Python's 4300-digit rule) are refused before anything formats them."""
-
-
-def _refuse_huge_integers(node: Any, source: str, path: str = "") -> None:
-    """Raise :class:`ConfigError` naming the first integer wider than
-    :data:`MAX_INTEGER_BITS` bits (the file's depth is already bounded)."""
-    if isinstance(node, bool):
-        return
-    if isinstance(node, int) and node.bit_length() > MAX_INTEGER_BITS:
-        raise ConfigError(f"{source}: {path or 'top level'}: expected a number of at most "
-                          f"{MAX_INTEGER_BITS} bits, got one of {node.bit_length()} bits")
-    if isinstance(node, dict):
-        for key, value in node.items():
-            _refuse_huge_integers(value, source, f"{path}.{key}" if path else str(key)[:80])
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            _refuse_huge_integers(value, source, f"{path}[{i}]")
-
-
-def _read_matrix_file(path: Path, source: str) -> str:
-    """The text of a regular file of at most :data:`MAX_MATRIX_BYTES`; a FIFO or device is
-    refused without blocking on it.
-
-    Raises:
-        ConfigError: not a regular file, or too large.
-        OSError, UnicodeDecodeError: cannot be read, or not UTF-8.
-    """
-    try:
-        data = files.read_bounded(path, MAX_MATRIX_BYTES)
-    except files.NotRegular as err:
-        raise ConfigError(f"{source}: cannot read the matrix file: not a regular file "
-                          f"({err.kind})") from err
-    except files.TooLarge as err:
-        got = "more" if err.size is None else err.size
-        raise ConfigError(f"{source}: expected a matrix file of at most {MAX_MATRIX_BYTES} "
-                          f"bytes, got {got} bytes") from err
-    return data.decode("utf-8")
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses a duplicate key rather than keep the last value, YAML
-    nested deeper than :data:`MAX_YAML_DEPTH` (before Python's recursion limit is reached)
-    and a document of more than :data:`MAX_YAML_NODES` values once aliases are expanded
-    (a few lines of ``&a [*b, *b, ...]`` make billions)."""
-
-    _depth = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        self._depth += 1
-        try:
-            if self._depth > MAX_YAML_DEPTH:
-                raise yaml.composer.ComposerError(
-                    None, None, f"nested more than {MAX_YAML_DEPTH} levels deep",
-                    self.peek_event().start_mark)
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-    def construct_document(self, node: yaml.Node) -> Any:
-        sizes: dict[int, int] = {}
-
-        def expanded(n: yaml.Node) -> int:  # depth is bounded by compose_node
-            if id(n) not in sizes:
-                sizes[id(n)] = MAX_YAML_NODES + 1  # a cycle (a recursive alias) is too big
-                children = ([c for pair in n.value for c in pair]
-                            if isinstance(n, yaml.MappingNode)
-                            else n.value if isinstance(n, yaml.SequenceNode) else [])
-                total = 1
-                for child in children:
-                    total += expanded(child)
-                    if total > MAX_YAML_NODES:
-                        break
-                sizes[id(n)] = min(total, MAX_YAML_NODES + 1)
-            return sizes[id(n)]
-
-        if expanded(node) > MAX_YAML_NODES:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"more than {MAX_YAML_NODES} values once aliases are expanded",
-                node.start_mark)
-        return super().construct_document(node)
-
-
-def _unique_key_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[tuple[type, Any]] = set()
-    for key_node, _ in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` may be overridden
-            continue
-        key = loader.construct_object(key_node)
-        if isinstance(key, (str, int, float)):
-            if (type(key), key) in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {_show(key)}", key_node.start_mark)
-            seen.add((type(key), key))
-    return loader.construct_mapping(node)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-                                 _unique_key_mapping)
-
-# --- a pydantic ValidationError as one line ------------------------------------------
-
-_EXPECTED = {
-    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
-    "bool_type": "true or false", "bool_parsing": "true or false", "string_type": "a string",
-    "dict_type": "a mapping", "model_type": "a mapping", "mapping_type": "a mapping",
-    "model_attributes_type": "a mapping",
-    "list_type": "a list", "tuple_type": "a list", "missing": "a value",
-    "greater_than_equal": "an integer >= {ge}", "less_than_equal": "an integer <= {le}",
-}
-
-
-def _describe(err: ValidationError, root: type[BaseModel]) -> str:
-    """``<key path>: expected <x>, got <y>`` for the first error, plus ``(+K more)``."""
-    errors = [e for e in err.errors() if not _follow_up(e)] or err.errors()
-    # an unknown key first: a misspelled key also makes its right spelling "missing"
-    errors.sort(key=lambda e: e["type"] != "extra_forbidden")
-    kind, ctx, found = errors[0]["type"], errors[0].get("ctx") or {}, errors[0].get("input")
-    parts, parent, node = _walk(errors[0]["loc"], root)
-    expected, got, more = _EXPECTED.get(kind, "").format(**ctx), _show(found), len(errors) - 1
-    if kind == "matrix":
-        parts = [ctx["path"]] if "path" in ctx else parts
-        expected, got, more = ctx["expected"], ctx.get("got", got), more + ctx.get("more", 0)
-    elif kind == "extra_forbidden":
-        keys = _fields(parent) or ["(none)"]
-        expected = f"one of the keys {', '.join(keys)}" if len(keys) > 1 else f"the key {keys[0]}"
-        close = difflib.get_close_matches(str(parts[-1]), keys, n=1)
-        got = f"unknown key {_show(parts[-1])}" + (f" (did you mean {close[0]}?)" if close else "")
-        others = [_path(_walk(e["loc"], root)[0]) for e in errors[1:]
-                  if e["type"] == "extra_forbidden"]
-        if others:  # every unknown key is named
-            got += f"; unknown too: {', '.join(others)}"
-    elif kind == "literal_error":
-        expected = _one_of(re.findall(r"'([^']*)'", ctx["expected"]))
-    elif kind in ("union_tag_invalid", "union_tag_not_found"):
-        parts, expected, got = _tag_problem(parts, node, ctx, found)
-    elif kind == "too_short":
-        expected = "a non-empty " + ("mapping" if ctx["field_type"] == "Dictionary" else "list")
-    elif kind == "string_pattern_mismatch":
-        expected = _PATTERN_WORDS.get(ctx["pattern"], f"a string matching {ctx['pattern']}")
-    elif kind == "invalid_key":  # a key that YAML made a number, bool or null
-        parts, expected, got = parts[:-1], "string keys", f"the key {got}"
-    elif kind == "model_type" and not parts and found is None:
-        got = "an empty document"
-    elif kind == "missing":
-        got = "nothing (the key is missing)"
-    elif not expected:
-        expected = f"a valid value ({errors[0]['msg']})"
-    path = parts[0] if kind == "matrix" and "path" in ctx else _path(parts)
-    return f"{path}: expected {expected}, got {got}" + (f" (+{more} more)" if more else "")
-
-
-def _tag_problem(parts: list[int | str], node: Any, ctx: Mapping[str, Any],
-                 found: Any) -> tuple[list[int | str], str, str]:
-    """(key path, expected, got) for a union's tag (a stack's ``kind``) that is wrong or
-    missing: the bad value with the closest kind, or else the unknown key that is most
-    likely the tag misspelled, with its value; the allowed kinds either way."""
-    tag = ctx["discriminator"].strip("'")
-    tags = [str(_tag(v)) for v in _variants(node)]
-    if "tag" in ctx:
-        value = found.get(tag, ctx["tag"]) if isinstance(found, Mapping) else ctx["tag"]
-        close = difflib.get_close_matches(str(value), tags, n=1)
-        hint = f" (did you mean {close[0]}?)" if close and isinstance(value, str) else ""
-        return [*parts, tag], _one_of(tags), _show(value) + hint
-    known = set(_fields(node))
-    unknown = [k for k in found if k not in known] if isinstance(found, Mapping) else []
-    if not unknown:
-        return [*parts, tag], _one_of(tags), "nothing (the key is missing)"
-    key = (difflib.get_close_matches(str(tag), map(str, unknown), n=1, cutoff=0) or unknown)[0]
-    return ([*parts, key], f"the key {tag} ({_one_of(tags)})",
-            f"unknown key {_show(key)} (did you mean {tag}?) = {_show(found[key])}")
-
-
-def _follow_up(error: Any) -> bool:
-    """A list's "too short after validation" that only echoes errors in its items."""
-    ctx = error.get("ctx") or {}
-    return error["type"] == "too_short" and len(error["input"]) >= ctx.get("min_length", 1)
-
-
-def _one_of(choices: list[str]) -> str:
-    return f"one of {', '.join(choices)}" if len(choices) > 1 else "".join(choices) or "nothing"
-
-
-def _walk(loc: tuple[int | str, ...], root: Any) -> tuple[list[int | str], Any, Any]:
-    """The key path to show for a pydantic ``loc``, and the types at its parent and at it."""
-    parent = node = root
-    parts: list[int | str] = []
-    for part in loc:
-        if part == "[key]":  # the mapping key itself is bad: the path ends at the key
-            continue
-        models = [v for v in _variants(node) if _is_model(v)]
-        parent, tagged = node, [v for v in models if _tag(v) == part]
-        if tagged and not any(part in v.model_fields for v in models):
-            node = tagged[0]  # pydantic puts a union's tag in the loc; the file has no such key
-            continue
-        parts.append(part)
-        fields = [v.model_fields[part].annotation for v in models if part in v.model_fields]
-        args = [a for a in get_args(_bare(node)) if a is not Ellipsis]  # item or value type
-        node = fields[0] if fields else (args[-1] if args else None)
-    return parts, parent, node
-
-
-def _bare(tp: Any) -> Any:
-    while get_origin(tp) is Annotated:
-        tp = get_args(tp)[0]
-    return tp
-
-
-def _variants(tp: Any) -> list[Any]:
-    tp = _bare(tp)
-    return [_bare(a) for a in get_args(tp)] if get_origin(tp) in (Union, types.UnionType) else [tp]
-
-
-def _is_model(tp: Any) -> bool:
-    return isinstance(tp, type) and issubclass(tp, BaseModel)
-
-
-def _tag(model: Any) -> str | None:
-    field = model.model_fields.get("kind") if _is_model(model) else None
-    return get_args(field.annotation)[0] if field else None
-
-
-def _fields(tp: Any) -> list[str]:
-    return [name for v in _variants(tp) if _is_model(v) for name in v.model_fields]
-
-
-def _path(parts: list[int | str]) -> str:
-    """``cases[2].n``; keys that are not plain words are quoted: ``modes["a/b"]``."""
-    out = ""
-    for p in parts:
-        if isinstance(p, int):
-            out += f"[{p}]"
-        else:
-            out += (f".{p}" if out else p) if re.fullmatch(r"[\w-]+", p, re.A) else f"[{_show(p)}]"
-    return out or "top level"
-
-
-def _show(value: Any) -> str:
-    """A found value as messages show it: YAML-like scalars, JSON-quoted strings, kinds."""
-    if value is None or isinstance(value, (bool, int, float)):
-        return json.dumps(value)
-    if isinstance(value, str):
-        return json.dumps(value if len(value) <= 60 else value[:57] + "...")
-    if isinstance(value, (Mapping, list, tuple)):
-        kind = "mapping" if isinstance(value, Mapping) else "list"
-        return f"a {kind}" if value else f"an empty {kind}"
-    return f"a {type(value).__name__} {_show(str(value))}"
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.splitlines())
