@@ -1,5 +1,6 @@
 """Reading a file that someone else may have made hostile: a regular file of bounded size,
-never blocking on a FIFO or device (issue 16). Used for matrix.yaml and report files.
+never blocking on a FIFO or device (issue 16). Used for matrix.yaml and report files. And
+writing one so readers see the old or the new file, whole (:func:`write_text_atomic`).
 
 The file is opened non-blocking and its type taken from the open descriptor, so a FIFO is
 refused without waiting for a writer and nothing can swap the file in between.
@@ -8,7 +9,10 @@ refused without waiting for a writer and nothing can swap the file in between.
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import stat
+import time
 from pathlib import Path
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
@@ -60,3 +64,59 @@ def read_bounded(path: Path, limit: int) -> bytes:
     if len(data) > limit:
         raise TooLarge(None, limit)
     return data
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` (UTF-8) so readers see the old or the new file, whole.
+
+    A temporary ``.<name>.<pid>.<random>.tmp`` in the same directory is written, flushed
+    and fsynced, renamed over ``path`` with ``os.replace`` and the directory fsynced. On
+    any error the temporary file is removed and ``path`` is untouched.
+
+    Raises:
+        OSError: the directory cannot be written.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+_TEMP_RE = re.compile(r"^\..+\.\d+\.[0-9a-f]{8}\.tmp$")
+
+
+def remove_stale_temp_files(directory: Path, min_age_s: float = 600.0) -> list[Path]:
+    """Remove the temporary files of :func:`write_text_atomic` that a killed writer left.
+
+    Only names of the form ``.<name>.<pid>.<8 hex>.tmp`` directly in ``directory`` and last
+    modified at least ``min_age_s`` ago (a write takes milliseconds; a live writer's file is
+    younger) are removed. Readers never see these files either way: they do not end in
+    ``.json``. Returns the paths removed.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    now, removed = time.time(), []
+    for path in directory.iterdir():
+        if not _TEMP_RE.match(path.name):
+            continue
+        try:
+            if path.is_file() and now - path.stat().st_mtime >= min_age_s:
+                path.unlink()
+                removed.append(path)
+        except FileNotFoundError:
+            continue
+    return removed

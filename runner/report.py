@@ -21,13 +21,11 @@ import json
 import math
 import os
 import re
-import secrets
-import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import jsonschema
 from jsonschema.exceptions import best_match
@@ -36,6 +34,7 @@ from referencing.jsonschema import DRAFT202012
 
 from runner import files, report_tensors
 from runner.errors import ReportError
+from runner.files import remove_stale_temp_files, write_text_atomic
 from runner.report_checks import (
     CELL_ID_RE,
     comparison_problems,
@@ -43,6 +42,7 @@ from runner.report_checks import (
     ours_problems,
     path_str,
 )
+from runner.report_tensors import PairRow, iter_pairs
 
 __all__ = ["SCHEMA_PATH", "SCHEMA_VERSION", "UPGRADES", "LoadedReport", "PairRow",
            "ReadResult", "iter_pairs", "read_report", "read_reports", "remove_stale_temp_files",
@@ -185,62 +185,6 @@ def _validate(report: dict[str, Any], json_checked: bool = False) -> None:
     problem = _first_problem(report, _validator(), ours_problems, json_checked)
     if problem is not None:
         raise ReportError(f"invalid report: {problem}")
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` (UTF-8) so readers see the old or the new file, whole.
-
-    A temporary ``.<name>.<pid>.<random>.tmp`` in the same directory is written, flushed
-    and fsynced, renamed over ``path`` with ``os.replace`` and the directory fsynced. On
-    any error the temporary file is removed and ``path`` is untouched.
-
-    Raises:
-        OSError: the directory cannot be written.
-    """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-_TEMP_RE = re.compile(r"^\..+\.\d+\.[0-9a-f]{8}\.tmp$")
-
-
-def remove_stale_temp_files(directory: Path, min_age_s: float = 600.0) -> list[Path]:
-    """Remove the temporary files of :func:`write_text_atomic` that a killed writer left.
-
-    Only names of the form ``.<name>.<pid>.<8 hex>.tmp`` directly in ``directory`` and last
-    modified at least ``min_age_s`` ago (a write takes milliseconds; a live writer's file is
-    younger) are removed. Readers never see these files either way: they do not end in
-    ``.json``. Returns the paths removed.
-    """
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    now, removed = time.time(), []
-    for path in directory.iterdir():
-        if not _TEMP_RE.match(path.name):
-            continue
-        try:
-            if path.is_file() and now - path.stat().st_mtime >= min_age_s:
-                path.unlink()
-                removed.append(path)
-        except FileNotFoundError:
-            continue
-    return removed
 
 
 def write_report(report: dict[str, Any], directory: Path) -> Path:
@@ -547,49 +491,3 @@ def _flag_duplicates(reports: list[LoadedReport], directory: Path) -> list[Loade
             if i != kept:
                 out[i] = LoadedReport(reports[i].path, None, reports[i].origin, problem)
     return out
-
-
-class PairRow(NamedTuple):
-    """One ``results[impl]["vs <other>"][case]`` entry, flattened.
-
-    ``tensors`` maps each present tensor of the report (:func:`runner.report_tensors.labels`,
-    in that order) to its CMP dict (the forward output's is the first element of its list);
-    a tensor absent from the file is absent here.
-    """
-
-    impl: str
-    other: str
-    case_id: str
-    tensors: dict[str, dict[str, Any]]
-
-
-def _ordered_cases(data: Mapping[str, Any], keys: list[str]) -> list[str]:
-    """``keys`` in the order of ``data["cases"]``, then the unlisted ones (sets: linear)."""
-    listed = [str(c) for c in data.get("cases", [])]
-    present, known = set(keys), set(listed)
-    return [c for c in listed if c in present] + [k for k in keys if k not in known]
-
-
-def iter_pairs(data: Mapping[str, Any]) -> Iterator[PairRow]:
-    """Yield every comparison in a report, ours or foreign, in a stable order.
-
-    Order: implementations and their ``"vs <x>"`` keys as in the file, cases in the
-    order of ``data["cases"]`` (then any unlisted case keys). Both directions of a pair
-    are yielded if both are in the file; the tables drop the mirror.
-
-    Example:
-        >>> next(iter_pairs(reference)).tensors["gate"]["differ"]
-        0
-    """
-    order = report_tensors.labels(data)
-    for impl, entry in data.get("results", {}).items():
-        for key, by_case in entry.items():
-            if not key.startswith("vs "):
-                continue
-            for case in _ordered_cases(data, list(by_case)):
-                comparison = by_case[case]
-                tensors = {k: (v or [None])[0] for k, v in comparison.items()
-                           if isinstance(v, list)}
-                tensors.update(comparison.get("grads") or {})
-                ordered = {n: tensors[n] for n in order if tensors.get(n) is not None}
-                yield PairRow(impl, key[3:], case, ordered)

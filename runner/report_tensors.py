@@ -15,8 +15,8 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, NamedTuple
 
 import ops
 
@@ -89,3 +89,49 @@ def upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
     only op version 1 had: its ``op`` was that op's name, or text no runner wrote)."""
     spec = ops.get(ops.OPS[0])
     return {**data, "schema_version": 2, "tensors": spec.table(), "index_groups": spec.groups}
+
+
+class PairRow(NamedTuple):
+    """One ``results[impl]["vs <other>"][case]`` entry, flattened.
+
+    ``tensors`` maps each present tensor of the report (:func:`runner.report_tensors.labels`,
+    in that order) to its CMP dict (the forward output's is the first element of its list);
+    a tensor absent from the file is absent here.
+    """
+
+    impl: str
+    other: str
+    case_id: str
+    tensors: dict[str, dict[str, Any]]
+
+
+def _ordered_cases(data: Mapping[str, Any], keys: list[str]) -> list[str]:
+    """``keys`` in the order of ``data["cases"]``, then the unlisted ones (sets: linear)."""
+    listed = [str(c) for c in data.get("cases", [])]
+    present, known = set(keys), set(listed)
+    return [c for c in listed if c in present] + [k for k in keys if k not in known]
+
+
+def iter_pairs(data: Mapping[str, Any]) -> Iterator[PairRow]:
+    """Yield every comparison in a report, ours or foreign, in a stable order.
+
+    Order: implementations and their ``"vs <x>"`` keys as in the file, cases in the
+    order of ``data["cases"]`` (then any unlisted case keys). Both directions of a pair
+    are yielded if both are in the file; the tables drop the mirror.
+
+    Example:
+        >>> next(iter_pairs(reference)).tensors["gate"]["differ"]
+        0
+    """
+    order = labels(data)
+    for impl, entry in data.get("results", {}).items():
+        for key, by_case in entry.items():
+            if not key.startswith("vs "):
+                continue
+            for case in _ordered_cases(data, list(by_case)):
+                comparison = by_case[case]
+                tensors = {k: (v or [None])[0] for k, v in comparison.items()
+                           if isinstance(v, list)}
+                tensors.update(comparison.get("grads") or {})
+                ordered = {n: tensors[n] for n in order if tensors.get(n) is not None}
+                yield PairRow(impl, key[3:], case, ordered)
