@@ -24,8 +24,8 @@ import socket
 from pathlib import Path
 
 from runner import phases
-from runner.errors import ReportError
 from runner import report as report_io
+from runner.errors import ReportError
 from runner.merge import MACHINE_KEYS, merge_reports
 
 OWNER = "owner.json"
@@ -116,8 +116,8 @@ def keep_partial(partial: dict, reports_dir: Path) -> Path | None:
 
 def clean_stale(reports_dir: Path) -> list[tuple[Path, list[dict]]]:
     """Remove the staging directories of runs that are gone, returning each with the
-    reports found in it (:func:`salvage`'s kinds), stamped with the fingerprint its runner recorded (None
-    if it recorded none); not yet written: the caller keeps them."""
+    reports found in it (:func:`salvage`'s kinds), stamped with the fingerprint its runner
+    recorded (None if it recorded none); not yet written: the caller keeps them."""
     out = []
     for stage in sorted(reports_dir.glob(".run-*")):
         if not stage.is_dir() or stage.is_symlink() or owner_alive(stage):

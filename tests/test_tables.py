@@ -356,7 +356,7 @@ def test_write_tables_is_deterministic_and_atomic(golden: Path, tmp_path: Path) 
 
     def outputs() -> dict[str, bytes]:
         return {p.relative_to(reports).as_posix(): p.read_bytes() for p in reports.rglob("*")
-                if p.is_file() and p.suffix != ".json" or p.name == "summary.json"}
+                if (p.is_file() and p.suffix != ".json") or p.name == "summary.json"}
 
     first = outputs()
     assert "cells/host-plain-cuda.md" in first and "plots/bits-differ.svg" in first
