@@ -100,9 +100,9 @@ for step in $steps; do
               sh -c "timeout -s TERM $left python3 -m runner matrix --stack host --target ${MODE_TARGET:-cuda} --mode {} --reports '$reports' ${MATRIX_ARGS:-} > '$out/matrix-{}.log' 2>&1; echo '{}: exit' \$? after \$(( \$(date +%s) - $t0 )) s"
             echo "all modes: $(( $(date +%s) - t0 )) s wall"
             # (the tables are rendered where the reports are committed: python -m runner report)
-            python3 -c "import json, glob; [print(r['cell']['id'], r['status'], r['duration_s'], 's', len(r['cases']), 'cases', {k: v for k, v in r.get('phases', {}).items() if not isinstance(v, dict)}) for r in (json.load(open(p)) for p in sorted(glob.glob('$reports/host-*.json')))]" 2>&1 || true
+            python3 -c "import json, glob; [print(r['cell']['id'], r['status'], r['duration_s'], 's', len(r['cases']), 'cases', {k: v for k, v in r.get('phases', {}).items() if not isinstance(v, dict)}) for r in (json.load(open(p)) for p in sorted(glob.glob('$reports/*.json'))) if 'cell' in r]" 2>&1 || true
             # the device tool returns a few files only: the reports travel as one archive
-            tar czf "$out/modes-reports.tgz" -C "$reports" $(cd "$reports" && ls host-*.json) && rm -rf "$reports"
+            tar czf "$out/modes-reports.tgz" -C "$reports" $(cd "$reports" && ls *.json | grep -v '^summary') && rm -rf "$reports"
             for f in "$out"/matrix-*.log; do tail -n 3 "$f"; done > "$out/modes-tails.log"
             tar czf "$out/modes-logs.tgz" -C "$out" $(cd "$out" && ls matrix-*.log rlbuild.log) && rm -f "$out"/matrix-*.log
             cat "$out/modes-tails.log" ;;
