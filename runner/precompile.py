@@ -19,7 +19,7 @@ was done.
 
 Usage (what :func:`run` starts)::
 
-    python -m runner.precompile PLAN.json
+    python -m runner.precompile --worker PLAN.json
 
 ``GATE_RESIDUAL_PRECOMPILE=0`` turns it off (the cell then compiles everything itself);
 ``=N`` asks for N workers.
@@ -43,6 +43,7 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -50,6 +51,7 @@ import time
 from pathlib import Path
 
 from runner.batch_invariance import row_counts
+from runner.lifetime import die_with_parent
 
 MAX_WORKERS = 12
 
@@ -199,22 +201,29 @@ def run_groups(groups: list[tuple], *, op: str, sizes: dict, target: str, worker
                                             "target": target, "calls": items[w::share]}),
                                 encoding="utf-8")
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "runner.precompile", str(path)], env=env,
-                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                    errors="replace"))
+                    [sys.executable, "-m", "runner.precompile", "--worker", str(path)],
+                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                    errors="replace", preexec_fn=die_with_parent))
         failed = []
-        for w, proc in enumerate(procs):
-            left = max(timeout_s - (time.perf_counter() - started), 1.0)
-            try:
-                _, err = proc.communicate(timeout=left)
-            except subprocess.TimeoutExpired:
+        try:
+            for w, proc in enumerate(procs):
+                left = max(timeout_s - (time.perf_counter() - started), 1.0)
+                try:
+                    _, err = proc.communicate(timeout=left)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    _, err = proc.communicate()
+                    failed.append(f"worker {w}: timed out after {timeout_s:g} s")
+                    continue
+                if proc.returncode:
+                    last = (err or "").strip().splitlines()[-1:] or [""]
+                    failed.append(f"worker {w}: exit code {proc.returncode}: {last[0][:200]}")
+        except BaseException:  # Ctrl-C, SIGTERM (raised by _cli): no worker outlives us
+            for proc in procs:
                 proc.kill()
-                _, err = proc.communicate()
-                failed.append(f"worker {w}: timed out after {timeout_s:g} s")
-                continue
-            if proc.returncode:
-                last = (err or "").strip().splitlines()[-1:] or [""]
-                failed.append(f"worker {w}: exit code {proc.returncode}: {last[0][:200]}")
+            for proc in procs:
+                proc.wait()
+            raise
     return {"workers": len(procs), "calls": sum(len(grp[0]) for grp in groups),
             "seconds": round(time.perf_counter() - started, 3), "failed": failed}
 
@@ -259,16 +268,18 @@ def main(argv: list[str]) -> int:
 
 
 def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
-                     workers: int | None = None) -> dict:
+                     workers: int | None = None, say=None) -> dict:
     """Fill the compile caches for the host cells ``modes`` x ``target`` of a matrix in one
     pool of workers (each with its mode's variables over this environment, and its torch
     settings) and leave each mode's stamp; modes whose stamp is there are not compiled again.
     Returns ``{mode: "stamped" | "compiled" | "nothing to compile" | "failed: ..."}``.
-    Raises :class:`runner.errors.ConfigError` for a bad matrix or an unknown mode."""
+    ``say(line)``, when given, hears what is about to be compiled.
+    Raises :class:`runner.errors.ConfigError` for a bad matrix, an unknown mode or target,
+    :class:`runner.errors.BackendError` for target cuda without a GPU."""
     from runner import implementations
     from runner.cells import Cell
     from runner.config import load_matrix
-    from runner.errors import ConfigError
+    from runner.errors import BackendError, ConfigError
 
     matrix = load_matrix(matrix_path, known_implementations=implementations.known)
     unknown = [m for m in modes if m not in matrix.modes]
@@ -278,6 +289,12 @@ def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
     if target not in matrix.targets:
         raise ConfigError(f"unknown target {target!r}: the matrix has "
                           f"{', '.join(matrix.targets)}")
+    if target == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise BackendError("target cuda needs a GPU: torch.cuda.is_available() is False "
+                               "here (use --target cpu)")
     p, outcome, groups, keys = matrix.problem, {}, [], {}
     for mode in modes:
         if not matrix.modes[mode].runs_on(target):
@@ -303,6 +320,9 @@ def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
         # the first's Triton kernels (same kernel source: a cache hit) instead of every mode
         # compiling the same kernels side by side
         started = time.perf_counter()
+        if say is not None:
+            say(f"compiling {sum(len(g[0]) for g in groups)} calls for "
+                f"{', '.join(m for m, _ in keys.values())} on {target} in {n} workers ...")
         for wave in ([0], list(range(1, len(groups)))):
             if not wave:
                 continue
@@ -331,27 +351,48 @@ def _positive(text: str) -> int:
 
 
 def _cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m runner.precompile",
-                                     description="Fill the compile caches for host cells.")
-    parser.add_argument("--matrix", type=Path, default=Path("matrix.yaml"))
-    parser.add_argument("--target", default="cuda")
-    parser.add_argument("--mode", action="append", required=True)
-    parser.add_argument("--workers", type=_positive, default=None)
+    parser = argparse.ArgumentParser(
+        prog="python -m runner.precompile",
+        description="Fill the compile caches (inductor's, Triton's) for host cells of a "
+                    "matrix, every mode in one pool of worker processes, and leave a stamp "
+                    "so that those cells start no workers of their own. Prints one JSON line: "
+                    "mode -> compiled | stamped | nothing to compile | not on target | "
+                    "failed. Exit 0, 1 (a worker failed), 2 (bad input), 4 (no GPU for "
+                    "target cuda), 130 (interrupted).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--matrix", type=Path, default=Path("matrix.yaml"),
+                        help="the matrix file")
+    parser.add_argument("--target", default="cuda", help="the cells' target (cuda or cpu)")
+    parser.add_argument("--mode", action="append", required=True,
+                        help="a mode of the matrix (repeatable)")
+    parser.add_argument("--workers", type=_positive, default=None,
+                        help="worker processes (default: the CPUs less two)")
     args = parser.parse_args(argv)
-    from runner.errors import ConfigError
+    from runner.errors import BackendError, ConfigError
 
+    signal.signal(signal.SIGTERM, _interrupted)
     try:
         outcome = precompile_modes(args.matrix, target=args.target, modes=args.mode,
-                                   workers=args.workers)
-    except ConfigError as err:
+                                   workers=args.workers,
+                                   say=lambda line: print(f"[precompile] {line}",
+                                                          file=sys.stderr, flush=True))
+    except (ConfigError, BackendError) as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted: its workers were stopped; the stamps written so far "
+              "stand", file=sys.stderr)
+        return 130
     print(json.dumps(outcome))
     return 1 if any(str(v).startswith("failed") for v in outcome.values()) else 0
 
 
+def _interrupted(signum, frame):  # SIGTERM: unwind as Ctrl-C does (workers killed)
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    if len(sys.argv) == 2 and sys.argv[1].endswith(".json") and Path(sys.argv[1]).is_file():
-        sys.exit(main(sys.argv[1:]))  # a worker, started by run_groups with its plan file
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        sys.exit(main(sys.argv[2:]))  # a worker, started by run_groups with its plan file
     sys.exit(_cli(sys.argv[1:]))

@@ -175,6 +175,7 @@ def test_the_precompile_command_names_an_unknown_mode_in_one_line(tmp_path):
     (["--mode", "plain", "--target", "cpu", "--workers", "many"], "--workers"),
     ([], "--mode"),
     (["--mode", "plain", "--matrix", "/nonexistent/matrix.yaml"], "/nonexistent/matrix.yaml"),
+    (["--mode", "plain", "--target", "cpu", "/tmp/stray.json"], "unrecognized arguments"),
 ])
 def test_the_precompile_command_refuses_bad_input_in_one_line(args, says):
     import subprocess
@@ -193,3 +194,50 @@ def test_a_mode_without_a_cell_on_the_target_compiles_nothing(tmp_path, fresh_se
     root = Path(__file__).resolve().parent.parent
     outcome = precompile.precompile_modes(root / "matrix.yaml", target="cpu", modes=["tf32"])
     assert outcome == {"tf32": "not on target cpu"}
+
+
+def test_target_cuda_without_a_gpu_is_one_line_exit_4():
+    import subprocess
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has a GPU")
+    proc = subprocess.run([sys.executable, "-m", "runner.precompile", "--mode", "plain"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 4 and "needs a GPU" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_sigterm_stops_the_workers_with_the_command(tmp_path, fresh_seed):
+    """SIGTERM while the workers compile: one line, exit 130, and no worker left running."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    m = matrix(fresh_seed, 300)
+    path = tmp_path / "matrix.yaml"
+    path.write_text(yaml.safe_dump(m.model_dump(mode="json", exclude_none=True)))
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    proc = subprocess.Popen([sys.executable, "-m", "runner.precompile", "--matrix", str(path),
+                             "--target", "cpu", "--mode", "plain", "--workers", "2"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    workers: list[int] = []
+    while time.time() < deadline and len(workers) < 2:
+        out = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
+        workers = [int(p) for p in out.stdout.split()]
+        time.sleep(0.2)
+    assert len(workers) == 2, "the workers did not start"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
+    time.sleep(0.5)
+    for pid in workers:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
