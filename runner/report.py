@@ -343,9 +343,10 @@ def _is_foreign_layout(data: Mapping[str, Any]) -> bool:
 def _decode_problem(text: str, err: json.JSONDecodeError) -> str:
     if not text.strip():
         return "truncated: the file is empty"
+    msg = err.msg.removesuffix(" at")  # json's "Invalid control character at"
     if err.pos >= len(text.rstrip()) or err.msg.startswith("Unterminated string"):
-        return f"truncated JSON: {err.msg} at line {err.lineno} column {err.colno}"
-    return f"corrupt JSON: {err.msg} at line {err.lineno} column {err.colno}"
+        return f"truncated JSON: {msg} at line {err.lineno} column {err.colno}"
+    return f"corrupt JSON: {msg} at line {err.lineno} column {err.colno}"
 
 
 MAX_REPORT_BYTES = 256 * 2**20
