@@ -181,15 +181,15 @@ def _headline(h: Headline, names: dict[int, str]) -> str:
     out.append("</tr></thead><tbody>")
     for pair in h.pairs:
         tds = []
-        for n, column in enumerate(h.columns):
+        for n in range(len(h.columns)):
             mark = h.marks.get((pair, n))
             if mark is None:
                 tds.append(f'<td data-col="{n}" class="k-absent">—</td>')
                 continue
             label = _e(mark.label())
             if mark.compared:
-                href = (f"cells/{names[column.cells[0].index]}" if len(column.cells) == 1
-                        else "cells/README.md")
+                href = ("cells/README.md" if mark.only_cell is None  # the mark's own cell
+                        else f"cells/{names[mark.only_cell]}")
                 label = f'<a href="{_e(href)}">{label}</a>'
             tds.append(f'<td data-col="{n}" class="k-{mark.kind()}">{label}</td>')
         out.append(f'<tr data-pair="{_e(pair)}"><th class="pair">{_e(pair)}</th>'

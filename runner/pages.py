@@ -29,7 +29,7 @@ from tabulate import tabulate
 
 from runner import report_tensors
 from runner.aggregate import Cell, Table
-from runner.table_headline import LEVELS, Column, Headline, headline, name_list, not_run
+from runner.table_headline import LEVELS, Column, Headline, Mark, headline, name_list, not_run
 
 if TYPE_CHECKING:
     from runner.tables import Tables
@@ -119,9 +119,9 @@ def _header(column: Column, head: str | None, gpu: bool = False) -> str:
     return md_text(label)
 
 
-def headline_markdown(h: Headline, link: Callable[[Column], str]) -> str:
+def headline_markdown(h: Headline, link: Callable[[Column, Mark], str]) -> str:
     """The headline as Markdown: a ``###`` heading per GPU, then tables of at most
-    :data:`COLUMNS_PER_TABLE` columns; each mark a link to ``link(column)``."""
+    :data:`COLUMNS_PER_TABLE` columns; each mark a link to ``link(column, mark)``."""
     from runner.markdown import md_text
 
     if not h.columns:
@@ -138,7 +138,7 @@ def headline_markdown(h: Headline, link: Callable[[Column], str]) -> str:
                 if not any(m and (m.compared or m.missing) for m in marks):
                     continue
                 rows.append([md_text(pair)] + [
-                    f"[{md_text(m.label())}]({link(c)})" if m and m.compared
+                    f"[{md_text(m.label())}]({link(c, m)})" if m and m.compared
                     else md_text(m.label()) if m else "—" for m, (_, c) in zip(marks, chunk,
                                                                                strict=True)])
             headers = ["pair", *(_header(c, h.head) for _, c in chunk)]
@@ -211,10 +211,10 @@ def _readme(tables: Tables, names: Mapping[int, str],
     h = choose_level(tables.cells, tables, README_MARKS)
     single = {n: c for n, c in enumerate(h.columns) if len(c.cells) == 1}
 
-    def link(column: Column) -> str:
-        if len(column.cells) == 1:
-            return f"cells/{names[column.cells[0].index]}"
-        return "cells/README.md"
+    def link(column: Column, mark: Mark) -> str:
+        # the mark's own cell: a column may hold one cell of each op
+        return ("cells/README.md" if mark.only_cell is None
+                else f"cells/{names[mark.only_cell]}")
 
     merged = ("" if h.level == 0 else f" Columns are merged to {LEVELS[h.level]} (the worst "
               "mark of their cells) to keep this page short; the full table, one column per "
@@ -266,7 +266,8 @@ def _cells_index(tables: Tables, names: Mapping[int, str]) -> str:
     links = {i: name for i, name in names.items()}
     parts = ["# Every cell\n", "[Back to the headline](../README.md). " + tables.summary_line()
              + "\n", "## Headline, one column per GPU × stack × mode\n", _legend(tables) + "\n",
-             headline_markdown(h, lambda c: names[c.cells[0].index])]
+             headline_markdown(h, lambda c, m: names[c.cells[0].index if m.only_cell is None
+                                                     else m.only_cell])]
     for key in ("cells", "environment"):
         if key in by_key:
             parts.append(_rows_markdown(by_key[key], by_key[key].rows, links))

@@ -118,6 +118,13 @@ class Mark:
     missing: str = ""  # why the candidate has no comparison here (its status)
     order: tuple[str, ...] = ()  # the op's tensor keys in display order
     kernel_only: bool = False  # a side ran kernel-only (runner/table_kernel_only.py)
+    cells: set[int] = field(default_factory=set)  # indexes of the cells it sums up
+
+    @property
+    def only_cell(self) -> int | None:
+        """The index of the one cell this mark sums up (its page is the mark's link), or
+        None when it sums up several (a merged column) or none."""
+        return next(iter(self.cells)) if len(self.cells) == 1 else None
 
     def _ordered(self, keys: set[str] | dict[str, float]) -> list[str]:
         """``keys`` in the op's tensor order (any others after, sorted)."""
@@ -134,6 +141,7 @@ class Mark:
         self.not_repeatable |= other.not_repeatable
         self.missing = self.missing or other.missing
         self.kernel_only |= other.kernel_only
+        self.cells |= other.cells
         self.order = tuple(dict.fromkeys((*self.order, *other.order)))
 
     @property
@@ -226,6 +234,7 @@ def _cell_marks(cell: Cell, filters: Filters | None) -> dict[str, Mark]:
         pair = f"{a} vs {b}" + (f" ({cell.op})" if cell.op not in (None, ops.OPS[0]) else "")
         mark = marks.setdefault(pair, Mark(order=tuple(report_tensors.labels(cell.data))))
         mark.compared += 1
+        mark.cells.add(cell.index)
         mark.kernel_only |= any(_kernel_only(cell, side) for side in (r.a, r.b))
         for tensor, cmp in r.tensors.items():
             if not cmp or cmp.get("equal"):

@@ -38,3 +38,20 @@ def test_kernel_only_rows_are_marked_and_installed_ones_are_not(tmp_path):
     shutil.rmtree(tmp_path)
     tmp_path.mkdir()
     assert not any(m.endswith(KERNEL_ONLY) for m in _marks(tmp_path, installed).values())
+
+
+def test_a_mark_links_to_its_own_cell_in_a_column_both_ops_share(tmp_path):
+    """host · plain holds gate_residual's and indexed_scale_shift's cells: each pair's mark
+    points at the cell of its op, not at the first cell of the column."""
+    for name in ("host-plain-cuda.json", "scale_shift-host-plain-cuda.json"):
+        shutil.copy(REPORT.parent / name, tmp_path / name)
+    cells = load_cells(read_reports(tmp_path))
+    h = headline(cells)
+    [column] = [n for n, c in enumerate(h.columns) if len(c.cells) == 2]
+    by_op = {c.op: c.index for c in cells}
+    for pair in h.pairs:
+        mark = h.marks.get((pair, column))
+        if mark is None or not mark.compared:
+            continue
+        op = "indexed_scale_shift" if pair.endswith("(indexed_scale_shift)") else "gate_residual"
+        assert mark.only_cell == by_op[op], pair
