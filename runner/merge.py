@@ -73,7 +73,7 @@ def plan_partial(path: Path, matrix, cell, cases, project: dict, extra: dict, *,
     why = (f"made at commit {made['commit'][:12]}, this checkout is at "
            f"{str(project.get('commit'))[:12]}"
            if made.get("commit") and made["commit"] != project.get("commit") else
-           "matrix.yaml, the stack, the mode, the uncommitted changes or the image differ")
+           "the matrix file, the stack, the mode, the uncommitted changes or the image differ")
     if force:
         return PartialPlan("replace", old, f"replaced (--force) the report of cases "
                                            f"{', '.join(old_ids)}: {why}")
