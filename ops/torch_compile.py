@@ -1,5 +1,6 @@
 """What both ops' ``compiled`` rows share: the dynamo limits and inductor settings around
-their calls, and whether a compiler is on PATH (``ops/<op>/compiled.py`` say why)."""
+their calls, one call through autograd by the op's spec (:class:`Compiled`), and whether a
+compiler is on PATH (``ops/<op>/compiled.py`` say why)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,40 @@ def missing_compiler(target: str) -> str | None:
     if any(shutil.which(c) for c in candidates):
         return None
     return f"torch.compile needs {what} and none is on PATH ({', '.join(candidates)})"
+
+
+class Compiled:
+    """``torch.compile(dynamic=False)`` of an op's eager ``expression`` (and of
+    ``expression_emulate``, a second code object with graphs of its own, compiled under
+    ``emulate_precision_casts``), called as the op's spec says: the expression takes the
+    spec's floating inputs but the upstream gradient, in order, then the index; the backward
+    is autograd's on ``grad_out`` = the spec's ``upstream``. Each function is compiled once
+    per process (lazily: the graphs per shape come with the calls)."""
+
+    def __init__(self, op: str, expression, expression_emulate) -> None:
+        self.op = op
+        self._fns = {False: expression, True: expression_emulate}
+        self._compiled: dict[bool, object] = {}
+
+    def _fn(self, emulate: bool):
+        if emulate not in self._compiled:
+            self._compiled[emulate] = torch.compile(self._fns[emulate], dynamic=False)
+        return self._compiled[emulate]
+
+    def run(self, inputs, *, backward: bool, emulate: bool) -> dict[str, torch.Tensor]:
+        """The forward output (and, with ``backward``, each gradient of the spec's outputs),
+        keyed as the spec's ``outputs``."""
+        import ops
+
+        spec = ops.get(self.op)
+        names = [k for k in spec.inputs if k != spec.upstream]
+        fn, index = self._fn(emulate), inputs[spec.index]
+        with settings(emulate):
+            if not backward:
+                with torch.no_grad():
+                    return {spec.forward: fn(*(inputs[k] for k in names), index)}
+            leaves = {k: inputs[k].detach().requires_grad_() for k in names}
+            out = fn(*leaves.values(), index)
+            out.backward(inputs[spec.upstream])
+        return {spec.forward: out.detach(),
+                **{k: leaves[o.grad_of].grad for k, o in spec.outputs.items() if o.grad_of}}

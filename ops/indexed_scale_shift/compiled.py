@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ops.torch_compile import RECOMPILE_LIMIT, missing_compiler, settings
+from ops.torch_compile import RECOMPILE_LIMIT, Compiled, missing_compiler
 from runner.implementations import Implementation
 
 __all__ = ["COMPILED", "COMPILED_EMULATE", "RECOMPILE_LIMIT", "expression", "missing_compiler"]
@@ -25,37 +25,17 @@ def _expression_emulate(x, scale, shift, index):
     return x * (1 + scale.index_select(0, index)) + shift.index_select(0, index)
 
 
-_COMPILED: dict[bool, object] = {}
-
-
-def _compiled(emulate: bool):
-    if emulate not in _COMPILED:
-        fn = _expression_emulate if emulate else expression
-        _COMPILED[emulate] = torch.compile(fn, dynamic=False)
-    return _COMPILED[emulate]
-
-
-def _run(inputs, *, backward: bool, emulate: bool) -> dict[str, torch.Tensor]:
-    fn = _compiled(emulate)
-    index = inputs["index"]
-    with settings(emulate):
-        if not backward:
-            with torch.no_grad():
-                return {"out": fn(inputs["x"], inputs["scale"], inputs["shift"], index)}
-        x, scale, shift = (inputs[k].detach().requires_grad_() for k in ("x", "scale", "shift"))
-        out = fn(x, scale, shift, index)
-        out.backward(inputs["grad_out"])
-    return {"out": out.detach(), "x": x.grad, "scale": scale.grad, "shift": shift.grad}
+_COMPILE = Compiled("indexed_scale_shift", expression, _expression_emulate)
 
 
 def run(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
     """The eager expression through ``torch.compile`` (inductor defaults, dynamic=False)."""
-    return _run(inputs, backward=backward, emulate=False)
+    return _COMPILE.run(inputs, backward=backward, emulate=False)
 
 
 def run_emulate(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
     """As :func:`run`, with inductor's ``emulate_precision_casts`` on while it compiles."""
-    return _run(inputs, backward=backward, emulate=True)
+    return _COMPILE.run(inputs, backward=backward, emulate=True)
 
 
 COMPILED = Implementation(
