@@ -78,22 +78,23 @@ def _dense(a, gate, b, index) -> bool:
             and index.is_contiguous() and not (a.is_neg() or gate.is_neg() or b.is_neg()))
 
 
-def _forward_plan(residual, gate, y, index, check_index) -> _ForwardPlan | None:
-    """The plan of a call whose inputs need no work (see the comment above), else None.
+def _cached_plan(cache, big, gate, y, index, check_index):
+    """The plan cached in ``cache`` (:data:`_FORWARD_PLANS` or :data:`_BACKWARD_PLANS`) of a
+    call whose inputs need no work (see the comment above), else None; ``big`` is the
+    (N, D) input besides ``y`` (``residual``, or the backward's ``grad_out``).
     Written out rather than calling :func:`_mode`, :func:`_key` and :func:`_dense`: each
     Python call costs about 0.1 µs, and this runs on every call."""
     mode = FLAG_ASSERT if check_index is True else FLAG_CLEAN if check_index is False else None
     if mode is None:
         return None
     try:
-        key = (residual.shape, gate.shape, y.shape, index.shape, residual.dtype, gate.dtype,
-               y.dtype, index.dtype, residual.device, gate.device, y.device, index.device, mode)
-        cache = _FORWARD_PLANS
+        key = (big.shape, gate.shape, y.shape, index.shape, big.dtype, gate.dtype,
+               y.dtype, index.dtype, big.device, gate.device, y.device, index.device, mode)
         plan = cache.plan if key == cache.key else cache.get(key)
         if plan is not None and (
-                residual.is_contiguous() and gate.is_contiguous() and y.is_contiguous()
+                big.is_contiguous() and gate.is_contiguous() and y.is_contiguous()
                 and index.is_contiguous()
-                and not (residual.is_neg() or gate.is_neg() or y.is_neg())):
+                and not (big.is_neg() or gate.is_neg() or y.is_neg())):
             return plan
     except (AttributeError, TypeError, RuntimeError):  # not tensors: the full checks say so
         pass
@@ -142,30 +143,10 @@ def gate_residual_forward(residual, gate, y, index, *, check_index: bool | str =
 
     Example: ``out = gate_residual_forward(r, g, y, idx)``.
     """
-    plan = _forward_plan(residual, gate, y, index, check_index)
+    plan = _cached_plan(_FORWARD_PLANS, residual, gate, y, index, check_index)
     if plan is None:
         plan, residual, gate, y, index = _checked_forward(residual, gate, y, index, check_index)
     return plan.run(residual, gate, y, index)
-
-
-def _backward_plan(grad_out, gate, y, index, check_index) -> _BackwardPlan | None:
-    """As :func:`_forward_plan`, for the public backward's inputs."""
-    mode = FLAG_ASSERT if check_index is True else FLAG_CLEAN if check_index is False else None
-    if mode is None:
-        return None
-    try:
-        key = (grad_out.shape, gate.shape, y.shape, index.shape, grad_out.dtype, gate.dtype,
-               y.dtype, index.dtype, grad_out.device, gate.device, y.device, index.device, mode)
-        cache = _BACKWARD_PLANS
-        plan = cache.plan if key == cache.key else cache.get(key)
-        if plan is not None and (
-                grad_out.is_contiguous() and gate.is_contiguous() and y.is_contiguous()
-                and index.is_contiguous()
-                and not (grad_out.is_neg() or gate.is_neg() or y.is_neg())):
-            return plan
-    except (AttributeError, TypeError, RuntimeError):
-        pass
-    return None
 
 
 def _plan_backward(grad_out, gate, index, mode: int, key: tuple) -> _BackwardPlan:
@@ -190,7 +171,7 @@ def gate_residual_backward(grad_out, gate, y, index, *, check_index: bool | str 
 
     Example: ``grad_y, grad_gate = gate_residual_backward(grad_out, g, y, idx)``.
     """
-    plan = _backward_plan(grad_out, gate, y, index, check_index)
+    plan = _cached_plan(_BACKWARD_PLANS, grad_out, gate, y, index, check_index)
     if plan is None:
         check_index = _index_mode(check_index)
         grad_out, gate, y, index = check_backward_inputs(grad_out, gate, y, index,
@@ -211,7 +192,7 @@ class GateResidual(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, residual, gate, y, index, check_index=True):
-        plan = _forward_plan(residual, gate, y, index, check_index)
+        plan = _cached_plan(_FORWARD_PLANS, residual, gate, y, index, check_index)
         if plan is None:
             plan, residual, gate, y, index = _checked_forward(residual, gate, y, index,
                                                               check_index)
