@@ -108,7 +108,7 @@ def test_compile_failure_is_an_error_and_the_cell_goes_on(monkeypatch):
             raise RuntimeError("inductor: C++ compiler not found")
         return fn
 
-    monkeypatch.setattr(compiled, "_compiled", broken)
+    monkeypatch.setattr(compiled._COMPILE, "_fn", broken)  # the compiled function
     m = small_matrix(["eager", "fp64", "compiled"])
     r = run_cell(m, Cell("host", "plain", "cpu"), select_cases(m), timings=False)
     assert r["results"]["compiled"]["status"] == "error"
