@@ -38,7 +38,7 @@ mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-} PATH=/tmp/site/bin:$PATH
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 # Compilation caches inside the (git-ignored) build/ folder: the device tool keeps ignored
@@ -121,7 +121,11 @@ for step in $steps; do
             wait $pids; echo "precompile + rlbuild: $(( $(date +%s) - t0 )) s: $(cat "$out"/precompile-*.log | tail -c 800) $(tail -n 1 "$out/rlbuild.log")"
             for c in $cells; do
               t1=$(date +%s)
-              timeout -s TERM $(( deadline - $(date +%s) )) python3 -m runner matrix --matrix "${c%%:*}" --stack host --target "${MODE_TARGET:-cuda}" --mode "${c##*:}" --reports "$reports" ${MATRIX_ARGS:-} > "$out/matrix-cell-$(basename "${c%%:*}" .yaml)-${c##*:}.log" 2>&1
+              # PYSPY_RATE=N: sample the cell (and its cell process) with py-spy, N per second,
+              # every thread, idle ones too: collapsed stacks in pyspy-<matrix>-<mode>.txt
+              spy=""; command -v py-spy >/dev/null && [ -n "${PYSPY_RATE:-}" ] && \
+                spy="py-spy record --idle --threads --subprocesses --rate $PYSPY_RATE --format raw -o $out/pyspy-$(basename "${c%%:*}" .yaml)-${c##*:}.txt --"
+              timeout -s TERM $(( deadline - $(date +%s) )) $spy python3 -m runner matrix --matrix "${c%%:*}" --stack host --target "${MODE_TARGET:-cuda}" --mode "${c##*:}" --reports "$reports" ${MATRIX_ARGS:-} > "$out/matrix-cell-$(basename "${c%%:*}" .yaml)-${c##*:}.log" 2>&1
               echo "$c: exit $? after $(( $(date +%s) - t1 )) s (alone)"
             done
             python3 -c "import json, glob; [print(r['cell']['id'], r['status'], r['duration_s'], 's', len(r['cases']), 'cases', {k: v for k, v in r.get('phases', {}).items() if not isinstance(v, dict)}) for r in (json.load(open(p)) for p in sorted(glob.glob('$reports/*.json'))) if 'cell' in r]" 2>&1 || true
