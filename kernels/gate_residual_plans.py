@@ -87,7 +87,8 @@ def _launcher(kind: str, which: int, dtype: torch.dtype, index_dtype: torch.dtyp
             argtypes = ((element,) * 4 + (index, _FLAG_TYPE) if which == 0 else
                         (element, _F32_3D) if which == 2 else
                         (element, _F32_3D, element, element, element, index, _FLAG_TYPE))
-        launcher = _LAUNCHERS[key] = Launcher(kernel, argtypes)
+        launcher = _LAUNCHERS[key] = Launcher(
+            kernel, argtypes, name=f"gate_residual {kind} {which} {name} {index_dtype}")
     return launcher
 
 

@@ -261,8 +261,9 @@ def _launcher(which: int, dtype: torch.dtype, index_dtype: torch.dtype) -> Launc
         tail = (array_type(_INDEX_TYPES[index_dtype], 1), array_type(types.uint8, 1))
         f32 = array_type(types.float32, 3)
         argtypes = {0: (e, e, e, e, *tail), 2: (e, e, f32)}.get(which, (e, f32, e, e, e, *tail))
-        kernel = kernels_for(str(dtype).removeprefix("torch."))[which]
-        _LAUNCHERS[key] = Launcher(kernel, argtypes)
+        name = str(dtype).removeprefix("torch.")
+        _LAUNCHERS[key] = Launcher(kernels_for(name)[which], argtypes,
+                                   name=f"indexed_scale_shift {which} {name} {index_dtype}")
     return _LAUNCHERS[key]
 
 

@@ -73,12 +73,16 @@ class Launcher:
     current stream on it. ``params``: the flat list of 8-byte kernel parameters
     (numba's array ABI per array: ``_p1``/``_p2``/``_p3`` in ``kernels/gate_residual.py``).
     ``grid``: (x, y); ``block``: threads in x; ``shared``: dynamic shared memory in bytes.
+    ``name``: the caller's unique name of this kernel and variant (dtype, index dtype, kind):
+    with it, the cubin comes from the on-disk cache when a process built it before
+    (kernels/cubin_cache.py), and otherwise goes there once compiled.
     Raises ``RuntimeError`` naming the CUDA error when the driver refuses the launch.
     """
 
-    def __init__(self, dispatcher, argtypes: tuple) -> None:
+    def __init__(self, dispatcher, argtypes: tuple, name: str | None = None) -> None:
         self.dispatcher = dispatcher
         self.argtypes = argtypes
+        self.name = name
         self.method = os.environ.get("GATE_RESIDUAL_LAUNCH", "ctypes")
         if self.method not in LAUNCH_METHODS:
             raise ValueError(f"GATE_RESIDUAL_LAUNCH={self.method!r}: choose from "
@@ -95,11 +99,42 @@ class Launcher:
         COMPILE_SECONDS[0] += time.perf_counter() - t0
         return kernel
 
+    def _function(self):
+        """numba's loaded function of this kernel (``CudaPythonFunction``): loaded from the
+        cubin cache on a hit, else compiled by numba and its cubin stored there (the time
+        either takes is added to :data:`COMPILE_SECONDS`)."""
+        from numba import cuda
+
+        from kernels import cubin_cache
+
+        ctx = cuda.current_context()
+        entry_key = None
+        if self.name is not None and cubin_cache.cache_dir() is not None:
+            entry_key = cubin_cache.key(self.name, self.dispatcher, self.argtypes,
+                                        ctx.device.compute_capability)
+            t0 = time.perf_counter()
+            hit = cubin_cache.load(entry_key)
+            if hit is not None:
+                from numba.cuda.cudadrv.driver import ObjectCode
+
+                module = ctx.create_module_image(ObjectCode.from_cubin(hit[0]))
+                function = module.get_function(hit[1])
+                COMPILE_SECONDS[0] += time.perf_counter() - t0
+                return function
+        library = self.compiled()._codelibrary
+        function = library.get_cufunc()
+        if entry_key is not None and not (library._setup_functions
+                                          or library._teardown_functions):
+            cubin = library.get_cubin()
+            cubin_cache.store(entry_key, bytes(getattr(cubin, "code", cubin)),
+                              library._entry_name, self.name)
+        return function
+
     def handle(self) -> int:
-        """The driver handle (``CUfunction``) of the compiled kernel, as an int."""
+        """The driver handle (``CUfunction``) of the kernel, as an int."""
         cufunc = self._cufunc
         if cufunc is None:
-            cufunc = self._cufunc = self.compiled()._codelibrary.get_cufunc()
+            cufunc = self._cufunc = self._function()
         return int(cufunc.handle)
 
     def packed(self, device: int, grid: tuple, block: int, shared: int,
@@ -112,7 +147,7 @@ class Launcher:
                  params: list[int]) -> None:
         cufunc = self._cufunc
         if cufunc is None:
-            cufunc = self._cufunc = self.compiled()._codelibrary.get_cufunc()
+            cufunc = self._cufunc = self._function()
         stream = torch._C._cuda_getCurrentRawStream(device)
         if self.method == "ctypes":
             _launch_ctypes(cufunc.handle, stream, grid, block, shared, params)

@@ -60,7 +60,9 @@ def plan(matrix, cases, impls, *, target: str, inference: bool) -> list[dict]:
     """The calls that compile every graph the cell will need, in the cases' order:
     ``{"impl", "dtype", "index_dtype", "rows", "grad"}`` with ``grad`` one of ``train``
     (forward + backward), ``no_grad`` (the timing loop's forward) or ``inference``
-    (under ``torch.inference_mode()``). ``impls``: those that compile per shape."""
+    (under ``torch.inference_mode()``). ``impls``: those that compile per shape (every row
+    count a case calls them with), or per dtype pair into a kernel cache (``cached_kernels``:
+    one call per case size, as the cell's first call of a case makes it)."""
     items, seen = [], set()
     for case in cases:
         dtype, index_dtype = matrix.case_dtypes(case)
@@ -71,8 +73,9 @@ def plan(matrix, cases, impls, *, target: str, inference: bool) -> list[dict]:
             if matrix.batch_invariance is not None:
                 rows |= row_counts(case.n, matrix.batch_invariance.max_size)
             wanted = [(r, "train") for r in sorted(rows)] + [(case.n, "no_grad")]
+        once = [(case.n, "inference" if inference else "train")]
         for impl in impls:
-            for rows_, grad in wanted:
+            for rows_, grad in (wanted if impl.compiles_per_shape else once):
                 key = (impl.name, dtype, index_dtype, rows_, grad)
                 if key not in seen:
                     seen.add(key)
@@ -99,7 +102,8 @@ def cell_plan(matrix, cell, cases) -> list[dict]:
     from runner.cells import cases_on
 
     compiling = [i for i in implementations.rows(matrix)
-                 if i.compiles_per_shape and not i.unavailable_reason(cell.target)]
+                 if (i.compiles_per_shape or cell.target in i.cached_kernels)
+                 and not i.unavailable_reason(cell.target)]
     inference = bool(matrix.modes[cell.mode].torch.inference_mode)
     return plan(matrix, cases_on(cases, cell.target), compiling, target=cell.target,
                 inference=inference)

@@ -166,3 +166,60 @@ def test_unchecked_out_of_range_index_gives_nan_rows_and_no_stray_read(dtype, d,
     keep[[7, 100]] = False
     expected = x["residual"] + x["gate"].index_select(0, x["index"]) * x["y"]
     assert_bitwise(out[keep], expected[keep], "rows with valid indices")
+
+
+_CACHE_PROBE = """
+import hashlib, json, torch
+from kernels import gate_residual_plans, indexed_scale_shift
+from kernels.gate_residual import gate_residual
+from kernels.indexed_scale_shift import indexed_scale_shift
+torch.manual_seed(0)
+digest = hashlib.sha256()
+for n, d in ((300, 5376), (7, 33)):  # vector kernels, element kernels
+    x, r, y, go = (torch.randn(n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    g, s = (torch.randn(9, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    i = torch.randint(0, 9, (n,), device="cuda")
+    leaves = [t.clone().requires_grad_() for t in (r, g, y)]
+    out = gate_residual(*leaves, i)
+    out.backward(go)
+    leaves2 = [t.clone().requires_grad_() for t in (x, g, s)]
+    out2 = indexed_scale_shift(*leaves2, i)
+    out2.backward(go)
+    for t in (out, *[v.grad for v in leaves], out2, *[v.grad for v in leaves2]):
+        digest.update(t.detach().view(torch.int16).cpu().numpy().tobytes())
+launchers = [*gate_residual_plans._LAUNCHERS.values(), *indexed_scale_shift._LAUNCHERS.values()]
+dispatchers = {id(x.dispatcher): x.dispatcher for x in launchers}.values()
+compiled = sum(len(d.overloads) for d in dispatchers)
+print(json.dumps({"launchers": len(launchers), "compiled": compiled,
+                  "sha256": digest.hexdigest()}))
+"""
+
+
+def test_cubin_cache_second_process_compiles_nothing(tmp_path):
+    """A process with an empty cubin cache compiles every kernel and stores it; a second
+    process loads them all (numba compiles no signature) and gives the same bits, and a
+    third with the cache off compiles again and gives the same bits (kernels/cubin_cache.py)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+
+    def probe(cache: str) -> dict:
+        env = {**os.environ, "GATE_RESIDUAL_CUBIN_CACHE": cache,
+               "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+        done = subprocess.run([sys.executable, "-c", _CACHE_PROBE], env=env, cwd=root,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    cold = probe(str(tmp_path / "cubin"))
+    assert cold["launchers"] > 0 and cold["compiled"] == cold["launchers"]
+    assert len(list((tmp_path / "cubin").glob("*.cubin"))) == cold["launchers"]
+    warm = probe(str(tmp_path / "cubin"))
+    assert warm["compiled"] == 0 and warm["launchers"] == cold["launchers"]
+    off = probe("off")
+    assert off["compiled"] > 0
+    assert cold["sha256"] == warm["sha256"] == off["sha256"]

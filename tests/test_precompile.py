@@ -50,6 +50,27 @@ def test_plan_lists_each_graph_once_in_case_order(fresh_seed):
     assert {i["grad"] for i in forward} == {"inference", "no_grad"}
 
 
+def test_kernels_cached_per_dtype_pair_are_run_once_per_case_size(fresh_seed):
+    """numba's kernels go to the cubin cache once per dtype pair and kind of launch: one
+    training call per case (no batch-invariance sizes), on the targets it caches on only."""
+    from runner.cells import cases_on
+
+    m = matrix(fresh_seed, 12)
+    numba = get("numba")
+    assert numba.cached_kernels == ("cuda",) and not numba.compiles_per_shape
+    items = precompile.plan(m, m.cases, [numba, get("compiled")], target="cuda",
+                            inference=False)
+    ours = [(i["dtype"], i["index_dtype"], i["rows"], i["grad"]) for i in items
+            if i["impl"] == "numba"]
+    assert ours == [("bfloat16", "int64", 12, "train"), ("float32", "int32", 12, "train")]
+    forward = precompile.plan(m, m.cases, [numba], target="cuda", inference=True)
+    assert {i["grad"] for i in forward} == {"inference"}
+    with_numba = matrix(fresh_seed, 12, implementations=["eager", "fp64", "numba"])
+    on_cpu = precompile.cell_plan(with_numba, Cell("host", "plain", "cpu"),
+                                  cases_on(with_numba.cases, "cpu"))
+    assert on_cpu == []  # numba's CPU twin keeps no kernel cache: nothing to run ahead
+
+
 def test_workers_keep_two_cpus_and_can_be_set(monkeypatch):
     items = [{}] * 50
     monkeypatch.delenv("GATE_RESIDUAL_PRECOMPILE", raising=False)

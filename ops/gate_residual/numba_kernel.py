@@ -38,5 +38,6 @@ NUMBA = Implementation(
             "CPU: kernels/gate_residual_cpu.py"),
     has_backward=True,
     run=run,
+    cached_kernels=("cuda",),  # kernels/cubin_cache.py: built once per machine
     bitwise_claims=("out", "res", "y"),
 )

@@ -37,5 +37,6 @@ NUMBA = Implementation(
             "CPU: kernels/indexed_scale_shift_cpu.py"),
     has_backward=True,
     run=run,
+    cached_kernels=("cuda",),  # kernels/cubin_cache.py: built once per machine
     bitwise_claims=("out", "x"),
 )

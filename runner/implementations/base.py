@@ -27,6 +27,9 @@ class Implementation:
     this environment lacks for it on ``target`` (e.g. a compiler), or None.
     ``compiles_per_shape``: it compiles one program per input shape into an on-disk cache
     (torch.compile with static shapes), so :mod:`runner.precompile` may build them ahead.
+    ``cached_kernels``: the targets on which it compiles its kernels once per dtype pair
+    into an on-disk cache (our numba.cuda kernels: kernels/cubin_cache.py), so
+    :mod:`runner.precompile` runs it once per dtype pair and case size ahead of the cells.
     """
 
     name: str
@@ -43,6 +46,7 @@ class Implementation:
     not_wired: str | None = None
     prerequisite: Callable[[str], str | None] | None = None
     compiles_per_shape: bool = False
+    cached_kernels: tuple[str, ...] = ()
 
     def unavailable_reason(self, target: str) -> str | None:
         """Why it cannot run on ``target`` here, or None when it can.
