@@ -86,13 +86,25 @@ def plan(matrix, cases, impls, *, target: str, inference: bool) -> list[dict]:
 
 def workers_for(items: list, cpus: int | None) -> int:
     """How many worker processes: one per spare CPU (two kept for the cell and the system),
+    but 2 on a machine of 2 to 4 CPUs (the cell waits for them: two CPUs compile at once),
     at most :data:`MAX_WORKERS` and the number of calls; 0 when fewer than 2 would run.
     ``GATE_RESIDUAL_PRECOMPILE=N`` sets the number (0: off)."""
     forced = os.environ.get("GATE_RESIDUAL_PRECOMPILE", "")
     if forced.isdigit():  # "0": off; "N": N workers whatever the CPUs (tests)
         return min(int(forced), len(items))
-    n = min(MAX_WORKERS, max((cpus or 1) - 2, 0), len(items))
+    n = min(MAX_WORKERS, max((cpus or 1) - 2, 2 if (cpus or 1) >= 2 else 0), len(items))
     return n if n >= 2 else 0
+
+
+def load_only() -> None:
+    """In a cell whose graphs are all stamped: no pool of compile processes. Inductor starts
+    one (a process per CPU, each importing torch) at its first compile, to build kernels
+    the cache already holds; with six cells on one host that was 96 processes. A graph
+    missing despite the stamp then compiles in this process (``compile_threads`` is not
+    part of inductor's cache key: the same graphs are hits)."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.compile_threads = 1
 
 
 def cell_plan(matrix, cell, cases) -> list[dict]:

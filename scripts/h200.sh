@@ -46,6 +46,7 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$PWD/build/inductor}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/build/triton}
 export RLK_BUILD_DIR=${RLK_BUILD_DIR:-$PWD/build/rl-kernel}
+export GATE_RESIDUAL_CUBIN_CACHE=${GATE_RESIDUAL_CUBIN_CACHE:-$PWD/build/cubin}
 export GATE_RESIDUAL_PROGRESS=${GATE_RESIDUAL_PROGRESS:-plain}
 steps=${STEPS:-"env smoke tests sass libsmoke matrix bench profile"}
 rc=0

@@ -11,6 +11,11 @@ import secrets
 
 import pytest
 
+# Cells in tests compile a handful of graphs: compile worker processes (one per CPU on a
+# 2-CPU machine, runner/precompile.py) would cost more than they save. Tests of the pool set
+# the variable themselves; cells started as subprocesses inherit it.
+os.environ.setdefault("GATE_RESIDUAL_PRECOMPILE", "0")
+
 DTYPES = ("bfloat16", "float16", "float32")
 INDEX_DTYPES = ("int64", "int32")
 

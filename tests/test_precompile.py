@@ -74,7 +74,9 @@ def test_kernels_cached_per_dtype_pair_are_run_once_per_case_size(fresh_seed):
 def test_workers_keep_two_cpus_and_can_be_set(monkeypatch):
     items = [{}] * 50
     monkeypatch.delenv("GATE_RESIDUAL_PRECOMPILE", raising=False)
-    assert precompile.workers_for(items, 2) == 0 and precompile.workers_for(items, 16) == 12
+    # a 2-CPU machine compiles in 2 workers: the cell waits for them, so none is kept idle
+    assert precompile.workers_for(items, 2) == 2 and precompile.workers_for(items, 16) == 12
+    assert precompile.workers_for(items, 1) == 0 and precompile.workers_for(items, 4) == 2
     assert precompile.workers_for(items[:3], 16) == 3
     monkeypatch.setenv("GATE_RESIDUAL_PRECOMPILE", "0")
     assert precompile.workers_for(items, 64) == 0
@@ -163,8 +165,12 @@ def test_one_pool_fills_every_mode_and_cells_then_skip_their_workers(fresh_seed,
     again = precompile.precompile_modes(path, target="cpu", modes=["plain", "inference"])
     assert again == {"plain": "stamped", "inference": "stamped"}  # no "seconds": nothing ran
     monkeypatch.setenv("GATE_RESIDUAL_PRECOMPILE", "2")
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config, "compile_threads", 2)  # restored after the test
     loaded = run_cell(m, Cell("host", "plain", "cpu"), m.cases, timings=False)
     assert loaded["environment"]["precompile"]["workers"] == 0
+    assert inductor_config.compile_threads == 1  # load only: no pool of compile processes
     assert loaded["environment"]["precompile"]["stamp"]
     assert loaded["phases"]["precompile"] == 0
     monkeypatch.setenv("GATE_RESIDUAL_PRECOMPILE", "0")
