@@ -38,6 +38,7 @@ from tabulate import tabulate
 
 from runner import report_tensors
 from runner.aggregate import (
+    FACETS,
     STATUSES,
     Cell,
     Filters,
@@ -65,8 +66,8 @@ from runner.table_stats import (
 )
 from runner.table_verdicts import verdict_table
 
-__all__ = ["OUTPUTS", "Tables", "build_tables", "cell_label", "format_cmp", "render_markdown",
-           "write_tables"]
+__all__ = ["FACETS", "OUTPUTS", "Filters", "Tables", "build_tables", "cell_label", "format_cmp",
+           "render_markdown", "write_tables"]
 
 OUTPUTS = ("README.md", "index.html", "summary.csv", "summary.json")
 """The files :func:`write_tables` writes, in one directory."""
