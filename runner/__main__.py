@@ -223,7 +223,7 @@ def _warn_unreadable(tables_path: Path) -> list[str]:
 
 def _cmd_report(args) -> int:
     from runner import tables
-    from runner.aggregate import FACETS, Filters
+    from runner.tables import FACETS, Filters
 
     if not args.reports.is_dir():
         found = "not a directory" if args.reports.exists() else "no such directory"
