@@ -58,7 +58,7 @@ for step in $steps; do
     smoke)  # the cuLaunchKernel path first: if the driver refuses it, use cuda.core.launch
             python3 -c "import torch; from kernels.gate_residual import gate_residual_forward as f; x = torch.ones(3, 5376, device='cuda', dtype=torch.bfloat16); i = torch.zeros(3, dtype=torch.int64, device='cuda'); assert torch.equal(f(x, x[:1], x, i), x + x[:1] * x); print('launch ok')" \
               || { export GATE_RESIDUAL_LAUNCH=core; echo "cuLaunchKernel failed: GATE_RESIDUAL_LAUNCH=core"; rc=1; } ;;
-    tests)  python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py 2>&1 | tee "$out/gpu-tests.log" | tail -25 || rc=1 ;;
+    tests)  python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py ${GPU_TESTS_ARGS:-} 2>&1 | tee "$out/gpu-tests.log" | tail -25 || rc=1 ;;
     rlbuild) # RL-Kernel's extension, built once into $RLK_BUILD_DIR (an install step, ~80 s)
             PYTHONPATH=$PWD/.carry/rl-kernel-h3:$PYTHONPATH python3 -c "import time; t = time.time(); from rl_engine.kernels.ops import base; print('rl_engine._C built:', base._EXT_AVAILABLE, getattr(base, '_EXT_ERROR', None), f'{time.time() - t:.0f} s')" 2>&1 | tail -3 ;;
     libsmoke) # library rows (issue 13): kernel-only loads from .carry/, RL-Kernel's build
@@ -124,8 +124,10 @@ for step in $steps; do
               t1=$(date +%s)
               # PYSPY_RATE=N: sample the cell (and its cell process) with py-spy, N per second,
               # every thread, idle ones too: collapsed stacks in pyspy-<matrix>-<mode>.txt
+              # (PYSPY_CELLS: only those cells; PYSPY_NATIVE=1: C/C++ frames too)
               spy=""; command -v py-spy >/dev/null && [ -n "${PYSPY_RATE:-}" ] && \
-                spy="py-spy record --idle --threads --subprocesses --rate $PYSPY_RATE --format raw -o $out/pyspy-$(basename "${c%%:*}" .yaml)-${c##*:}.txt --"
+                case " ${PYSPY_CELLS:-$c} " in *" $c "*) true ;; *) false ;; esac && \
+                spy="py-spy record --idle --threads --subprocesses ${PYSPY_NATIVE:+--native} --rate $PYSPY_RATE --format raw -o $out/pyspy-$(basename "${c%%:*}" .yaml)-${c##*:}.txt --"
               timeout -s TERM $(( deadline - $(date +%s) )) $spy python3 -m runner matrix --matrix "${c%%:*}" --stack host --target "${MODE_TARGET:-cuda}" --mode "${c##*:}" --reports "$reports" ${MATRIX_ARGS:-} > "$out/matrix-cell-$(basename "${c%%:*}" .yaml)-${c##*:}.log" 2>&1
               echo "$c: exit $? after $(( $(date +%s) - t1 )) s (alone)"
             done
