@@ -456,7 +456,7 @@ def _hostile_tables(tmp_path: Path):
 def test_html_data_block_cannot_end_or_comment_out_the_script(tmp_path: Path) -> None:
     """``<!--<script>`` in a report string used to put the HTML parser in its "script data
     escaped" state, so the page's own script never ran and the filters stayed empty."""
-    from runner.html import render_html
+    from runner.tables.render.html import render_html
 
     page = render_html(_hostile_tables(tmp_path))
     block = re.search(r'<script type="application/json" id="cells-data">(.*?)</script>', page,
@@ -491,7 +491,7 @@ def test_csv_formula_prefixes_are_quoted(tmp_path: Path) -> None:
     import csv
     import io
 
-    from runner.summary import render_csv
+    from runner.tables.render.summary import render_csv
 
     rows = list(csv.DictReader(io.StringIO(render_csv(_hostile_tables(tmp_path)))))
     ops = {r["op"] for r in rows if r["cell"] == "host-plain-cuda"}

@@ -1,4 +1,4 @@
-"""Tests for runner.html: reports/index.html, checked as text and in a real headless Chromium.
+"""Tests for runner.tables.render.html: reports/index.html, as text and in a headless Chromium.
 
 The browser tests drive Debian's chromium through the Chrome DevTools Protocol (playwright,
 with ``executable_path``: no browser download). CI installs chromium with

@@ -1,10 +1,15 @@
-"""No import cycles among runner/, ops/ and kernels/ (issue 12).
+"""No import cycles among runner/, ops/ and kernels/, and the tables' layers (issue 12).
 
 The graph is read from the source with :mod:`ast`: every ``import`` and ``from ... import``
 of these packages, at module level and inside functions (a lazy import is still a cycle
 waiting to happen), skipping ``if TYPE_CHECKING:`` blocks. A package's ``__init__`` counts as
 the package. Dynamic imports (``importlib.import_module`` of an op's implementations) are not
 edges: the op list (ops.OPS) is data.
+
+The tables (``runner/tables/``) are layered: the model never imports a renderer or the
+writer, a renderer imports the model and its own format's modules only (and ``links``, the
+page names the Markdown and the HTML share), and the rest of the runner imports the package's
+entry points (``runner.tables``), not its modules.
 """
 
 from __future__ import annotations
@@ -49,10 +54,15 @@ def _imports(path: Path, known: dict[str, Path]) -> set[str]:
     return {m for m in out if m in known}
 
 
+def graph() -> dict[str, set[str]]:
+    """Module -> the modules of these packages it imports."""
+    known = _modules()
+    return {m: _imports(p, known) - {m} for m, p in known.items()}
+
+
 def cycles() -> list[frozenset[str]]:
     """The strongly connected components of more than one module (Tarjan's algorithm)."""
-    known = _modules()
-    graph = {m: _imports(p, known) - {m} for m, p in known.items()}
+    graph_ = graph()
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -61,7 +71,7 @@ def cycles() -> list[frozenset[str]]:
     def visit(v: str) -> None:
         index[v] = low[v] = len(index)
         stack.append(v)
-        for w in graph[v]:
+        for w in graph_[v]:
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -77,7 +87,7 @@ def cycles() -> list[frozenset[str]]:
             if len(comp) > 1:
                 found.append(frozenset(comp))
 
-    for v in sorted(graph):
+    for v in sorted(graph_):
         if v not in index:
             visit(v)
     return found
@@ -91,3 +101,67 @@ def test_no_new_import_cycles():
 def test_known_cycles_still_exist():
     """A cycle that is gone leaves KNOWN_CYCLES (the list only shrinks)."""
     assert set(KNOWN_CYCLES) <= set(cycles())
+
+
+TABLES = "runner.tables"
+RENDER = f"{TABLES}.render"
+FORMATS = {"markdown": "markdown", "pages": "markdown", "html": "html", "summary": "summary",
+           "plots": "plots"}
+"""Each renderer's format: a renderer may import the modules of its own format."""
+SHARED_RENDER = {f"{RENDER}.links"}
+"""Renderer modules every format may import."""
+
+
+def layer_violations(edges: dict[str, set[str]]) -> list[str]:
+    """``importer -> imported`` for every import that crosses the tables' layers wrongly."""
+    out = []
+    for module, imported in sorted(edges.items()):
+        for target in sorted(imported):
+            if not target.startswith(TABLES):
+                continue
+            inside = module == TABLES or module.startswith(TABLES + ".")
+            if not inside:
+                bad = target != TABLES  # outside code uses the entry points only
+            elif module.startswith(f"{TABLES}.model"):
+                bad = not target.startswith(f"{TABLES}.model")
+            elif module.startswith(RENDER + "."):
+                own = FORMATS.get(module.rsplit(".", 1)[1])
+                bad = target == TABLES or target == f"{TABLES}.write" or (
+                    target.startswith(RENDER + ".") and target not in SHARED_RENDER
+                    and (own is None or FORMATS.get(target.rsplit(".", 1)[1]) != own))
+            else:
+                bad = False  # the package and its writer put the layers together
+            if bad:
+                out.append(f"{module} -> {target}")
+    return out
+
+
+def test_tables_are_covered():
+    """The graph holds the tables' modules, both layers (the checks above see them)."""
+    found = set(graph())
+    assert {TABLES, f"{TABLES}.write", f"{TABLES}.model.build", f"{TABLES}.model.cells",
+            f"{RENDER}.markdown", f"{RENDER}.html", f"{RENDER}.summary",
+            f"{RENDER}.plots"} <= found
+    assert not [sorted(c) for c in cycles() if any(m.startswith(TABLES) for m in c)]
+
+
+def test_tables_layers():
+    assert layer_violations(graph()) == []
+
+
+def test_layer_check_finds_what_it_looks_for():
+    """A model importing a renderer, a renderer importing another format or the writer, and
+    outside code importing a module of the package are caught; allowed imports are not."""
+    edges = {
+        f"{TABLES}.model.bits": {f"{RENDER}.html", f"{TABLES}.model.cells"},
+        f"{RENDER}.html": {f"{RENDER}.pages", f"{RENDER}.links", f"{TABLES}.model.build"},
+        f"{RENDER}.pages": {f"{RENDER}.markdown", f"{TABLES}.write"},
+        "runner.run": {TABLES, f"{TABLES}.model.filters"},
+        f"{TABLES}.write": {f"{RENDER}.html", f"{TABLES}.model.build"},
+    }
+    assert layer_violations(edges) == [
+        f"runner.run -> {TABLES}.model.filters",
+        f"{TABLES}.model.bits -> {RENDER}.html",
+        f"{RENDER}.html -> {RENDER}.pages",
+        f"{RENDER}.pages -> {TABLES}.write",
+    ]

@@ -7,9 +7,9 @@ import json
 import shutil
 from pathlib import Path
 
-from runner.aggregate import load_cells
 from runner.report import read_reports
-from runner.table_headline import KERNEL_ONLY, headline
+from runner.tables.model.cells import load_cells
+from runner.tables.model.headline import KERNEL_ONLY, headline
 
 REPORT = Path(__file__).resolve().parent.parent / "reports" / "host-plain-cuda.json"
 

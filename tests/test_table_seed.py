@@ -6,9 +6,9 @@ import json
 import shutil
 from pathlib import Path
 
-from runner.aggregate import format_cmp, load_cells
 from runner.report import read_reports
-from runner.table_seed import seed_tables
+from runner.tables import format_cmp, load_cells
+from runner.tables.model.seed import seed_tables
 
 ROOT = Path(__file__).resolve().parent.parent / "reports"
 

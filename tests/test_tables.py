@@ -16,11 +16,20 @@ from pathlib import Path
 import pytest
 
 from runner.__main__ import main
-from runner.aggregate import Filters, format_cmp, load_cells
 from runner.errors import SelectionError
 from runner.report import LoadedReport, read_report, read_reports
-from runner.summary import COLUMNS
-from runner.tables import OUTPUTS, build_tables, markdown, render_markdown, slug, write_tables
+from runner.tables import (
+    OUTPUTS,
+    Filters,
+    build_tables,
+    format_cmp,
+    load_cells,
+    markdown,
+    render_markdown,
+    slug,
+    write_tables,
+)
+from runner.tables.model.summary_rows import COLUMNS
 
 DATA = Path(__file__).parent / "data"
 REPORTS = DATA / "reports"

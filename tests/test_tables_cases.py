@@ -1,4 +1,4 @@
-"""The tables with per-case dtypes (runner.table_cases), rows per gate row and the verdicts.
+"""The tables with per-case dtypes (runner.tables.model.cases), rows per gate row and the verdicts.
 
 Two real cells are run here (tiny, on the CPU, fresh seed): A with the problem bf16/int64 and
 cases in bf16/int64, fp16/int32 and fp32/int64; B with the problem fp16/int32 and one case,
@@ -19,17 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from runner.aggregate import Filters, load_cells
 from runner.cell import run_cell
 from runner.cells import Cell
 from runner.config import parse_matrix
 from runner.errors import SelectionError
-from runner.html import render_html
 from runner.report import LoadedReport, read_report, read_reports, validate, write_report
-from runner.summary import render_csv
-from runner.table_cases import base_case, case_dtypes, index_rows
-from runner.table_verdicts import describe_dtypes, verdict_table
-from runner.tables import build_tables, markdown, render_markdown
+from runner.tables import Filters, build_tables, load_cells, markdown, render_markdown
+from runner.tables.model.cases import base_case, case_dtypes, index_rows
+from runner.tables.model.verdicts import describe_dtypes, verdict_table
+from runner.tables.render.html import render_html
+from runner.tables.render.summary import render_csv
 
 DATA = Path(__file__).parent / "data"
 H200 = DATA / "h200" / "host-plain-cuda.json"

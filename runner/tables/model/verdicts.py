@@ -7,7 +7,7 @@ for those whether each side repeated its own bits within a process, e.g.
     numba vs eager: out, grad_res, grad_y bitwise equal in all 5 cases; grad_gate differs in
     4 of 5 cases (numba repeatable, eager not repeatable in 3 of 4)
 
-Sources: ``results[impl]["vs <other>"][case]`` (:func:`runner.table_bits.pair_results`) and
+Sources: ``results[impl]["vs <other>"][case]`` (:func:`runner.tables.model.bits.pair_results`) and
 ``results[impl].repeatable[case][tensor]``.
 """
 
@@ -16,9 +16,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from runner import report_tensors
-from runner.aggregate import ABSENT, Cell, Filters, Row, Table
-from runner.table_bits import PairResult, pair_results
-from runner.table_cases import case_dtypes, short_dtype
+from runner.tables.model.bits import PairResult, pair_results
+from runner.tables.model.cases import case_dtypes, short_dtype
+from runner.tables.model.cells import Cell
+from runner.tables.model.filters import Filters
+from runner.tables.model.table import Row, Table
+from runner.tables.model.values import ABSENT
 
 __all__ = ["describe_dtypes", "pair_verdict", "verdict_table"]
 

@@ -2,13 +2,13 @@
 
 The first screen holds the summary and staleness line, filters that take what people type
 (GPU, stack, mode, pair: a part of the name, any case, alternatives separated by commas, so
-``h200`` finds "NVIDIA H200"), the headline (:mod:`runner.table_headline`: implementation
+``h200`` finds "NVIDIA H200"), the headline (:mod:`runner.tables.model.headline`: implementation
 pairs × GPU × stack × mode, each mark a link to the cell's page ``cells/<cell>.md``) in a box
 of its own, and the pictures (``plots/*.svg``, inlined). Below: cells without comparisons,
 one line per reason; the cells table; where bits differ across cells; benchmarks; unreadable
 files. Per-cell tables (bitwise, accuracy, timings, environment) are on the cell pages, so the
 page stays small at any matrix size: past :data:`HTML_MARKS` marks the headline merges modes,
-then stacks (:func:`runner.pages.choose_level`).
+then stacks (:func:`runner.tables.model.headline.choose_level`).
 
 CSS and JavaScript live in ``runner/assets/`` and are inlined; the cells' and columns' facets
 are embedded as JSON (every ``<``, ``>``, ``&`` escaped). Elements with ``data-cell`` or
@@ -23,18 +23,29 @@ import re
 from collections.abc import Sequence
 from html import escape
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from runner.aggregate import ABSENT, Cell, Table, status_kind
-from runner.table_cases import DTYPE_NAMES, cell_dtypes
-from runner.table_headline import LEVELS, Column, Headline, name_list, not_run, staleness
-
-if TYPE_CHECKING:
-    from runner.tables import Tables
+from runner.tables.model.build import Tables
+from runner.tables.model.cases import DTYPE_NAMES, cell_dtypes
+from runner.tables.model.cells import Cell
+from runner.tables.model.headline import (
+    LEGEND,
+    LEVELS,
+    Column,
+    Headline,
+    choose_level,
+    name_list,
+    not_run,
+    staleness,
+)
+from runner.tables.model.table import Table
+from runner.tables.model.values import ABSENT, status_kind
+from runner.tables.render.links import mark_link, page_names
 
 __all__ = ["FILTER_FACETS", "HTML_MARKS", "render_html"]
 
-ASSETS = Path(__file__).resolve().parent / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+"""The page's CSS and JavaScript (``runner/assets/``), inlined."""
 FILTER_FACETS = ("gpu", "stack", "mode", "pair")
 """The facets the page filters on, in the order of its controls."""
 HTML_MARKS = 6000
@@ -84,11 +95,6 @@ def _facets(cell: Cell) -> dict[str, Any]:
     gpu = "CPU" if cell.target == "cpu" else cell.facet("gpu")
     return {"gpu": gpu, "stack": cell.facet("stack"), "mode": cell.facet("mode"),
             "dtype": cell_dtypes(cell) or [ABSENT]}
-
-
-def _badge(cell: Cell) -> str:
-    status = cell.status if cell.ours else "foreign"
-    return f'<span class="badge st-{status_kind(status) or "none"}">{_e(status)}</span>'
 
 
 class _Ids:
@@ -162,8 +168,6 @@ def _column_head(column: Column, head: str | None) -> str:
 
 
 def _headline(h: Headline, names: dict[int, str]) -> str:
-    from runner.pages import LEGEND
-
     merged = ("" if h.level == 0 else f" Columns are merged ({_e(LEVELS[h.level])}: the worst "
               'mark of their cells) to keep this page small; one column per mode: '
               '<a href="cells/README.md">cells/README.md</a>.')
@@ -188,9 +192,7 @@ def _headline(h: Headline, names: dict[int, str]) -> str:
                 continue
             label = _e(mark.label())
             if mark.compared:
-                href = ("cells/README.md" if mark.only_cell is None  # the mark's own cell
-                        else f"cells/{names[mark.only_cell]}")
-                label = f'<a href="{_e(href)}">{label}</a>'
+                label = f'<a href="{_e(mark_link(mark, names))}">{label}</a>'
             tds.append(f'<td data-col="{n}" class="k-{mark.kind()}">{label}</td>')
         out.append(f'<tr data-pair="{_e(pair)}"><th class="pair">{_e(pair)}</th>'
                    + "".join(tds) + "</tr>")
@@ -274,12 +276,12 @@ def _asset(name: str) -> str:
 
 def render_html(tables: Tables, plots: dict[str, tuple[str, str]] | None = None,
                 h: Headline | None = None) -> str:
-    """The page for built tables (:func:`runner.tables.build_tables`), as one string.
+    """The page for built tables (:func:`runner.tables.model.build.build_tables`), as one string.
 
     Args:
-        plots: ``{file name: (title, SVG)}`` (:func:`runner.plots.render_plots`); none
-            when None.
-        h: the headline to show; when None, :func:`runner.pages.choose_level` with
+        plots: ``{file name: (title, SVG)}`` (:func:`runner.tables.render.plots.render_plots`);
+            none when None.
+        h: the headline to show; when None, :func:`~runner.tables.model.headline.choose_level` with
             :data:`HTML_MARKS`.
 
     Example:
@@ -287,8 +289,6 @@ def render_html(tables: Tables, plots: dict[str, tuple[str, str]] | None = None,
         >>> page.startswith("<!DOCTYPE html>") and "http" not in page.split("<body>")[0]
         True
     """
-    from runner.pages import choose_level, page_names
-
     cells = tables.cells
     h = h or choose_level(cells, tables, HTML_MARKS)
     names = page_names(cells)

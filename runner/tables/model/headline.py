@@ -20,26 +20,26 @@ them to one line per status and reason.
 
 When the columns are too many for one page the table can merge them (:data:`LEVELS`): modes
 first (GPU × stack), then stacks (GPU alone); the merged mark is the worst of its cells.
-Sources: ``results[impl]["vs <other>"][case]`` (:func:`runner.table_bits.pair_results`),
+Sources: ``results[impl]["vs <other>"][case]`` (:func:`runner.tables.model.bits.pair_results`),
 ``results[impl].repeatable``, ``environment.{gpu,torch,libraries,project}``.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import ops
 from runner import report_tensors
-from runner.aggregate import ABSENT, Cell, Filters, text
-from runner.table_bits import pair_results
+from runner.tables.model.bits import pair_results
+from runner.tables.model.build import Tables
+from runner.tables.model.cells import Cell
+from runner.tables.model.filters import Filters
+from runner.tables.model.values import ABSENT, text
 
-__all__ = ["KERNEL_ONLY", "LEVELS", "Column", "Headline", "Mark", "current_commit", "headline",
-           "not_run", "staleness"]
+__all__ = ["KERNEL_ONLY", "LEGEND", "LEVELS", "Column", "Headline", "Mark", "cached_headline",
+           "choose_level", "headline", "name_list", "not_run", "staleness"]
 
 LEVELS = ("GPU × stack × mode", "GPU × stack", "GPU")
 """How far columns are merged: level 0 keeps every mode apart, 2 merges stacks too."""
@@ -50,23 +50,24 @@ KERNEL_ONLY = "ᴷ"
 """Appended to a mark where one side is a library row that ran kernel-only: the library's
 kernel modules loaded from its released wheel under this host's torch and triton, not a
 full-stack install (``environment.kernel_only[impl].mode``)."""
+LEGEND = (
+    "Each mark sums up every case of the column's cells: `✓` every tensor has the same bits "
+    "in every case; `✗` the tensors that differ in at least one case (`out`, {legend}), "
+    "the largest fraction of their "
+    "elements that differ, then `R` when both sides gave the same bits in every repeat "
+    "within their process in the cases that differ, `NR` when one side did not (no letter: "
+    "no repeats recorded); `NaN out` those tensors differ in NaN payloads only (`≈` when "
+    "nothing else does); `n/a: unavailable` the candidate did not run there; `—` no such "
+    "pair there; `ᴷ` a library row that ran kernel-only (its kernel modules loaded from the "
+    "released wheel, under this host's torch and triton: not a full-stack install; the "
+    "kernel-only table of the cell's page has the record). "
+    "⚠ marks a column whose reports were not made at the current commit "
+    "(`at <commit>`) or were made from a dirty tree. A mark links to the cell's page.")
+"""How to read a mark; ``{legend}`` takes the shown reports' tensor names
+(:func:`runner.report_tensors.legend`)."""
 _BASELINES = ("eager", "diffusers")  # a foreign report's baseline, by name
-_ROOT = Path(__file__).resolve().parent.parent
 _MAX_NAMES = 30
 _STACK_SUFFIX = re.compile(r"\+.*$")
-
-
-def current_commit(root: Path = _ROOT) -> str | None:
-    """The project's git HEAD (``GATE_RESIDUAL_COMMIT`` overrides it, as for the reports),
-    or None where git or the checkout is missing. Never raises."""
-    if os.environ.get("GATE_RESIDUAL_COMMIT"):
-        return os.environ["GATE_RESIDUAL_COMMIT"]
-    try:
-        done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() or None if done.returncode == 0 else None
 
 
 def staleness(cell: Cell, head: str | None) -> str:
@@ -117,7 +118,7 @@ class Mark:
     not_repeatable: set[str] = field(default_factory=set)
     missing: str = ""  # why the candidate has no comparison here (its status)
     order: tuple[str, ...] = ()  # the op's tensor keys in display order
-    kernel_only: bool = False  # a side ran kernel-only (runner/table_kernel_only.py)
+    kernel_only: bool = False  # a side ran kernel-only (runner/tables/model/kernel_only.py)
     cells: set[int] = field(default_factory=set)  # indexes of the cells it sums up
 
     @property
@@ -312,6 +313,24 @@ def headline(cells: Sequence[Cell], filters: Filters | None = None, head: str | 
                                         if (p, n) in marks))
              for p in pairs if p not in compared}
     return Headline(level, compared, ordered, marks, head, never)
+
+
+def choose_level(cells: Sequence[Cell], tables: Tables, budget: int) -> Headline:
+    """The headline with the fewest merges whose marks (pairs × columns) fit ``budget``
+    (each output has its own: README.md's is smaller than index.html's)."""
+    for level in range(len(LEVELS)):
+        h = cached_headline(cells, tables, level)
+        if len(h.pairs) * len(h.columns) <= budget or level == len(LEVELS) - 1:
+            return h
+    raise AssertionError("unreachable")
+
+
+def cached_headline(cells: Sequence[Cell], tables: Tables, level: int) -> Headline:
+    """:func:`headline` of ``tables`` at ``level``, computed once per built tables."""
+    key = ("headline", level, len(cells))
+    if key not in tables.cache:
+        tables.cache[key] = headline(cells, tables.filters, tables.head, level)
+    return tables.cache[key]
 
 
 def not_run(cells: Sequence[Cell]) -> list[tuple[str, str, list[Cell]]]:

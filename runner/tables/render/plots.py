@@ -28,14 +28,14 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import ops
 from runner import report_tensors
-from runner.aggregate import ABSENT, Cell
-from runner.table_cases import case_dtypes
-from runner.table_headline import Headline
-from runner.table_stats import ITEMSIZE
+from runner.tables.model.cases import ITEMSIZE, case_dtypes
+from runner.tables.model.cells import Cell
+from runner.tables.model.headline import Headline
+from runner.tables.model.values import ABSENT
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -200,12 +200,12 @@ def _bits_figure(h: Headline) -> Figure:
     return fig
 
 
-def _count(value: Any) -> bool:
+def _count(value: Any) -> TypeGuard[int]:
     """A positive int that is not a bool (N, D, G of a bench row)."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**53
 
 
-def _time(value: Any) -> bool:
+def _time(value: Any) -> TypeGuard[float]:
     """A finite positive number (a time in ms, a bandwidth) that a log axis can show."""
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and 0 < value < float("inf"))

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from runner.aggregate import Cell, Filters, Row, Table, status_kind
+from runner.tables.model.cells import Cell
+from runner.tables.model.filters import Filters
+from runner.tables.model.table import Row, Table
+from runner.tables.model.values import status_kind
 
 MARK = "kernel-only"
 LEGEND = ("`kernel-only`: the library's kernel modules only, loaded from its released wheel's "

@@ -6,7 +6,7 @@ names onto the matrix's implementations (:attr:`ops.spec.OpSpec.reference_names`
 ``diffusers`` -> ``eager``, ``rl_kernel`` -> ``rl_kernel_h3`` for gate_residual). This table
 puts, for each of the reference's cases and tensors, its CMP beside the same pair's CMP in
 each of our cells of that op and mode that compared it (``differ/numel (max_abs, max_ulp)``,
-:func:`runner.aggregate.format_cmp`): the reference's layout, our GPUs beside its GPU.
+:func:`runner.tables.model.values.format_cmp`): the reference's layout, our GPUs beside its GPU.
 Cases are matched by id: the reference's ``1`` ... ``32768`` are our cases of the problem's
 own dtypes (bf16/int64 in matrix.yaml).
 """
@@ -16,8 +16,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import ops
-from runner.aggregate import ABSENT, Cell, Filters, Row, Table, cmp_kind, format_cmp
-from runner.table_bits import pair_results
+from runner.tables.model.bits import pair_results
+from runner.tables.model.cells import Cell
+from runner.tables.model.filters import Filters
+from runner.tables.model.table import Row, Table
+from runner.tables.model.values import ABSENT, cmp_kind, format_cmp
 
 __all__ = ["seed_tables"]
 

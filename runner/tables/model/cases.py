@@ -1,4 +1,5 @@
-"""Per-case facts the tables share: a case's dtypes, its id without them, its gate rows.
+"""Per-case facts the tables share: case order, a case's dtypes, its id without them, its rows
+per index value, bytes per element.
 
 A case of one cell may run in its own storage and index dtypes (matrix.yaml ``cases[i].dtype``,
 ``index_dtype``; report ``inputs[case].dtype``, ``index_dtype``). The tables read a case's
@@ -19,18 +20,39 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
-from runner.aggregate import ABSENT, Cell, Filters
 from runner.errors import SelectionError
+from runner.tables.model.cells import Cell
+from runner.tables.model.filters import Filters
+from runner.tables.model.values import ABSENT
 
-__all__ = ["DTYPE_NAMES", "CaseFilter", "base_case", "case_dtypes", "case_problem", "cell_dtypes",
-           "dtype_label", "index_rows", "short_dtype"]
+__all__ = ["DTYPE_NAMES", "ITEMSIZE", "CaseFilter", "Problem", "base_case", "case_dtypes",
+           "case_order", "case_problem", "cell_dtypes", "dtype_label", "index_rows",
+           "short_dtype"]
 
 CASE_RE = re.compile(r"^(?P<base>[0-9]+(?:-specials)?)"
                      r"(?:-(?P<dtype>bfloat16|float16|float32)-(?P<index>int64|int32))?$")
 _SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 DTYPE_NAMES = tuple(_SHORT)
 """The storage dtypes a case may have."""
+ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
+"""Bytes per element of each storage dtype."""
+_ORDER_RE = re.compile(r"^([0-9]+)(-specials)?$")
+
+
+def case_order(cases: Iterable[str]) -> list[str]:
+    """Case ids once each, as the matrix orders them: plain N ascending, then specials.
+
+    Example:
+        >>> case_order(["257-specials", "4097", "1", "257", "1"])
+        ['1', '257', '4097', '257-specials']
+    """
+    def key(case: str) -> tuple[int, int, str]:
+        m = _ORDER_RE.match(case)
+        return (2, 0, case) if m is None else (int(bool(m.group(2))), int(m.group(1)), case)
+
+    return sorted(dict.fromkeys(cases), key=key)
 
 
 def base_case(case: str) -> str:
@@ -68,14 +90,25 @@ def problem_sizes(problem: dict) -> tuple[tuple[str, object], ...]:
     return tuple((k, v) for k, v in problem.items() if k not in PROBLEM_KEYS)
 
 
-def case_problem(cell: Cell, case: str) -> tuple[object, ...] | None:
-    """(op, dtype, sizes, index dtype, seed) of ``case``: cases with the same key, in any
-    cells, ran the same problem (with the same base id, the same inputs)."""
+class Problem(NamedTuple):
+    """What a case ran: cases with the same problem, in any cells, ran the same computation
+    (with the same base id, the same inputs)."""
+
+    op: str | None
+    dtype: str | None
+    sizes: tuple[tuple[str, object], ...]  # the op's sizes, in the report's order
+    index_dtype: str | None
+    seed: object
+
+
+def case_problem(cell: Cell, case: str) -> Problem | None:
+    """The :class:`Problem` of ``case`` (its own dtypes); None for a report without
+    ``problem`` (a foreign one)."""
     p = cell.data.get("problem")
     if not p:
         return None
     dtype, index_dtype = case_dtypes(cell, case)
-    return (cell.op, dtype, problem_sizes(p), index_dtype, p["seed"])
+    return Problem(cell.op, dtype, problem_sizes(p), index_dtype, p["seed"])
 
 
 def short_dtype(dtype: str | None) -> str:

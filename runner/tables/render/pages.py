@@ -1,9 +1,10 @@
 """The Markdown pages: ``reports/README.md`` (the answer first), one page per cell, the A/B.
 
-:func:`markdown_pages` turns built tables (:func:`runner.tables.build_tables`) into
+:func:`markdown_pages` turns built tables (:func:`runner.tables.model.build.build_tables`) into
 ``{relative path: text}``:
 
-* ``README.md``: the summary and staleness line, the headline (:mod:`runner.table_headline`)
+* ``README.md``: the summary and staleness line, the headline
+  (:mod:`runner.tables.model.headline`)
   per GPU in tables of at most :data:`COLUMNS_PER_TABLE` columns (never wider than a screen),
   the pictures (``plots/*.svg``), cells without comparisons collapsed to one line per reason,
   where bits differ across cells, benchmarks and unreadable files. It stays small at any
@@ -16,26 +17,37 @@
   that did not run, library rows, environment and timings.
 * ``ab.md``: the A/B tables.
 
-Every value from a report goes through :func:`runner.tables.md_text` (escaped, one line).
+Every value from a report goes through :func:`runner.tables.render.markdown.md_text` (escaped,
+one line).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
 from runner import report_tensors
-from runner.aggregate import Cell, Table
-from runner.table_headline import LEVELS, Column, Headline, Mark, headline, name_list, not_run
+from runner.tables.model.build import Tables
+from runner.tables.model.cells import Cell
+from runner.tables.model.headline import (
+    LEGEND,
+    LEVELS,
+    Column,
+    Headline,
+    Mark,
+    cached_headline,
+    choose_level,
+    name_list,
+    not_run,
+    staleness,
+)
+from runner.tables.model.table import Row, Table
+from runner.tables.render.links import mark_link, page_names
+from runner.tables.render.markdown import HEADER, md_text, rows_markdown
 
-if TYPE_CHECKING:
-    from runner.tables import Tables
-
-__all__ = ["COLUMNS_PER_TABLE", "README_MARKS", "choose_level", "headline_markdown",
-           "markdown_pages", "page_names"]
+__all__ = ["CELL_SECTIONS", "COLUMNS_PER_TABLE", "README_MARKS", "headline_markdown",
+           "markdown_pages"]
 
 COLUMNS_PER_TABLE = 4
 """Headline columns per Markdown table, so a rendered table fits a screen."""
@@ -45,70 +57,13 @@ MAX_ACROSS_ROWS = 20
 """Rows of the across-cells table README.md shows (those where bits differ)."""
 CELL_SECTIONS = ("verdicts", "bitwise", "accuracy", "implementations", "kernel_only",
                  "environment", "timings")
-"""The per-cell tables (keys of :class:`runner.aggregate.Table`) a cell's page shows."""
-LEGEND = (
-    "Each mark sums up every case of the column's cells: `✓` every tensor has the same bits "
-    "in every case; `✗` the tensors that differ in at least one case (`out`, {legend}), "
-    "the largest fraction of their "
-    "elements that differ, then `R` when both sides gave the same bits in every repeat "
-    "within their process in the cases that differ, `NR` when one side did not (no letter: "
-    "no repeats recorded); `NaN out` those tensors differ in NaN payloads only (`≈` when "
-    "nothing else does); `n/a: unavailable` the candidate did not run there; `—` no such "
-    "pair there; `ᴷ` a library row that ran kernel-only (its kernel modules loaded from the "
-    "released wheel, under this host's torch and triton: not a full-stack install; the "
-    "kernel-only table of the cell's page has the record). "
-    "⚠ marks a column whose reports were not made at the current commit "
-    "(`at <commit>`) or were made from a dirty tree. A mark links to the cell's page.")
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-
-
+"""The per-cell tables (keys of :class:`runner.tables.model.table.Table`) a cell's page shows."""
 def _legend(tables: Tables) -> str:
     """:data:`LEGEND` with the shown reports' tensor names."""
     return LEGEND.format(legend=report_tensors.legend(c.data for c in tables.cells))
 
 
-def page_names(cells: Sequence[Cell]) -> dict[int, str]:
-    """A file name per cell (``host-plain-cuda.md``), unique, from its label.
-
-    Example:
-        >>> page_names(cells)[0]
-        'host-plain-cuda.md'
-    """
-    names: dict[int, str] = {}
-    seen: set[str] = set()
-    for cell in cells:
-        stem = _UNSAFE.sub("_", cell.label).strip("._-") or "cell"
-        if stem.lower() == "readme":
-            stem += "-cell"
-        name, n = stem, 1
-        while name.lower() in seen:
-            n += 1
-            name = f"{stem}-{n}"
-        seen.add(name.lower())
-        names[cell.index] = f"{name}.md"
-    return names
-
-
-def choose_level(cells: Sequence[Cell], tables: Tables, budget: int) -> Headline:
-    """The headline with the fewest merges whose marks (pairs × columns) fit ``budget``."""
-    for level in range(len(LEVELS)):
-        h = cached_headline(cells, tables, level)
-        if len(h.pairs) * len(h.columns) <= budget or level == len(LEVELS) - 1:
-            return h
-    raise AssertionError("unreachable")
-
-
-def cached_headline(cells: Sequence[Cell], tables: Tables, level: int) -> Headline:
-    """:func:`runner.table_headline.headline` of ``tables`` at ``level``, computed once."""
-    key = ("headline", level, len(cells))
-    if key not in tables.cache:
-        tables.cache[key] = headline(cells, tables.filters, tables.head, level)
-    return tables.cache[key]
-
-
 def _header(column: Column, head: str | None, gpu: bool = False) -> str:
-    from runner.markdown import md_text
-
     parts = ([column.gpu] if gpu else []) + [column.stack, column.mode]
     label = " · ".join(parts)
     if column.status():
@@ -122,8 +77,6 @@ def _header(column: Column, head: str | None, gpu: bool = False) -> str:
 def headline_markdown(h: Headline, link: Callable[[Column, Mark], str]) -> str:
     """The headline as Markdown: a ``###`` heading per GPU, then tables of at most
     :data:`COLUMNS_PER_TABLE` columns; each mark a link to ``link(column, mark)``."""
-    from runner.markdown import md_text
-
     if not h.columns:
         return "_No cell has comparisons yet._\n"
     parts = []
@@ -151,42 +104,7 @@ def headline_markdown(h: Headline, link: Callable[[Column, Mark], str]) -> str:
     return "\n".join(parts)
 
 
-def pipe_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A GitHub Markdown table of values already escaped (:func:`runner.tables.md_text`),
-    unpadded. For the cell pages: tabulate spends about 2 ms a table detecting column types
-    that these pages never use, 15 s over a thousand cells' pages."""
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def _rows_markdown(table: Table, rows: Sequence, links: Mapping[int, str] | None = None,
-                   level: int | None = None, fast: bool = False) -> str:
-    """``table`` with only ``rows``; the first value a link where ``links`` has the row's
-    cell; ``fast``: with :func:`pipe_table` rather than tabulate."""
-    from runner.markdown import md_text
-
-    heading = f"{'#' * (level or table.level)} {md_text(table.title)}\n"
-    parts = [heading] + ([table.note + "\n"] if table.note else [])
-    if table.headers:
-        if rows:
-            body = []
-            for r in rows:
-                values = [md_text(v) for v in r.values]
-                if links and r.cell in links:
-                    values[0] = f"[{values[0]}]({links[r.cell]})"
-                body.append(values)
-            parts.append((pipe_table([md_text(h) for h in table.headers], body) if fast
-                          else tabulate(body, headers=list(table.headers), tablefmt="github",
-                                        disable_numparse=True)) + "\n")
-        else:
-            parts.append(f"_{table.empty}_\n")
-    return "\n".join(parts)
-
-
 def _not_run_markdown(cells: Sequence[Cell]) -> str:
-    from runner.markdown import md_text
-
     groups = not_run(cells)
     if not groups:
         return "Every cell shown has comparisons.\n"
@@ -195,8 +113,6 @@ def _not_run_markdown(cells: Sequence[Cell]) -> str:
 
 
 def _stale_line(tables: Tables) -> str:
-    from runner.table_headline import staleness
-
     stale = [c for c in tables.cells if c.ours and staleness(c, tables.head)]
     head = f"`{tables.head[:12]}`" if tables.head else "unknown (no git checkout)"
     return (f"Current commit: {head}. {len(stale)} of {sum(c.ours for c in tables.cells)} of "
@@ -206,27 +122,17 @@ def _stale_line(tables: Tables) -> str:
 
 def _readme(tables: Tables, names: Mapping[int, str],
             plots: Mapping[str, tuple[str, str]]) -> str:
-    from runner.markdown import HEADER, md_text
-
     h = choose_level(tables.cells, tables, README_MARKS)
-    single = {n: c for n, c in enumerate(h.columns) if len(c.cells) == 1}
-
-    def link(column: Column, mark: Mark) -> str:
-        # the mark's own cell: a column may hold one cell of each op
-        return ("cells/README.md" if mark.only_cell is None
-                else f"cells/{names[mark.only_cell]}")
-
     merged = ("" if h.level == 0 else f" Columns are merged to {LEVELS[h.level]} (the worst "
               "mark of their cells) to keep this page short; the full table, one column per "
               "mode: [cells/README.md](cells/README.md).")
-    del single
     parts = [HEADER.format(title=tables.title()), tables.summary_line() + "\n",
              _stale_line(tables),
              "## Can I swap one implementation for another?\n",
              "Rows: each candidate against the baseline it was compared with; columns: GPU × "
              "stack (its library versions) × mode. " + _legend(tables) + merged + "\n",
-             headline_markdown(h, link)]
-    parts += [_rows_markdown(t, t.rows) for t in tables.sections if t.key.startswith("seed-")]
+             headline_markdown(h, lambda column, mark: mark_link(mark, names))]
+    parts += [rows_markdown(t, t.rows) for t in tables.sections if t.key.startswith("seed-")]
     parts.append("## Pictures\n")
     parts += [f"![{md_text(title)}](plots/{name})\n" for name, (title, _) in plots.items()]
     if not plots:
@@ -245,7 +151,7 @@ def _readme(tables: Tables, names: Mapping[int, str],
         shown = rows[:MAX_ACROSS_ROWS]
         cut = (f" {len(rows) - len(shown)} more such rows, and every group: "
                "[summary.json](summary.json) (`across`).") if len(rows) > len(shown) else ""
-        parts.append(_rows_markdown(
+        parts.append(rows_markdown(
             Table("across-outputs", "Where bits differ across cells", table.headers,
                   note="Our cells grouped by the sha256 of each tensor's bits within one "
                        "problem (dtype, D, G, index dtype, seed): only the implementations "
@@ -254,13 +160,11 @@ def _readme(tables: Tables, names: Mapping[int, str],
             shown, level=2))
     for table in tables.sections:
         if table.key.startswith("bench") or table.key == "unreadable":
-            parts.append(_rows_markdown(table, table.rows))
+            parts.append(rows_markdown(table, table.rows))
     return "\n".join(parts)
 
 
 def _cells_index(tables: Tables, names: Mapping[int, str]) -> str:
-    from runner.markdown import md_text
-
     h = cached_headline(tables.cells, tables, 0)
     by_key = {t.key: t for t in tables.sections}
     links = {i: name for i, name in names.items()}
@@ -270,7 +174,7 @@ def _cells_index(tables: Tables, names: Mapping[int, str]) -> str:
                                                      else m.only_cell])]
     for key in ("cells", "environment"):
         if key in by_key:
-            parts.append(_rows_markdown(by_key[key], by_key[key].rows, links))
+            parts.append(rows_markdown(by_key[key], by_key[key].rows, links))
     groups = not_run(tables.cells)
     if groups:
         parts.append("## Cells without comparisons\n")
@@ -279,10 +183,8 @@ def _cells_index(tables: Tables, names: Mapping[int, str]) -> str:
     return "\n".join(parts) + "\n"
 
 
-def _cell_page(tables: Tables, cell: Cell, rows: Mapping[tuple[str, int | None], list]) -> str:
-    from runner.markdown import md_text
-    from runner.table_headline import staleness
-
+def _cell_page(tables: Tables, cell: Cell,
+               rows: Mapping[tuple[str, int | None], list[Row]]) -> str:
     env = cell.environment
     facts = [("status", cell.status), ("reason", cell.reason or "—"), ("origin", cell.origin),
              ("GPU", cell.gpu or "—"), ("stack", cell.facet("stack")),
@@ -296,14 +198,14 @@ def _cell_page(tables: Tables, cell: Cell, rows: Mapping[tuple[str, int | None],
                       tablefmt="github", disable_numparse=True) + "\n"]
     for table in tables.sections:
         if table.key in CELL_SECTIONS:
-            parts.append(_rows_markdown(table, rows.get((table.key, cell.index), []), level=2,
+            parts.append(rows_markdown(table, rows.get((table.key, cell.index), []), level=2,
                                         fast=True))
     return "\n".join(parts)
 
 
 def _ab_page(tables: Tables) -> str:
     parts = ["# A/B\n", "[Back to the headline](README.md)\n"]
-    parts += [_rows_markdown(t, t.rows) for t in tables.sections if t.key.startswith("ab")]
+    parts += [rows_markdown(t, t.rows) for t in tables.sections if t.key.startswith("ab")]
     return "\n".join(parts)
 
 
@@ -319,7 +221,7 @@ def markdown_pages(tables: Tables, plots: Mapping[str, tuple[str, str]]) -> dict
              "cells/README.md": _cells_index(tables, names)}
     if tables.ab:
         pages["ab.md"] = _ab_page(tables)
-    rows: dict[tuple[str, int | None], list] = {}
+    rows: dict[tuple[str, int | None], list[Row]] = {}
     for table in tables.sections:
         if table.key in CELL_SECTIONS:
             for r in table.rows:

@@ -1,4 +1,4 @@
-"""The tables about bits: pairwise per cell and identical bits across cells (A/B: table_ab).
+"""The tables about bits: pairwise per cell and identical bits across cells (A/B: :mod:`.ab`).
 
 * :func:`bitwise_table`: per cell, each unordered implementation pair x case, each tensor
   ``equal`` or ``differ/numel`` (``results[impl]["vs <other>"][case]``), then the largest
@@ -6,7 +6,7 @@
 * :func:`across_cells`: per problem (op, dtype, sizes, index dtype, seed), implementation, case and
   tensor, the cells grouped by the sha256 of the tensor's bits
   (``results[impl].sha256[case][tensor]``). A case's problem uses the case's own dtypes
-  (:mod:`runner.table_cases`), and its id there drops them (``257-float16-int32`` is case
+  (:mod:`runner.tables.model.cases`), and its id there drops them (``257-float16-int32`` is case
   ``257`` of a float16/int32 problem). The inputs' sha256 (``inputs[case].sha256``) must
   agree across the cells of a problem and case; where they do not, every comparison of that
   case is marked void.
@@ -21,20 +21,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner import report_tensors
-from runner.aggregate import (
-    ABSENT,
-    Cell,
-    Filters,
-    Row,
-    Table,
-    case_order,
-    cmp_kind,
-    num,
-    status_kind,
-    text,
-)
 from runner.report import iter_pairs
-from runner.table_cases import CaseFilter, base_case, case_problem, dtype_label
+from runner.tables.model.cases import (
+    CaseFilter,
+    Problem,
+    base_case,
+    case_order,
+    case_problem,
+    dtype_label,
+)
+from runner.tables.model.cells import Cell
+from runner.tables.model.filters import Filters
+from runner.tables.model.table import Row, Table
+from runner.tables.model.values import ABSENT, cmp_kind, num, status_kind, text
 
 __all__ = ["NOTHING_TO_COMPARE", "Across", "AcrossRow", "PairResult", "across_cells",
            "across_tables", "bitwise_table", "pair_results"]
@@ -230,12 +229,12 @@ def across_cells(cells: Sequence[Cell], filters: Filters | None = None) -> Acros
     filters = filters or Filters()
     by_dtype = CaseFilter.of(filters)
     # problem -> cell index -> base case id -> the cell's own case id
-    problems: dict[tuple[Any, ...], dict[int, dict[str, str]]] = {}
+    problems: dict[Problem, dict[int, dict[str, str]]] = {}
     by_index = {c.index: c for c in cells}
     without = []
     for cell in cells:
         has_bits = any((e.get("sha256") or {}) for e in cell.results.values())
-        if not has_bits or cell.data.get("problem") is None:
+        if not has_bits or not cell.data.get("problem"):
             why = ("foreign report: the reference layout has no sha256" if not cell.ours
                    else f"status {cell.status}" + (f": {text(cell.reason)}" if cell.reason
                                                    else ": no sha256 in the report"))
@@ -243,6 +242,7 @@ def across_cells(cells: Sequence[Cell], filters: Filters | None = None) -> Acros
             continue
         for case in by_dtype.cases(cell, cell.cases):
             key = case_problem(cell, case)
+            assert key is not None  # the report has a problem (above)
             problems.setdefault(key, {}).setdefault(cell.index, {})[base_case(case)] = case
     across = Across([], [], [], without)
     several_ops = len({key[0] for key in problems}) > 1
@@ -257,13 +257,14 @@ def across_cells(cells: Sequence[Cell], filters: Filters | None = None) -> Acros
         cases = case_order(b for own in members.values() for b in own)
         void = set()
 
-        def own(index: int, base: str, members: dict = members) -> str | None:
-            return members[index].get(base)
+        def own(index: int, base: str, members: dict[int, dict[str, str]] = members) -> str:
+            """The cell's own id of case ``base``; "" where it has none."""
+            return members[index].get(base, "")
 
         for case in cases:
-            shas = [(i, ((by_index[i].data.get("inputs") or {}).get(own(i, case)) or {})
-                     .get("sha256")) for i in members if own(i, case)]
-            shas = [(i, s) for i, s in shas if s]
+            given = [(i, ((by_index[i].data.get("inputs") or {}).get(own(i, case)) or {})
+                      .get("sha256")) for i in members if own(i, case)]
+            shas: list[tuple[int, dict[str, str]]] = [(i, s) for i, s in given if s]
             if not shas:
                 continue
             names = sorted({n for _, s in shas for n in s})

@@ -1,24 +1,27 @@
 """A/B: two cells side by side, headed by what differs in their set-up, then what changed.
 
-:func:`ab_tables` gives three tables: the configuration keys that differ (:func:`configuration`:
-versions, GPU, driver, mode, image, problem), then per implementation, case and tensor both
-cells have whether the bits changed (sha256; void where the inputs differ), max_abs and max ULP
-against fp64 and in-process repeatability on each side, then the median times and their ratio.
+:func:`ab_tables` gives three tables: the configuration keys that differ
+(:func:`~runner.tables.model.cells.configuration`: versions, GPU, driver, mode, image, problem),
+then per implementation, case and tensor both cells have whether the bits changed (sha256; void
+where the inputs differ), max_abs and max ULP against fp64 and in-process repeatability on each
+side, then the median times and their ratio.
 ``python -m runner report --ab A B`` picks the cells; otherwise :func:`default_ab` picks two of
 our cells with results that differ in one facet (stack, mode or target).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from runner import report_tensors
-from runner.aggregate import ABSENT, Cell, Filters, Row, Table, case_order, ms, num, text
-from runner.table_cases import CaseFilter, case_problem, dtype_label
+from runner.tables.model.cases import CaseFilter, case_order, case_problem, dtype_label
+from runner.tables.model.cells import Cell, configuration
+from runner.tables.model.filters import Filters
+from runner.tables.model.table import Row, Table
+from runner.tables.model.values import ABSENT, ms, num
 
-__all__ = ["DEFAULT_WHY", "ab_tables", "configuration", "default_ab", "image_of"]
+__all__ = ["DEFAULT_WHY", "ab_tables", "default_ab"]
 
 
 DEFAULT_WHY = ("the default: the first two of our cells with results that differ in one of "
@@ -36,42 +39,6 @@ def default_ab(cells: Sequence[Cell]) -> tuple[Cell, Cell] | None:
             if sum(getattr(a, f) != getattr(b, f) for f in ("stack", "mode", "target")) == 1:
                 return a, b
     return (ready[0], ready[1]) if len(ready) >= 2 else None
-
-
-def image_of(data: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """(tag, digest) from the report's ``image`` (a string or an object), else None."""
-    image = data.get("image") or (data.get("environment") or {}).get("image")
-    if isinstance(image, str):
-        return image, None
-    if isinstance(image, Mapping):
-        tag = image.get("tag") or image.get("name")
-        digest = image.get("digest") or image.get("repo_digest") or image.get("id")
-        return (str(tag) if tag else None), (str(digest) if digest else None)
-    return None, None
-
-
-def configuration(cell: Cell) -> dict[str, str]:
-    """What identifies a cell's set-up, flat: versions, GPU, driver, mode, image, problem."""
-    d, env = cell.data, cell.environment
-    cap = env.get("capability")
-    project = env.get("project") or {}
-    out = {"origin": cell.origin, "op": d.get("op"), "stack": cell.stack, "mode": cell.mode,
-           "target": cell.target, "backend": (d.get("cell") or {}).get("backend"),
-           "gpu": cell.gpu, "capability": ".".join(map(str, cap)) if cap else None,
-           "driver": env.get("driver"), "cuda": env.get("cuda"), "python": env.get("python"),
-           "torch": env.get("torch"), "tf32": env.get("tf32"), "platform": env.get("platform")}
-    out.update({f"library {k}": v for k, v in sorted((env.get("libraries") or {}).items())})
-    modes = env.get("mode_environment")
-    out["mode environment"] = json.dumps(modes, sort_keys=True) if modes is not None else None
-    out["image"], out["image digest or id"] = image_of(d)
-    image = d.get("image") or env.get("image")
-    if isinstance(image, Mapping):
-        out["base image"] = image.get("base_image")
-        out.update({f"pin {k}": v for k, v in sorted((image.get("pins") or {}).items())})
-    out.update({f"problem {k}": v for k, v in (d.get("problem") or {}).items()})
-    out["cases"] = ", ".join(cell.cases) or None
-    out["project commit"] = project.get("commit")
-    return {k: ABSENT if v is None else text(v) for k, v in out.items()}
 
 
 def _acc(cell: Cell, impl: str, case: str, tensor: str) -> Mapping[str, Any] | None:
@@ -148,10 +115,11 @@ def ab_tables(a: Cell, b: Cell, filters: Filters | None = None, why: str = "") -
         for case in cases_of("timings"):
             ta = a.per_case(impl, "timings", case) or {}
             tb = b.per_case(impl, "timings", case) or {}
-            fa, fb = ta.get("forward_ms"), tb.get("forward_ms")
-            ga, gb = ta.get("forward_backward_ms"), tb.get("forward_backward_ms")
-            times.append(Row((impl, case, _dtypes(a, b, case), ms(fa), ms(fb), _ratio(fa, fb),
-                              ms(ga), ms(gb), _ratio(ga, gb))))
+            fwd_a, fwd_b = ta.get("forward_ms"), tb.get("forward_ms")
+            both_a, both_b = ta.get("forward_backward_ms"), tb.get("forward_backward_ms")
+            times.append(Row((impl, case, _dtypes(a, b, case), ms(fwd_a), ms(fwd_b),
+                              _ratio(fwd_a, fwd_b), ms(both_a), ms(both_b),
+                              _ratio(both_a, both_b))))
     changed = sum(r.values[4] == "CHANGED" for r in bits)
     same = sum(r.values[4] == "same" for r in bits)
     return [

@@ -1,0 +1,32 @@
+"""The tables: the reports rendered as ``reports/README.md``, ``index.html``, ``summary.csv``,
+``summary.json``, a page per cell and pictures. The last stage of the pipeline.
+
+Two layers, imported in one direction only (tests/test_import_cycles.py checks it):
+
+* :mod:`runner.tables.model` reads the reports into typed objects and builds every table as
+  display strings: :class:`~runner.tables.model.cells.Cell` (one report),
+  :class:`~runner.tables.model.filters.Filters`, the row builders of each table, and
+  :func:`~runner.tables.model.build.build_tables`, which gives :class:`Tables`.
+* :mod:`runner.tables.render` lays built tables out, one module per format: Markdown
+  (``markdown``, ``pages``), HTML (``html``), CSV and JSON (``summary``), SVG (``plots``).
+
+:func:`~runner.tables.write.write_tables` reads, builds once, renders every format and writes
+the files. This module names the entry points the rest of the runner uses.
+
+Example:
+    >>> from runner import tables
+    >>> tables.write_tables(Path("reports"), filters=tables.Filters(stack=("host",)))
+    PosixPath('reports/README.md')
+"""
+
+from __future__ import annotations
+
+from runner.tables.model.build import Tables, build_tables
+from runner.tables.model.cells import cell_label, load_cells
+from runner.tables.model.filters import FACETS, Filters
+from runner.tables.model.values import format_cmp
+from runner.tables.render.markdown import markdown, md_text, render_markdown, slug
+from runner.tables.write import OUTPUTS, write_tables
+
+__all__ = ["FACETS", "OUTPUTS", "Filters", "Tables", "build_tables", "cell_label", "format_cmp",
+           "load_cells", "markdown", "md_text", "render_markdown", "slug", "write_tables"]
