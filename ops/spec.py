@@ -62,7 +62,7 @@ class OpSpec:
     that must move, for bandwidth figures. ``library_distributions``: the distributions
     whose versions ``libraries.versions`` may expand (their rows run per version).
     ``reference_names``: implementation names in foreign reference reports -> ours, for the
-    seed comparison table (runner/table_seed.py).
+    seed comparison table (runner/tables/model/seed.py).
     """
 
     name: str

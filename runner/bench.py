@@ -18,9 +18,9 @@ Bytes that must move (``ops.gate_residual`` spec, ``bytes_moved``): forward 3*N*
 forward+backward twice that (``gate`` and ``index`` stay in L2). Ratios are only taken within
 one run. Writes ``<out>/bench-<gpu>.json`` and ``bench-<gpu>.md`` (the table); the log-log
 picture of time against N with the bandwidth floor is drawn from the JSON by ``python -m
-runner report`` (runner/plots.py) and linked from reports/README.md. ``--smoke`` runs the
-same code on the CPU with tiny shapes (CI: so it cannot rot; no figure from it means
-anything), the host breakdown emulated (:func:`runner.bench_host.emulate_on_cpu`).
+runner report`` (runner/tables/render/plots.py) and linked from reports/README.md.
+``--smoke`` runs the same code on the CPU with tiny shapes (CI: so it cannot rot; no figure
+from it means anything), the host breakdown emulated (:func:`runner.bench_host.emulate_on_cpu`).
 """
 
 from __future__ import annotations
