@@ -4,7 +4,7 @@
 Two layers, imported in one direction only (tests/test_import_cycles.py checks it):
 
 * :mod:`runner.tables.model` reads the reports into typed objects and builds every table as
-  display strings: :class:`~runner.tables.model.cells.Cell` (one report),
+  display strings: :class:`~runner.tables.model.cells.CellReport` (one report),
   :class:`~runner.tables.model.filters.Filters`, the row builders of each table, and
   :func:`~runner.tables.model.build.build_tables`, which gives :class:`Tables`.
 * :mod:`runner.tables.render` lays built tables out, one module per format: Markdown

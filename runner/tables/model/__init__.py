@@ -5,7 +5,7 @@ Nothing here renders a format or writes a file; :mod:`runner.tables.render` does
 
 * ``values``: how one report value reads (``—`` for absent, numbers, times, CMPs, colours);
 * ``table``: :class:`~runner.tables.model.table.Table` and its rows;
-* ``cells``: one readable report as a :class:`~runner.tables.model.cells.Cell`;
+* ``cells``: one readable report as a :class:`~runner.tables.model.cells.CellReport`;
 * ``filters``: which cells and implementations are shown (``--stack``, ``--impl``, ``--ab``);
 * ``cases``: per-case facts (dtypes, order, rows per index value) and the ``--dtype`` filter;
 * the tables: ``verdicts``, ``bits`` (per cell and across cells), ``seed``, ``ab``,

@@ -16,7 +16,7 @@ from typing import Any
 
 from runner import report_tensors
 from runner.tables.model.cases import CaseFilter, case_order, case_problem, dtype_label
-from runner.tables.model.cells import Cell, configuration
+from runner.tables.model.cells import CellReport, configuration
 from runner.tables.model.filters import Filters
 from runner.tables.model.table import Row, Table
 from runner.tables.model.values import ABSENT, ms, num
@@ -28,7 +28,7 @@ DEFAULT_WHY = ("the default: the first two of our cells with results that differ
                "stack, mode and target alone (else the first two with results)")
 
 
-def default_ab(cells: Sequence[Cell]) -> tuple[Cell, Cell] | None:
+def default_ab(cells: Sequence[CellReport]) -> tuple[CellReport, CellReport] | None:
     """Two of our cells with results, as comparable as they come: the first pair, in the
     cells' order, that differs in one of stack, mode and target alone (what changed is then
     that one facet), else the first two with results; None when fewer than two of ours have
@@ -41,12 +41,12 @@ def default_ab(cells: Sequence[Cell]) -> tuple[Cell, Cell] | None:
     return (ready[0], ready[1]) if len(ready) >= 2 else None
 
 
-def _acc(cell: Cell, impl: str, case: str, tensor: str) -> Mapping[str, Any] | None:
+def _acc(cell: CellReport, impl: str, case: str, tensor: str) -> Mapping[str, Any] | None:
     acc = cell.per_case(impl, "accuracy", case) or {}
     return acc.get("out") if tensor == "out" else (acc.get("grads") or {}).get(tensor)
 
 
-def _inputs_differ(a: Cell, b: Cell, case: str) -> bool:
+def _inputs_differ(a: CellReport, b: CellReport, case: str) -> bool:
     """Whether case ``case`` ran another problem (the case's own dtypes) or other inputs."""
     ia = ((a.data.get("inputs") or {}).get(case) or {}).get("sha256")
     ib = ((b.data.get("inputs") or {}).get(case) or {}).get("sha256")
@@ -54,7 +54,7 @@ def _inputs_differ(a: Cell, b: Cell, case: str) -> bool:
             or (ia is not None and ib is not None and ia != ib))
 
 
-def _dtypes(a: Cell, b: Cell, case: str) -> str:
+def _dtypes(a: CellReport, b: CellReport, case: str) -> str:
     """The case's dtypes, ``A → B`` where the two cells ran it in different ones."""
     da, db = dtype_label(a, case), dtype_label(b, case)
     return da if da == db else f"{da} → {db}"
@@ -69,7 +69,8 @@ def _ratio(a: Any, b: Any) -> str:
     return f"{b / a:.2f}x" if ok and a > 0 else ABSENT
 
 
-def ab_tables(a: Cell, b: Cell, filters: Filters | None = None, why: str = "") -> list[Table]:
+def ab_tables(a: CellReport, b: CellReport, filters: Filters | None = None,
+              why: str = "") -> list[Table]:
     """A/B of two cells: configuration differences, bits and accuracy, time."""
     filters = filters or Filters()
     by_dtype = CaseFilter.of(filters)

@@ -14,7 +14,7 @@ from typing import Any
 
 from runner import report_tensors
 from runner.tables.model.cases import CaseFilter, dtype_label, index_rows
-from runner.tables.model.cells import Cell
+from runner.tables.model.cells import CellReport
 from runner.tables.model.filters import Filters
 from runner.tables.model.table import Row, Table
 from runner.tables.model.values import ABSENT, num, text
@@ -53,21 +53,21 @@ def _kind(verdict: str) -> str:
     return "eq" if verdict == "yes" else ("diff" if verdict.startswith("NO") else "")
 
 
-def _index_rows(cell: Cell, case: str, grouped: set[str], tensor: str) -> str:
+def _index_rows(cell: CellReport, case: str, grouped: set[str], tensor: str) -> str:
     """``min–max`` rows per index value of the case, on the rows of the tensors with one row
     per index value (``grouped``) only."""
     found = index_rows(cell, case) if tensor in grouped else None
     return ABSENT if found is None else f"{found[0]}–{found[1]}"
 
 
-def _grouped(cell: Cell) -> set[str]:
+def _grouped(cell: CellReport) -> set[str]:
     """The report's tensors with one row per index value (shape[0] is the index's size)."""
     groups = report_tensors.index_groups(cell.data)
     return {k for k, v in report_tensors.table(cell.data).items()
             if (v.get("shape") or [None])[0] == groups}
 
 
-def accuracy_table(cells: Sequence[Cell], filters: Filters | None = None) -> Table:
+def accuracy_table(cells: Sequence[CellReport], filters: Filters | None = None) -> Table:
     """Per cell x implementation x case x tensor: error vs fp64 and the determinism checks;
     on a per-index-value gradient's rows, the fewest and most rows that one of its rows sums."""
     filters = filters or Filters()
@@ -125,7 +125,7 @@ def accuracy_table(cells: Sequence[Cell], filters: Filters | None = None) -> Tab
         footer=f"Cells without figures: {'; '.join(without)}." if without else "")
 
 
-def grouped_labels(cells: Sequence[Cell]) -> str:
+def grouped_labels(cells: Sequence[CellReport]) -> str:
     """The labels of the per-index-value gradients of the cells' ops (``grad_gate``)."""
     found: dict[str, None] = {}
     for cell in cells:

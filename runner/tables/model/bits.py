@@ -30,7 +30,7 @@ from runner.tables.model.cases import (
     case_problem,
     dtype_label,
 )
-from runner.tables.model.cells import Cell
+from runner.tables.model.cells import CellReport
 from runner.tables.model.filters import Filters
 from runner.tables.model.table import Row, Table
 from runner.tables.model.values import ABSENT, cmp_kind, num, status_kind, text
@@ -62,7 +62,7 @@ _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 class PairResult:
     """One implementation pair and case of one cell: tensor name -> CMP."""
 
-    cell: Cell
+    cell: CellReport
     a: str
     b: str
     case: str
@@ -85,7 +85,7 @@ def _unordered_pairs(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     return list(seen.values())
 
 
-def pair_results(cell: Cell, filters: Filters | None = None) -> list[PairResult]:
+def pair_results(cell: CellReport, filters: Filters | None = None) -> list[PairResult]:
     """The cell's comparisons, each unordered pair once, cases in the report's order (only
     those of a dtype the filters keep)."""
     filters = filters or Filters()
@@ -132,7 +132,7 @@ def _apart(cmps: Mapping[str, Mapping[str, Any] | None], key: str) -> str:
     return "; ".join(parts) or ABSENT
 
 
-def bitwise_table(cells: Sequence[Cell], filters: Filters | None = None) -> Table:
+def bitwise_table(cells: Sequence[CellReport], filters: Filters | None = None) -> Table:
     """Per cell x pair x case: each tensor's CMP, and how far apart the differing tensors are.
     A cell without comparisons gets one row with its status, so no cell is dropped."""
     rows = []
@@ -218,7 +218,7 @@ def _inputs_key(sha: Mapping[str, str]) -> str:
     return hashlib.sha256(json.dumps(dict(sorted(sha.items()))).encode()).hexdigest()
 
 
-def across_cells(cells: Sequence[Cell], filters: Filters | None = None) -> Across:
+def across_cells(cells: Sequence[CellReport], filters: Filters | None = None) -> Across:
     """Group our cells by the sha256 of every (implementation, case, tensor) they produced.
 
     Example:
@@ -312,7 +312,7 @@ def _inputs_verdict(row: AcrossRow) -> str:
     return row.verdict() if row.void or row.count == 1 else "agree"
 
 
-def across_tables(across: Across, cells: Sequence[Cell]) -> list[Table]:
+def across_tables(across: Across, cells: Sequence[CellReport]) -> list[Table]:
     """The Markdown view of :func:`across_cells`: inputs, then outputs."""
     labels = [c.label for c in cells]
     problems = "; ".join(f"{p} = {t} ({_cells(len(m))})" for p, t, m in across.problems)

@@ -38,7 +38,7 @@ from runner.tables.model.ab import DEFAULT_WHY, ab_tables, default_ab
 from runner.tables.model.accuracy import accuracy_table
 from runner.tables.model.bits import Across, across_cells, across_tables, bitwise_table
 from runner.tables.model.cases import CaseFilter
-from runner.tables.model.cells import Cell, load_cells
+from runner.tables.model.cells import CellReport, load_cells
 from runner.tables.model.filters import Filters, find_cell
 from runner.tables.model.inventory import (
     cells_table,
@@ -61,12 +61,12 @@ class Tables:
     """Everything the renderers need: the shown cells, the tables in order, and what could
     not be read (``(file, problem)``, report files and benchmark files)."""
 
-    cells: list[Cell]
+    cells: list[CellReport]
     readable: int
     filters: Filters
     sections: list[Table]
     across: Across
-    ab: list[tuple[Cell, Cell]] = field(default_factory=list)
+    ab: list[tuple[CellReport, CellReport]] = field(default_factory=list)
     unreadable: list[tuple[str, str]] = field(default_factory=list)
     cache: dict[Any, Any] = field(default_factory=dict, repr=False)
     head: str | None = None

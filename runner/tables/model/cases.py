@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from runner.errors import SelectionError
-from runner.tables.model.cells import Cell
+from runner.tables.model.cells import CellReport
 from runner.tables.model.filters import Filters
 from runner.tables.model.values import ABSENT
 
@@ -61,7 +61,7 @@ def base_case(case: str) -> str:
     return m.group("base") if m else case
 
 
-def case_dtypes(cell: Cell, case: str) -> tuple[str | None, str | None]:
+def case_dtypes(cell: CellReport, case: str) -> tuple[str | None, str | None]:
     """(storage dtype, index dtype) of ``case`` in ``cell``; None where the report does not
     say (a foreign report). Computed once per cell and case (``cell.memo``): every table
     asks, per implementation and tensor."""
@@ -72,7 +72,7 @@ def case_dtypes(cell: Cell, case: str) -> tuple[str | None, str | None]:
     return found
 
 
-def _case_dtypes(cell: Cell, case: str) -> tuple[str | None, str | None]:
+def _case_dtypes(cell: CellReport, case: str) -> tuple[str | None, str | None]:
     given = (cell.data.get("inputs") or {}).get(case) or {}
     m = CASE_RE.match(case)
     problem = cell.data.get("problem") or {}
@@ -101,7 +101,7 @@ class Problem(NamedTuple):
     seed: object
 
 
-def case_problem(cell: Cell, case: str) -> Problem | None:
+def case_problem(cell: CellReport, case: str) -> Problem | None:
     """The :class:`Problem` of ``case`` (its own dtypes); None for a report without
     ``problem`` (a foreign one)."""
     p = cell.data.get("problem")
@@ -116,7 +116,7 @@ def short_dtype(dtype: str | None) -> str:
     return ABSENT if dtype is None else _SHORT.get(dtype, dtype)
 
 
-def dtype_label(cell: Cell, case: str) -> str:
+def dtype_label(cell: CellReport, case: str) -> str:
     """``bfloat16/int64``: a case's dtypes as the tables show them."""
     dtype, index_dtype = case_dtypes(cell, case)
     if dtype is None:
@@ -124,7 +124,7 @@ def dtype_label(cell: Cell, case: str) -> str:
     return f"{dtype}/{index_dtype}" if index_dtype else dtype
 
 
-def cell_dtypes(cell: Cell) -> list[str]:
+def cell_dtypes(cell: CellReport) -> list[str]:
     """The storage dtypes of a cell's cases, in first-seen order (the problem's when the
     report lists no case); empty for a foreign report."""
     found = [case_dtypes(cell, c)[0] for c in cell.cases]
@@ -133,7 +133,7 @@ def cell_dtypes(cell: Cell) -> list[str]:
     return [d for d in dict.fromkeys(found) if d]
 
 
-def index_rows(cell: Cell, case: str) -> tuple[int, int] | None:
+def index_rows(cell: CellReport, case: str) -> tuple[int, int] | None:
     """(min, max) rows per index value of ``case`` (``inputs[case].index_counts``), or None.
 
     A gradient with one row per index value (an AdaLN row's) sums ``index_counts[k]``
@@ -164,7 +164,7 @@ class CaseFilter:
         knows only a cell's problem dtype)."""
         return replace(filters, dtype=())
 
-    def check(self, cells: Sequence[Cell]) -> None:
+    def check(self, cells: Sequence[CellReport]) -> None:
         """Raise :class:`SelectionError` for a dtype no case of any report has."""
         found = {d for c in cells for d in cell_dtypes(c)}
         present = [d for d in DTYPE_NAMES if d in found] + sorted(found - set(DTYPE_NAMES))
@@ -174,14 +174,14 @@ class CaseFilter:
                 raise SelectionError(f'--dtype: no report has dtype "{shown}"; choose from '
                                      + (", ".join(present) or "nothing"))
 
-    def keeps(self, cell: Cell, case: str) -> bool:
+    def keeps(self, cell: CellReport, case: str) -> bool:
         """Whether rows about ``case`` of ``cell`` are shown."""
         return not self.dtypes or case_dtypes(cell, case)[0] in self.dtypes
 
-    def keeps_cell(self, cell: Cell) -> bool:
+    def keeps_cell(self, cell: CellReport) -> bool:
         """Whether ``cell`` has a shown case (a cell without cases: by its problem dtype)."""
         return not self.dtypes or any(d in self.dtypes for d in cell_dtypes(cell))
 
-    def cases(self, cell: Cell, cases: Iterable[str]) -> list[str]:
+    def cases(self, cell: CellReport, cases: Iterable[str]) -> list[str]:
         """The shown ``cases`` of ``cell``, in their order."""
         return [c for c in cases if self.keeps(cell, c)]

@@ -1,7 +1,7 @@
-"""Readable reports as cells for the tables: one :class:`Cell` per report, with its label,
+"""Readable reports as the tables see them: one :class:`CellReport` per report, with its label,
 the facets the filters select on, and what identifies its set-up (:func:`configuration`).
 
-The tables never read a report's JSON layout for these: a :class:`Cell` wraps one readable
+The tables never read a report's JSON layout for these: a :class:`CellReport` wraps one readable
 report (ours or foreign) with its label and its facets (op, stack, mode, target, dtype, gpu).
 
 A foreign report (the RL-Kernel reference layout) has no ``cell`` or ``problem``: its mode is
@@ -22,7 +22,7 @@ from typing import Any
 from runner.report import LoadedReport
 from runner.tables.model.values import ABSENT, text
 
-__all__ = ["Cell", "cell_label", "configuration", "image_of", "load_cells"]
+__all__ = ["CellReport", "cell_label", "configuration", "image_of", "load_cells"]
 
 _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9 ._:()+/@,=-]")
 
@@ -44,8 +44,9 @@ def cell_label(report: LoadedReport) -> str:
 
 
 @dataclass(frozen=True)
-class Cell:
-    """One readable report as the tables see it.
+class CellReport:
+    """One readable report as the tables see it (the matrix's cell itself, stack × mode ×
+    target, is :class:`runner.cells.Cell`; a foreign report has no such cell).
 
     ``index`` is the cell's position in the list the tables were built from (the HTML page
     filters rows by it); facets are ``None`` where the report does not say.
@@ -136,7 +137,7 @@ class Cell:
         return ABSENT if value is None else str(value)
 
 
-def _cell(index: int, report: LoadedReport) -> Cell:
+def _cell(index: int, report: LoadedReport) -> CellReport:
     data = report.data or {}
     env = data.get("environment") or {}
     gpu = env.get("gpu") or None
@@ -149,11 +150,11 @@ def _cell(index: int, report: LoadedReport) -> Cell:
         stack, dtype = None, None
         mode = modes[0] if len(modes) == 1 else None
         target = "cuda" if gpu else None
-    return Cell(index, report, cell_label(report), data.get("op"), stack, mode, target, dtype,
+    return CellReport(index, report, cell_label(report), data.get("op"), stack, mode, target, dtype,
                 gpu)
 
 
-def load_cells(reports: Iterable[LoadedReport]) -> list[Cell]:
+def load_cells(reports: Iterable[LoadedReport]) -> list[CellReport]:
     """The readable reports as cells: ours first, then foreign ones, each in the given order.
 
     Example:
@@ -178,7 +179,7 @@ def image_of(data: Mapping[str, Any]) -> tuple[str | None, str | None]:
     return None, None
 
 
-def configuration(cell: Cell) -> dict[str, str]:
+def configuration(cell: CellReport) -> dict[str, str]:
     """What identifies a cell's set-up, flat: versions, GPU, driver, mode, image, problem
     (the A/B's first table and ``summary.json``'s cells)."""
     d, env = cell.data, cell.environment

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from runner.errors import SelectionError
-from runner.tables.model.cells import Cell
+from runner.tables.model.cells import CellReport
 
 __all__ = ["FACETS", "Filters", "find_cell", "matches"]
 
@@ -81,7 +81,7 @@ class Filters:
         """The filters as command-line options, ``""`` when none is set."""
         return " ".join(f"--{f} {v}" for f in (*FACETS, "impl") for v in getattr(self, f))
 
-    def resolve(self, cells: Sequence[Cell]) -> Filters:
+    def resolve(self, cells: Sequence[CellReport]) -> Filters:
         """These filters with each value as typed replaced by the values of ``cells`` it
         selects (:func:`matches`: ``--gpu H200`` becomes ``--gpu "NVIDIA H200"``).
 
@@ -108,7 +108,7 @@ class Filters:
             out += [h for h in hits if h not in out]
         return tuple(out)
 
-    def keeps(self, cell: Cell) -> bool:
+    def keeps(self, cell: CellReport) -> bool:
         """Whether ``cell`` passes every facet filter (values as :meth:`resolve` gives them)."""
         return all(not getattr(self, f) or cell.facet(f) in getattr(self, f) for f in FACETS)
 
@@ -116,13 +116,13 @@ class Filters:
         """Whether a row about ``impls`` (one, or the two sides of a pair) is shown."""
         return not self.impl or any(i in self.impl for i in impls)
 
-    def select(self, cells: Sequence[Cell]) -> list[Cell]:
+    def select(self, cells: Sequence[CellReport]) -> list[CellReport]:
         """The cells that pass, re-indexed from 0 in their order."""
         kept = [c for c in cells if self.keeps(c)]
         return [replace(c, index=i) for i, c in enumerate(kept)]
 
 
-def find_cell(cells: Sequence[Cell], name: str) -> Cell:
+def find_cell(cells: Sequence[CellReport], name: str) -> CellReport:
     """The cell named by its label, cell id, report file name or stem, or report path
     (``--ab``).
 

@@ -34,7 +34,7 @@ import ops
 from runner import report_tensors
 from runner.tables.model.bits import pair_results
 from runner.tables.model.build import Tables
-from runner.tables.model.cells import Cell
+from runner.tables.model.cells import CellReport
 from runner.tables.model.filters import Filters
 from runner.tables.model.values import ABSENT, text
 
@@ -70,7 +70,7 @@ _MAX_NAMES = 30
 _STACK_SUFFIX = re.compile(r"\+.*$")
 
 
-def staleness(cell: Cell, head: str | None) -> str:
+def staleness(cell: CellReport, head: str | None) -> str:
     """Why a report may not describe the current code: ``""`` when it was made at ``head``
     from a clean tree; else ``"dirty 14d9ef6"``, ``"at 3c518f2"``, ``"no commit"``.
     A foreign report's commit is another project's: only its dirty flag counts."""
@@ -90,13 +90,13 @@ def staleness(cell: Cell, head: str | None) -> str:
     return ""
 
 
-def _gpu(cell: Cell) -> str:
+def _gpu(cell: CellReport) -> str:
     if cell.target == "cpu":
         return "CPU"
     return cell.gpu or ABSENT
 
 
-def _stack(cell: Cell) -> str:
+def _stack(cell: CellReport) -> str:
     """``host (torch 2.11.0)``, ``torch2.14-vllm0.33 (torch 2.14.0, vllm 0.33.0)``."""
     env = cell.environment
     libs = env.get("libraries") or {}
@@ -199,7 +199,7 @@ class Column:
     gpu: str
     stack: str
     mode: str
-    cells: list[Cell] = field(default_factory=list)
+    cells: list[CellReport] = field(default_factory=list)
 
     def stale(self, head: str | None) -> list[str]:
         """The distinct staleness notes of its cells (empty: all current)."""
@@ -227,7 +227,7 @@ class Headline:
         return list(dict.fromkeys(c.gpu for c in self.columns))
 
 
-def _cell_marks(cell: Cell, filters: Filters | None) -> dict[str, Mark]:
+def _cell_marks(cell: CellReport, filters: Filters | None) -> dict[str, Mark]:
     marks: dict[str, Mark] = {}
     for r in pair_results(cell, filters):
         a, b = (r.b, r.a) if r.a in _BASELINES and not cell.data.get("baseline") else (r.a, r.b)
@@ -263,14 +263,14 @@ def _cell_marks(cell: Cell, filters: Filters | None) -> dict[str, Mark]:
     return marks
 
 
-def _kernel_only(cell: Cell, impl: str) -> bool:
+def _kernel_only(cell: CellReport, impl: str) -> bool:
     """Whether ``impl`` ran kernel-only in ``cell`` (its report's load record says so)."""
     records = (cell.data.get("environment") or {}).get("kernel_only") or {}
     record = records.get(impl) if isinstance(records, dict) else None
     return isinstance(record, dict) and record.get("mode") == "kernel-only"
 
 
-def _key(cell: Cell, level: int) -> tuple[str, str, str]:
+def _key(cell: CellReport, level: int) -> tuple[str, str, str]:
     gpu, stack, mode = _gpu(cell), _stack(cell), cell.facet("mode")
     if level >= 1:
         mode = "all modes"
@@ -279,7 +279,7 @@ def _key(cell: Cell, level: int) -> tuple[str, str, str]:
     return gpu, stack, mode
 
 
-def headline(cells: Sequence[Cell], filters: Filters | None = None, head: str | None = None,
+def headline(cells: Sequence[CellReport], filters: Filters | None = None, head: str | None = None,
              level: int = 0) -> Headline:
     """The headline over the cells that have comparisons, columns merged to ``level``
     (:data:`LEVELS`). Columns are ordered GPUs first (CPU last), then stack, then mode;
@@ -315,7 +315,7 @@ def headline(cells: Sequence[Cell], filters: Filters | None = None, head: str | 
     return Headline(level, compared, ordered, marks, head, never)
 
 
-def choose_level(cells: Sequence[Cell], tables: Tables, budget: int) -> Headline:
+def choose_level(cells: Sequence[CellReport], tables: Tables, budget: int) -> Headline:
     """The headline with the fewest merges whose marks (pairs × columns) fit ``budget``
     (each output has its own: README.md's is smaller than index.html's)."""
     for level in range(len(LEVELS)):
@@ -325,7 +325,7 @@ def choose_level(cells: Sequence[Cell], tables: Tables, budget: int) -> Headline
     raise AssertionError("unreachable")
 
 
-def cached_headline(cells: Sequence[Cell], tables: Tables, level: int) -> Headline:
+def cached_headline(cells: Sequence[CellReport], tables: Tables, level: int) -> Headline:
     """:func:`headline` of ``tables`` at ``level``, computed once per built tables."""
     key = ("headline", level, len(cells))
     if key not in tables.cache:
@@ -333,7 +333,7 @@ def cached_headline(cells: Sequence[Cell], tables: Tables, level: int) -> Headli
     return tables.cache[key]
 
 
-def not_run(cells: Sequence[Cell]) -> list[tuple[str, str, list[Cell]]]:
+def not_run(cells: Sequence[CellReport]) -> list[tuple[str, str, list[CellReport]]]:
     """Cells without any comparison, one entry per (status, reason): the reason with each
     cell's own stack name replaced by ``<stack>``, so "no image for stack X" collapses.
 
@@ -341,7 +341,7 @@ def not_run(cells: Sequence[Cell]) -> list[tuple[str, str, list[Cell]]]:
         >>> not_run(cells)[0][:2]
         ('skipped', 'no Docker engine answers')
     """
-    groups: dict[tuple[str, str], list[Cell]] = {}
+    groups: dict[tuple[str, str], list[CellReport]] = {}
     for cell in cells:
         if any(r for r in pair_results(cell)):
             continue
@@ -352,7 +352,7 @@ def not_run(cells: Sequence[Cell]) -> list[tuple[str, str, list[Cell]]]:
     return [(status, reason, members) for (status, reason), members in groups.items()]
 
 
-def name_list(cells: Sequence[Cell], limit: int = _MAX_NAMES) -> str:
+def name_list(cells: Sequence[CellReport], limit: int = _MAX_NAMES) -> str:
     """``a, b, c`` of the cells' labels, cut after ``limit`` with ``and 12 more``."""
     names = [c.label for c in cells[:limit]]
     more = len(cells) - len(names)

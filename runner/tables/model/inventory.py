@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from runner.tables.model.cases import cell_dtypes
-from runner.tables.model.cells import Cell, image_of
+from runner.tables.model.cells import CellReport, image_of
 from runner.tables.model.filters import Filters
 from runner.tables.model.table import Row, Table
 from runner.tables.model.values import ABSENT, num, short, status_kind
@@ -38,7 +38,7 @@ def shown_path(path: Path, relative_to: Path | None) -> str:
     return path.as_posix()
 
 
-def _commit(cell: Cell) -> str:
+def _commit(cell: CellReport) -> str:
     project = cell.environment.get("project") or {}
     commit, dirty = project.get("commit"), project.get("dirty")
     if commit is None and not cell.ours:
@@ -72,7 +72,7 @@ def time_spent(data: dict, top: int = 3) -> str:
     return f"{total:.0f} s: " + ", ".join(f"{names.get(k, k)} {v:.0f}" for k, v in biggest)
 
 
-def cells_table(cells: Sequence[Cell], relative_to: Path | None = None) -> Table:
+def cells_table(cells: Sequence[CellReport], relative_to: Path | None = None) -> Table:
     """One row per readable report: what it is, its status and reason, where its time went,
     commit and file."""
     rows = [Row((c.label, c.origin, c.facet("stack"), c.facet("mode"), c.facet("target"),
@@ -98,7 +98,7 @@ def _digest(digest: str | None) -> str:
     return (f"{algo}:" if algo else "") + hexpart[:_SHORT_DIGEST]
 
 
-def environment_table(cells: Sequence[Cell]) -> Table:
+def environment_table(cells: Sequence[CellReport]) -> Table:
     """Per cell: GPU, capability, driver, CUDA, Python, torch, libraries, image, status."""
     rows = []
     for c in cells:
@@ -119,7 +119,7 @@ def environment_table(cells: Sequence[Cell]) -> Table:
                  empty="No reports.")
 
 
-def implementations_table(cells: Sequence[Cell], filters: Filters | None = None) -> Table:
+def implementations_table(cells: Sequence[CellReport], filters: Filters | None = None) -> Table:
     """Implementations whose status is not ok, with the reason."""
     filters = filters or Filters()
     rows = [Row((c.label, impl, str(e.get("status")), short(e.get("reason") or ABSENT)),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from runner.tables.model.cells import Cell
+from runner.tables.model.cells import CellReport
 from runner.tables.model.filters import Filters
 from runner.tables.model.table import Row, Table
 from runner.tables.model.values import status_kind
@@ -26,7 +26,7 @@ LEGEND = ("`kernel-only`: the library's kernel modules only, loaded from its rel
           "`environment.kernel_only` and `results[impl].code_path`.")
 
 
-def kernel_only_table(cells: Sequence[Cell], filters: Filters | None = None) -> Table:
+def kernel_only_table(cells: Sequence[CellReport], filters: Filters | None = None) -> Table:
     """One row per (cell, library row) with a load record: how it was loaded, its version,
     wheel, torch/triton, and its status in that cell."""
     filters = filters or Filters()

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import ops
 from runner.tables.model.bits import pair_results
-from runner.tables.model.cells import Cell
+from runner.tables.model.cells import CellReport
 from runner.tables.model.filters import Filters
 from runner.tables.model.table import Row, Table
 from runner.tables.model.values import ABSENT, cmp_kind, format_cmp
@@ -33,12 +33,12 @@ def _names(op: str | None) -> dict[str, str]:
         return {}
 
 
-def _by_case(cell: Cell, a: str, b: str, filters: Filters | None) -> dict[str, dict]:
+def _by_case(cell: CellReport, a: str, b: str, filters: Filters | None) -> dict[str, dict]:
     """``case -> {tensor: CMP}`` of pair ``a``/``b`` (either order) in ``cell``."""
     return {r.case: r.tensors for r in pair_results(cell, filters) if {r.a, r.b} == {a, b}}
 
 
-def seed_tables(cells: Sequence[Cell], filters: Filters | None = None) -> list[Table]:
+def seed_tables(cells: Sequence[CellReport], filters: Filters | None = None) -> list[Table]:
     """One table per reference report and pair whose names the op's spec maps: rows are
     (case, tensor) in the reference's order; columns the reference, then each of our cells
     (same op; same mode where the reference names one) with that pair. No table where no

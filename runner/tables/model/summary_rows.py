@@ -17,7 +17,7 @@ from typing import Any
 from runner import report_tensors
 from runner.tables.model.build import Tables
 from runner.tables.model.cases import CaseFilter, case_dtypes, index_rows
-from runner.tables.model.cells import Cell
+from runner.tables.model.cells import CellReport
 
 __all__ = ["COLUMNS", "summary_rows"]
 
@@ -30,7 +30,7 @@ COLUMNS = (
 )
 
 
-def _partner(cell: Cell, impl: str, entry: dict[str, Any]) -> str | None:
+def _partner(cell: CellReport, impl: str, entry: dict[str, Any]) -> str | None:
     baseline = cell.data.get("baseline")
     if impl != baseline and f"vs {baseline}" in entry:
         return str(baseline)
@@ -41,7 +41,7 @@ def _case_of(entry: dict[str, Any], key: str, case: str) -> dict[str, Any]:
     return (entry.get(key) or {}).get(case) or {}
 
 
-def _cell_rows(cell: Cell, keeps_impl: Callable[..., bool],
+def _cell_rows(cell: CellReport, keeps_impl: Callable[..., bool],
                by_dtype: CaseFilter) -> Iterator[dict[str, Any]]:
     problem = cell.data.get("problem") or {}
     base = {"cell": cell.label, "origin": cell.origin, "op": cell.op, "stack": cell.stack,

@@ -16,7 +16,7 @@ from typing import Any
 
 import ops
 from runner.tables.model.cases import ITEMSIZE, CaseFilter, case_dtypes, dtype_label
-from runner.tables.model.cells import Cell
+from runner.tables.model.cells import CellReport
 from runner.tables.model.filters import Filters
 from runner.tables.model.table import Row, Table
 from runner.tables.model.values import ABSENT, ms, num, short, text
@@ -26,13 +26,13 @@ __all__ = ["bench_tables", "timings_table"]
 _CASE_N = re.compile(r"^([0-9]+)")
 
 
-def _rows_of(cell: Cell, case: str) -> int | None:
+def _rows_of(cell: CellReport, case: str) -> int | None:
     n = ((cell.data.get("inputs") or {}).get(case) or {}).get("n")
     match = _CASE_N.match(case)
     return n if isinstance(n, int) else (int(match.group(1)) if match else None)
 
 
-def _bytes_moved(cell: Cell, n: int, itemsize: int) -> tuple[int, int] | None:
+def _bytes_moved(cell: CellReport, n: int, itemsize: int) -> tuple[int, int] | None:
     """(forward, forward+backward) bytes the cell's op must move for ``n`` rows (its spec's
     ``bytes_moved``; a foreign report is the first op's), or None without its sizes."""
     op = cell.op if cell.op in ops.OPS else ops.OPS[0]
@@ -45,7 +45,7 @@ def _bytes_moved(cell: Cell, n: int, itemsize: int) -> tuple[int, int] | None:
     return spec.bytes_moved(n, sizes, itemsize)
 
 
-def _bytes_notes(cells: Sequence[Cell]) -> str:
+def _bytes_notes(cells: Sequence[CellReport]) -> str:
     """Each op's bytes formula (its spec's first note), named by op when there are several."""
     found = list(dict.fromkeys(c.op if c.op in ops.OPS else ops.OPS[0] for c in cells)) or [
         ops.OPS[0]]
@@ -62,7 +62,7 @@ def _gbps(nbytes: int | None, ms: Any) -> str:
     return f"{rate:.0f}" if rate >= 100 else f"{rate:.3g}"
 
 
-def timings_table(cells: Sequence[Cell], filters: Filters | None = None) -> Table:
+def timings_table(cells: Sequence[CellReport], filters: Filters | None = None) -> Table:
     """Per cell x implementation x case: median forward and forward+backward times, GB/s."""
     filters = filters or Filters()
     by_dtype = CaseFilter.of(filters)
@@ -103,7 +103,7 @@ def timings_table(cells: Sequence[Cell], filters: Filters | None = None) -> Tabl
         footer=" ".join(footer))
 
 
-def _shared_cores(cell: Cell) -> str:
+def _shared_cores(cell: CellReport) -> str:
     """"load 2.7 on 2 CPUs" where the cell's recorded load average (start or end) exceeded
     the CPUs it could use, else "". Reports without these fields (older ones, foreign ones)
     give ""."""

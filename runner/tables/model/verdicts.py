@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from runner import report_tensors
 from runner.tables.model.bits import PairResult, pair_results
 from runner.tables.model.cases import case_dtypes, short_dtype
-from runner.tables.model.cells import Cell
+from runner.tables.model.cells import CellReport
 from runner.tables.model.filters import Filters
 from runner.tables.model.table import Row, Table
 from runner.tables.model.values import ABSENT
@@ -26,14 +26,14 @@ from runner.tables.model.values import ABSENT
 __all__ = ["describe_dtypes", "pair_verdict", "verdict_table"]
 
 
-def _repeats(cell: Cell, impl: str, tensor: str, cases: Sequence[str]) -> tuple[int, int]:
+def _repeats(cell: CellReport, impl: str, tensor: str, cases: Sequence[str]) -> tuple[int, int]:
     """(cases with in-process repeats recorded, of which not repeatable) for ``impl``."""
     values = [(cell.per_case(impl, "repeatable", c) or {}).get(tensor) for c in cases]
     known = [v for v in values if isinstance(v, bool)]
     return len(known), known.count(False)
 
 
-def _repeat_clause(cell: Cell, a: str, b: str, tensor: str, cases: Sequence[str]) -> str:
+def _repeat_clause(cell: CellReport, a: str, b: str, tensor: str, cases: Sequence[str]) -> str:
     """``numba repeatable, eager not repeatable in 3 of 4``, ``both repeatable``; empty when
     the report has no in-process repeats (a foreign report, one repeat)."""
     sides = {x: _repeats(cell, x, tensor, cases) for x in (a, b)}
@@ -55,7 +55,7 @@ def _count(k: int, m: int) -> str:
     return f"{k} of {m} cases"
 
 
-def _tensor_phrase(cell: Cell, results: Sequence[PairResult], tensor: str) -> tuple[str, str]:
+def _tensor_phrase(cell: CellReport, results: Sequence[PairResult], tensor: str) -> tuple[str, str]:
     """(phrase, "equal" or "differ") for one tensor over the pair's cases; ("", "") when
     the tensor is absent from every case."""
     present = [(r.case, r.tensors[tensor]) for r in results if r.tensors.get(tensor)]
@@ -80,7 +80,7 @@ def _tensor_phrase(cell: Cell, results: Sequence[PairResult], tensor: str) -> tu
     return phrase, "differ"
 
 
-def pair_verdict(cell: Cell, results: Sequence[PairResult]) -> str:
+def pair_verdict(cell: CellReport, results: Sequence[PairResult]) -> str:
     """The verdict sentence for one pair's results in ``cell`` (all for the same pair).
 
     Example:
@@ -126,13 +126,13 @@ def describe_dtypes(pairs: Sequence[tuple[str | None, str | None]]) -> str:
     return ", ".join(short_dtype(d) + (f"/{i}" if i else "") for d, i in pairs)
 
 
-def _where(cell: Cell) -> str:
+def _where(cell: CellReport) -> str:
     if cell.gpu:
         return cell.gpu
     return "CPU" if cell.target == "cpu" else ABSENT
 
 
-def _labels(cells: Sequence[Cell]) -> str:
+def _labels(cells: Sequence[CellReport]) -> str:
     """```out`, `grad_res`, ...``: the labels of the cells' tensors, each once, in order."""
     found: dict[str, None] = {}
     for cell in cells:
@@ -140,7 +140,7 @@ def _labels(cells: Sequence[Cell]) -> str:
     return ", ".join(f"`{name}`" for name in found) or "none"
 
 
-def verdict_table(cells: Sequence[Cell], filters: Filters | None = None) -> Table:
+def verdict_table(cells: Sequence[CellReport], filters: Filters | None = None) -> Table:
     """One row per cell and implementation pair: where it ran, the dtypes, the verdict."""
     rows = []
     for cell in cells:

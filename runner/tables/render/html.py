@@ -27,7 +27,7 @@ from typing import Any
 
 from runner.tables.model.build import Tables
 from runner.tables.model.cases import DTYPE_NAMES, cell_dtypes
-from runner.tables.model.cells import Cell
+from runner.tables.model.cells import CellReport
 from runner.tables.model.headline import (
     LEGEND,
     LEVELS,
@@ -89,7 +89,7 @@ def _attr_dtype(dtype: str | None) -> str:
     return f' data-dtype="{_e(dtype)}"' if dtype in DTYPE_NAMES else ""
 
 
-def _facets(cell: Cell) -> dict[str, Any]:
+def _facets(cell: CellReport) -> dict[str, Any]:
     """The cell's filter values as the headline shows them (``CPU`` for a cpu target), and
     ``dtype``, the list of its cases' dtypes."""
     gpu = "CPU" if cell.target == "cpu" else cell.facet("gpu")
@@ -222,7 +222,7 @@ def _plots(plots: dict[str, tuple[str, str]]) -> str:
     return "\n".join(out)
 
 
-def _not_run(cells: Sequence[Cell]) -> str:
+def _not_run(cells: Sequence[CellReport]) -> str:
     groups = not_run(cells)
     out = ['<section id="not-run" class="level2"><h2>Cells without comparisons</h2>']
     if not groups:
@@ -237,7 +237,7 @@ def _not_run(cells: Sequence[Cell]) -> str:
     return "\n".join(out)
 
 
-def _filters(cells: Sequence[Cell], h: Headline) -> str:
+def _filters(cells: Sequence[CellReport], h: Headline) -> str:
     values = {"gpu": [c.gpu for c in h.columns], "stack": [c.stack for c in h.columns],
               "mode": [c.mode for c in h.columns], "pair": h.pairs}
     out = ['<form id="filters" class="filters" onsubmit="return false" role="search">']

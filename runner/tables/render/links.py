@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from runner.tables.model.cells import Cell
+from runner.tables.model.cells import CellReport
 from runner.tables.model.headline import Mark
 
 __all__ = ["mark_link", "page_names"]
@@ -18,7 +18,7 @@ __all__ = ["mark_link", "page_names"]
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-def page_names(cells: Sequence[Cell]) -> dict[int, str]:
+def page_names(cells: Sequence[CellReport]) -> dict[int, str]:
     """A file name per cell (``host-plain-cuda.md``), unique, from its label.
 
     Example:

@@ -29,7 +29,7 @@ from tabulate import tabulate
 
 from runner import report_tensors
 from runner.tables.model.build import Tables
-from runner.tables.model.cells import Cell
+from runner.tables.model.cells import CellReport
 from runner.tables.model.headline import (
     LEGEND,
     LEVELS,
@@ -104,7 +104,7 @@ def headline_markdown(h: Headline, link: Callable[[Column, Mark], str]) -> str:
     return "\n".join(parts)
 
 
-def _not_run_markdown(cells: Sequence[Cell]) -> str:
+def _not_run_markdown(cells: Sequence[CellReport]) -> str:
     groups = not_run(cells)
     if not groups:
         return "Every cell shown has comparisons.\n"
@@ -183,7 +183,7 @@ def _cells_index(tables: Tables, names: Mapping[int, str]) -> str:
     return "\n".join(parts) + "\n"
 
 
-def _cell_page(tables: Tables, cell: Cell,
+def _cell_page(tables: Tables, cell: CellReport,
                rows: Mapping[tuple[str, int | None], list[Row]]) -> str:
     env = cell.environment
     facts = [("status", cell.status), ("reason", cell.reason or "—"), ("origin", cell.origin),

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 import ops
 from runner import report_tensors
 from runner.tables.model.cases import ITEMSIZE, case_dtypes
-from runner.tables.model.cells import Cell
+from runner.tables.model.cells import CellReport
 from runner.tables.model.headline import Headline
 from runner.tables.model.values import ABSENT
 
@@ -79,7 +79,7 @@ def _svg(fig: Figure) -> str:
     return buffer.getvalue()
 
 
-def _n_of(cell: Cell, case: str) -> int | None:
+def _n_of(cell: CellReport, case: str) -> int | None:
     n = ((cell.data.get("inputs") or {}).get(case) or {}).get("n")
     if _count(n):
         return n if "specials" not in case else None
@@ -97,7 +97,8 @@ def _ulps(value: Any) -> float | None:
     return max(number, FLOOR) if number == number and number != float("inf") else None
 
 
-def accuracy_series(cells: Sequence[Cell]) -> dict[str, dict[str, dict[str, dict[int, float]]]]:
+def accuracy_series(
+        cells: Sequence[CellReport]) -> dict[str, dict[str, dict[str, dict[int, float]]]]:
     """gpu -> tensor label -> implementation -> N -> the largest error in ULPs over the cells
     (an implementation of an op other than the first named ``<impl> (<op>)``)."""
     out: dict[str, dict[str, dict[str, dict[int, float]]]] = {}
@@ -256,7 +257,7 @@ def _bench_figure(title: str, doc: Mapping[str, Any]) -> Figure | None:
     return fig
 
 
-def render_plots(cells: Sequence[Cell], h: Headline,
+def render_plots(cells: Sequence[CellReport], h: Headline,
                  bench_dir: Path | None = None) -> dict[str, tuple[str, str]]:
     """``{file name: (title, SVG text)}`` in a fixed order: accuracy per GPU, bits, bench.
 
