@@ -27,10 +27,12 @@ import torch
 from kernels.checks import check_backward_inputs, check_grad_out, check_inputs
 from kernels.device_assert import FLAG_ASSERT, FLAG_CLEAN
 from kernels.errors import OpInputError
+from kernels.gate_residual_backward_plan import WORKSPACE_CACHE_BYTES, _BackwardPlan
 from kernels.gate_residual_kernels import (
     CHUNK_ROWS,
     FORWARD_MAX_GRID_Y,
     FORWARD_ROWS_PER_STEP,
+    FUSED_MAX_CHUNKS,
     SUMMATION_ORDER,
     backward_vec_geometry,
     forward_vec_geometry,
@@ -45,8 +47,6 @@ from kernels.gate_residual_kernels import (
 from kernels.gate_residual_plans import (  # the private names: for the GPU tests and the bench
     _BACKWARD_PLANS,
     _FORWARD_PLANS,
-    WORKSPACE_CACHE_BYTES,
-    _BackwardPlan,
     _dtype_name,  # noqa: F401
     _flags,  # noqa: F401
     _ForwardPlan,
@@ -163,9 +163,12 @@ def gate_residual_backward(grad_out, gate, y, index, *, check_index: bool | str 
     Args: ``grad_out``, ``y``: (N, D) CUDA tensors of one floating dtype (bfloat16, float16
     or float32), ``gate``: (G, D) of that dtype, ``index``: (N,) int64 or int32 in [0, G).
     Returns ``grad_y`` (N, D), bitwise equal to eager's, and ``grad_gate`` (G, D),
-    deterministic: float32 sums in :data:`SUMMATION_ORDER`, rounded once. Scratch: one
-    float32 buffer of n_chunks(N) * G * D elements (kept between calls up to
-    :data:`WORKSPACE_CACHE_BYTES`). Raises :class:`kernels.errors.OpInputError` (one line)
+    deterministic: float32 sums in :data:`SUMMATION_ORDER`, rounded once. One kernel launch
+    up to :data:`FUSED_MAX_CHUNKS` chunks of 16-byte rows, two above
+    (kernels/gate_residual_backward_plan.py; the same bits). Scratch, from two chunks on:
+    one float32 buffer of n_chunks(N) * G * D elements (kept between calls up to
+    :data:`WORKSPACE_CACHE_BYTES`) and, for the one launch, a ticket per column block.
+    Raises :class:`kernels.errors.OpInputError` (one line)
     for bad input. ``check_index`` as in :func:`gate_residual_forward`; with ``False``, rows
     with an out-of-range index give NaN ``grad_y`` rows and add nothing to ``grad_gate``.
 
@@ -254,6 +257,7 @@ __all__ = [
     "CHUNK_ROWS",
     "FORWARD_MAX_GRID_Y",
     "FORWARD_ROWS_PER_STEP",
+    "FUSED_MAX_CHUNKS",
     "SUMMATION_ORDER",
     "WORKSPACE_CACHE_BYTES",
     "GateResidual",

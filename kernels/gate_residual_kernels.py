@@ -18,6 +18,11 @@ Bits (see ``kernels/rounding.py`` and ``../shared/NOTES.md``):
   grid or timing; there are no atomics. ``kernels/gate_residual_cpu.py`` runs the same
   order on the CPU and gives the same bits.
 
+The 16-byte-vector kernels (the forward, the chunked backward, and the fused backward that
+finishes ``grad_gate`` in the last block of each column block, in one launch for up to
+:data:`FUSED_MAX_CHUNKS` chunks) are built in :mod:`kernels.gate_residual_vec`, with the same
+operations in the same order.
+
 An index outside [0, G) goes to :func:`kernels.device_assert.index_fault` (a device-side
 assert, or a NaN row, as the launch's flag says). The torch entry points and the autograd
 Function are in :mod:`kernels.gate_residual`; how they pack and launch these kernels, in
@@ -37,6 +42,7 @@ import numpy as np
 from numba import cuda, float32
 
 from kernels.device_assert import index_fault
+from kernels.gate_residual_vec import make_vec_kernels
 from kernels.geometry import (
     BLOCK_COLS,
     MAX_GRID_Y,
@@ -48,7 +54,6 @@ from kernels.geometry import (
     shared_fits,
 )
 from kernels.rounding import CODECS, LANE_CODECS, add_rn, mul_rn
-from kernels.vector import load_vec, store_vec
 
 #: Rows per chunk of the grad_gate reduction. Part of the algorithm (it fixes the summation
 #: order), not a launch parameter.
@@ -156,22 +161,36 @@ def _make_kernels(load, store):
             return
         k = flat // width
         col = flat - k * width
-        # eight loads issued before their eight additions, which stay in chunk order
+        # Software-pipelined: the next eight chunks' loads are issued before the previous
+        # eight are added (16 loads in flight per thread; the additions stay in chunk order)
         total = float32(0.0)
         chunks = partial.shape[0]
         c = 0
-        while c + 8 <= chunks:
-            p0 = partial[c, k, col]
-            p1 = partial[c + 1, k, col]
-            p2 = partial[c + 2, k, col]
-            p3 = partial[c + 3, k, col]
-            p4 = partial[c + 4, k, col]
-            p5 = partial[c + 5, k, col]
-            p6 = partial[c + 6, k, col]
-            p7 = partial[c + 7, k, col]
+        if chunks >= 8:
+            p0 = partial[0, k, col]
+            p1 = partial[1, k, col]
+            p2 = partial[2, k, col]
+            p3 = partial[3, k, col]
+            p4 = partial[4, k, col]
+            p5 = partial[5, k, col]
+            p6 = partial[6, k, col]
+            p7 = partial[7, k, col]
+            c = 8
+            while c + 8 <= chunks:
+                n0 = partial[c, k, col]
+                n1 = partial[c + 1, k, col]
+                n2 = partial[c + 2, k, col]
+                n3 = partial[c + 3, k, col]
+                n4 = partial[c + 4, k, col]
+                n5 = partial[c + 5, k, col]
+                n6 = partial[c + 6, k, col]
+                n7 = partial[c + 7, k, col]
+                total = add_rn(add_rn(add_rn(add_rn(total, p0), p1), p2), p3)
+                total = add_rn(add_rn(add_rn(add_rn(total, p4), p5), p6), p7)
+                p0, p1, p2, p3, p4, p5, p6, p7 = n0, n1, n2, n3, n4, n5, n6, n7
+                c += 8
             total = add_rn(add_rn(add_rn(add_rn(total, p0), p1), p2), p3)
             total = add_rn(add_rn(add_rn(add_rn(total, p4), p5), p6), p7)
-            c += 8
         while c < chunks:
             total = add_rn(total, partial[c, k, col])
             c += 1
@@ -182,148 +201,13 @@ def _make_kernels(load, store):
     return forward, backward_chunks, reduce_chunks, backward_chunks_global
 
 
-def _make_vec_kernels(get, put, rnd, word_lanes):
-    """The vectorised kernels: each thread moves 16-byte vectors (kernels/vector.py).
-
-    Same operations in the same order as :func:`_make_kernels`. Arrays are uint32 views of
-    the tensors' bytes: (N, D * itemsize / 4). A 32-bit word holds ``word_lanes`` lanes
-    (kernels/rounding.py: two bfloat16/float16, one float32); vector ``q`` of a row is words
-    ``4q .. 4q + 3``, columns ``q * vec_lanes ..``. The forward handles two rows per loop
-    step (:data:`FORWARD_ROWS_PER_STEP`), issuing all their loads before any store, so more
-    bytes are in flight per thread (one row per step measured slower: docs/performance.md).
-    Needs D * itemsize % 16 == 0 and 16-byte aligned storage.
-
-    ``flag`` (uint8, 1 element) is set to 0 by any thread that meets an index outside
-    [0, G); that row's output is NaN and ``gate`` is read at row 0 instead (never outside).
-    """
-    vec_lanes = 4 * word_lanes
-    nan = np.uint32(0x7FFF7FFF if word_lanes == 2 else 0x7FFFFFFF)  # canonical NaN lanes
-
-    @cuda.jit(device=True, inline="always")
-    def forward_word(rh, gh, yh):
-        o = np.uint32(0)
-        for j in range(word_lanes):
-            product = rnd(mul_rn(get(gh, j), get(yh, j)))
-            o |= put(add_rn(get(rh, j), product), j)
-        return o
-
-    @cuda.jit(device=True, inline="always")
-    def forward_store(out, row, q, r, g, y, bad):
-        if bad:
-            store_vec(out, row, q, nan, nan, nan, nan)
-        else:
-            store_vec(out, row, q, forward_word(r[0], g[0], y[0]),
-                      forward_word(r[1], g[1], y[1]), forward_word(r[2], g[2], y[2]),
-                      forward_word(r[3], g[3], y[3]))
-
-    @cuda.jit(device=True, inline="always")
-    def gate_row(index, row, n_gate, flag):
-        """(row of gate to read, whether index[row] is outside [0, G))."""
-        k = index[row]
-        if k < 0 or k >= n_gate:
-            index_fault(flag)
-            return 0, True
-        return k, False
-
-    @cuda.jit
-    def forward(out, residual, gate, y, index, flag):
-        # grid: x over 16-byte vectors of a row, y over pairs of rows (strided)
-        q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        if q >= (out.shape[1] >> 2):
-            return
-        n_rows = out.shape[0]
-        n_gate = gate.shape[0]
-        row = 2 * cuda.blockIdx.y
-        while row < n_rows:
-            has_b = row + 1 < n_rows
-            row_b = row + 1 if has_b else row
-            ka, bad_a = gate_row(index, row, n_gate, flag)
-            kb, bad_b = gate_row(index, row_b, n_gate, flag)
-            ra = load_vec(residual, row, q)
-            ya = load_vec(y, row, q)
-            ga = load_vec(gate, ka, q)
-            rb = load_vec(residual, row_b, q)
-            yb = load_vec(y, row_b, q)
-            gb = load_vec(gate, kb, q)
-            forward_store(out, row, q, ra, ga, ya, bad_a)
-            if has_b:
-                forward_store(out, row_b, q, rb, gb, yb, bad_b)
-            row += 2 * cuda.gridDim.y
-
-    @cuda.jit(device=True, inline="always")
-    def backward_word(goh, gh, yh, acc, base, width, tx):
-        o = np.uint32(0)
-        for j in range(word_lanes):
-            go = get(goh, j)
-            o |= put(mul_rn(go, get(gh, j)), j)
-            slot = (base + j) * width + tx
-            acc[slot] = add_rn(acc[slot], mul_rn(go, get(yh, j)))
-        return o
-
-    @cuda.jit
-    def backward_chunks(grad_y, partial, grad_out, gate, y, index, flag):
-        # grid: x over 16-byte vectors, y over chunks (strided). Shared memory:
-        # acc[(k * vec_lanes + lane) * blockDim.x + threadIdx.x]; each thread owns its
-        # slots, so no barrier.
-        acc = cuda.shared.array(0, dtype=float32)
-        tx = cuda.threadIdx.x
-        width = cuda.blockDim.x
-        q = cuda.blockIdx.x * width + tx
-        n_rows = grad_out.shape[0]
-        n_gate = gate.shape[0]
-        if q >= (grad_out.shape[1] >> 2):
-            return
-        chunk = cuda.blockIdx.y
-        while chunk < partial.shape[0]:
-            for slot in range(n_gate * vec_lanes):
-                acc[slot * width + tx] = float32(0.0)
-            start = chunk * CHUNK_ROWS
-            stop = min(start + CHUNK_ROWS, n_rows)
-            # A two-row pipeline: row i has its index and all three vectors loaded; row
-            # i + 1 its index and grad_out/y vectors (its gate vector is loaded as soon as
-            # its index is known). Loads past the chunk's end re-read its last row.
-            k0, bad0 = gate_row(index, start, n_gate, flag)
-            go0 = load_vec(grad_out, start, q)
-            y0 = load_vec(y, start, q)
-            g0 = load_vec(gate, k0, q)
-            ahead = min(start + 1, stop - 1)
-            k1, bad1 = gate_row(index, ahead, n_gate, flag)
-            go1 = load_vec(grad_out, ahead, q)
-            y1 = load_vec(y, ahead, q)
-            for i in range(start, stop):
-                k = k0
-                bad = bad0
-                go = go0
-                yv = y0
-                g = g0
-                k0 = k1
-                bad0 = bad1
-                go0 = go1
-                y0 = y1
-                g0 = load_vec(gate, k0, q)
-                ahead = min(i + 2, stop - 1)
-                k1, bad1 = gate_row(index, ahead, n_gate, flag)
-                go1 = load_vec(grad_out, ahead, q)
-                y1 = load_vec(y, ahead, q)
-                if bad:
-                    store_vec(grad_y, i, q, nan, nan, nan, nan)
-                    continue
-                base = k * vec_lanes
-                o0 = backward_word(go[0], g[0], yv[0], acc, base, width, tx)
-                o1 = backward_word(go[1], g[1], yv[1], acc, base + word_lanes, width, tx)
-                o2 = backward_word(go[2], g[2], yv[2], acc, base + 2 * word_lanes, width, tx)
-                o3 = backward_word(go[3], g[3], yv[3], acc, base + 3 * word_lanes, width, tx)
-                store_vec(grad_y, i, q, o0, o1, o2, o3)
-            for k in range(n_gate):
-                for j in range(vec_lanes):
-                    partial[chunk, k, q * vec_lanes + j] = acc[(k * vec_lanes + j) * width + tx]
-            chunk += cuda.gridDim.y
-
-    return forward, backward_chunks
-
-
 _KERNELS: dict[str, tuple] = {}
 _VEC_KERNELS: dict[str, tuple] = {}
+
+#: Most chunks for which the backward runs as one launch (``backward_fused``: its last block
+#: per column block sums the partials, serially in the chunks; kernels/gate_residual_vec.py);
+#: above it, ``backward_chunks`` then ``reduce_chunks``. Launch choice only: the same bits.
+FUSED_MAX_CHUNKS = 8
 
 #: Rows per loop step of the vectorised forward (its loop body is written for two).
 FORWARD_ROWS_PER_STEP = 2
@@ -332,12 +216,13 @@ FORWARD_MAX_GRID_Y = 8192
 
 
 def vec_kernels_for(dtype: str):
-    """The (forward, backward_chunks) 16-byte-vector numba.cuda kernels for a storage dtype.
+    """The (forward, backward_chunks, backward_fused) 16-byte-vector numba.cuda kernels for a
+    storage dtype (:mod:`kernels.gate_residual_vec`).
 
     Raises ``KeyError`` for an unknown dtype.
     """
     if dtype not in _VEC_KERNELS:
-        _VEC_KERNELS[dtype] = _make_vec_kernels(*LANE_CODECS[dtype])
+        _VEC_KERNELS[dtype] = make_vec_kernels(*LANE_CODECS[dtype], CHUNK_ROWS)
     return _VEC_KERNELS[dtype]
 
 
@@ -406,17 +291,26 @@ def launch_forward_vec(out, residual, gate, y, index, dtype: str, stream=0, *, f
 
 def launch_backward_vec(grad_y, grad_gate, partial, grad_out, gate, y, index, dtype: str,
                         stream=0, *, flag=None, block_cols: int | None = None,
-                        max_grid_y: int = MAX_GRID_Y) -> None:
+                        max_grid_y: int = MAX_GRID_Y, fused: bool = False, tickets=None) -> None:
     """Vectorised backward on uint32 views (``grad_gate`` and the float32 ``partial``
-    (chunks, G, D) are element arrays), then the chunk reduction."""
+    (chunks, G, D) are element arrays), then the chunk reduction. ``fused``: one launch of
+    ``backward_fused`` instead (any number of chunks here, for the tests; ``grad_gate`` as
+    element array, ``tickets``: uint32 zeros, one per column block, default fresh zeros)."""
     if grad_out.shape[1] == 0 or gate.shape[0] == 0:
         return
     flag = _flag_array() if flag is None else flag
+    lanes = 4 * LANE_CODECS[dtype][3]
     if partial.shape[0]:
-        lanes = 4 * LANE_CODECS[dtype][3]
         grid, block, shared = backward_vec_geometry(partial.shape[0], grad_out.shape[1] // 4,
                                                     gate.shape[0], lanes, block_cols,
                                                     max_grid_y)
+        if fused:
+            tickets = np.zeros(grid[0], dtype=np.uint32) if tickets is None else tickets
+            words = partial.reshape(partial.shape[0] * partial.shape[1], -1).view(np.uint32)
+            gate_words = grad_gate.view(np.uint32)
+            vec_kernels_for(dtype)[2][grid, block, stream, shared](
+                grad_y, gate_words, words, tickets, grad_out, gate, y, index, flag)
+            return
         vec_kernels_for(dtype)[1][grid, block, stream, shared](grad_y, partial, grad_out,
                                                                gate, y, index, flag)
     grid, block = reduce_geometry(grad_gate.size)
@@ -461,6 +355,7 @@ __all__ = [
     "CHUNK_ROWS",
     "FORWARD_MAX_GRID_Y",
     "FORWARD_ROWS_PER_STEP",
+    "FUSED_MAX_CHUNKS",
     "SUMMATION_ORDER",
     "backward_vec_geometry",
     "forward_vec_geometry",

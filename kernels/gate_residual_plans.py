@@ -4,9 +4,10 @@ A plan holds, for one key (shapes, dtypes, devices and index mode of a call's te
 kernels' :class:`kernels.launch.PackedLaunch` objects with every parameter but the data
 pointers packed, built once; ``run`` then allocates the outputs, reads the data pointers and
 the current stream and launches. :class:`_ForwardPlan`: the vector forward (16-byte aligned
-rows) or the element forward; :class:`_BackwardPlan`: the chunked backward (vector, element,
-or global accumulators for G beyond shared memory) and the chunk reduction, with a float32
-workspace kept per (device, stream). Kernels: :mod:`kernels.gate_residual_kernels`.
+rows) or the element forward. The backward's plans (one fused launch, or the chunk kernel
+and the reduction) are in :mod:`kernels.gate_residual_backward_plan`; both kinds are kept
+here, per thread (:data:`_FORWARD_PLANS`, :data:`_BACKWARD_PLANS`). Kernels:
+:mod:`kernels.gate_residual_kernels`, :mod:`kernels.gate_residual_vec`.
 """
 
 from __future__ import annotations
@@ -17,15 +18,12 @@ from numba.cuda import types
 from kernels.device_assert import FLAG_ASSERT, FLAG_CLEAN
 from kernels.gate_residual_kernels import (
     FORWARD_MAX_GRID_Y,
-    backward_vec_geometry,
     forward_vec_geometry,
     kernels_for,
-    n_chunks,
     vec_kernels_for,
 )
-from kernels.geometry import backward_geometry, forward_geometry, reduce_geometry, shared_fits
+from kernels.geometry import forward_geometry
 from kernels.launch import Launcher, PackedLaunch, PlanCache, array_type
-from kernels.rounding import LANE_CODECS
 
 # The entry points launch on raw pointers (kernels/launch.py): a tensor is described to the
 # kernel as a C-contiguous array of the type the kernel takes (uint32 words for the
@@ -44,6 +42,7 @@ _ELEMENT_TYPES = {torch.bfloat16: types.int16, torch.float16: types.float16,
                   torch.float32: types.float32}
 _INDEX_TYPES = {torch.int64: types.int64, torch.int32: types.int32}
 _U32_2D = array_type(types.uint32, 2)
+_U32_1D = array_type(types.uint32, 1)
 _FLAG_TYPE = array_type(types.uint8, 1)
 _F32_3D = array_type(types.float32, 3)
 _LAUNCHERS: dict[tuple, Launcher] = {}
@@ -53,10 +52,6 @@ _FLAGS: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 _FORWARD_PLANS = PlanCache()
 #: backward plans by the same key of (grad_out, gate, y, index)
 _BACKWARD_PLANS = PlanCache()
-#: Largest float32 partial-sum workspace kept between backward calls (per device and
-#: stream), bytes; larger ones are allocated per call (the kernel time dwarfs it there).
-WORKSPACE_CACHE_BYTES = 64 << 20
-_WORKSPACES: dict[tuple[int, int], torch.Tensor] = {}
 
 if hasattr(torch._C, "_cuda_getCurrentRawStream"):
     _raw_stream = torch._C._cuda_getCurrentRawStream
@@ -71,7 +66,8 @@ else:  # a CPU build of torch: no CUDA launch can happen (the checks refuse CPU 
 
 def _launcher(kind: str, which: int, dtype: torch.dtype, index_dtype: torch.dtype) -> Launcher:
     """The launcher of one kernel and signature. ``kind``: "vec" or "elements"; ``which``:
-    0 forward, 1 backward_chunks, 2 reduce_chunks, 3 backward_chunks_global (elements only)."""
+    0 forward, 1 backward_chunks, 2 reduce_chunks (elements) or backward_fused (vec),
+    3 backward_chunks_global (elements only)."""
     key = (kind, which, dtype, index_dtype)
     launcher = _LAUNCHERS.get(key)
     if launcher is None:
@@ -81,7 +77,10 @@ def _launcher(kind: str, which: int, dtype: torch.dtype, index_dtype: torch.dtyp
         if kind == "vec":
             kernel = vec_kernels_for(name)[which]
             argtypes = ((_U32_2D,) * 4 + (index, _FLAG_TYPE) if which == 0 else
-                        (_U32_2D, _F32_3D, _U32_2D, _U32_2D, _U32_2D, index, _FLAG_TYPE))
+                        (_U32_2D, _F32_3D, _U32_2D, _U32_2D, _U32_2D, index, _FLAG_TYPE)
+                        if which == 1 else  # 2: backward_fused
+                        (_U32_2D, _U32_2D, _U32_2D, _U32_1D, _U32_2D, _U32_2D, _U32_2D, index,
+                         _FLAG_TYPE))
         else:
             kernel = kernels_for(name)[which]
             argtypes = ((element,) * 4 + (index, _FLAG_TYPE) if which == 0 else
@@ -219,103 +218,3 @@ class _ForwardPlan:
             launch = self.elements()
         launch.fast(_raw_stream(self.device), o, r, g, yp, index.data_ptr())
         return out
-
-
-class _BackwardPlan:
-    """The backward launches of one key: the chunked kernel (vector, element, or element with
-    global accumulators for G beyond shared memory) and the chunk reduction."""
-
-    __slots__ = (
-        "_args",
-        "_elements",
-        "chunks",
-        "device",
-        "empty",
-        "n_rows",
-        "reduce",
-        "vec",
-        "workspace_bytes",
-    )
-
-    def __init__(self, grad_out, gate, index, mode: int) -> None:
-        n_rows, width = grad_out.shape
-        n_gate = gate.shape[0]
-        self.device, self.n_rows = grad_out.get_device(), n_rows
-        self.empty = width == 0 or n_gate == 0
-        self.chunks = chunks = n_chunks(n_rows)
-        self.workspace_bytes = chunks * n_gate * width * 4
-        itemsize = grad_out.element_size()
-        checked, sink = _flags(grad_out.device)
-        flag = (checked if mode == FLAG_ASSERT else sink).data_ptr()
-        self._args = (n_rows, width, n_gate, itemsize, index.element_size(), flag,
-                      grad_out.dtype, index.dtype)
-        self.vec = self._elements = self.reduce = None
-        if self.empty:
-            return
-        lanes = 4 * LANE_CODECS[str(grad_out.dtype).removeprefix("torch.")][3]
-        if chunks and shared_fits(n_gate * lanes) and (width * itemsize) % 16 == 0:
-            grid, block, shared = backward_vec_geometry(chunks, width * itemsize // 16,
-                                                        n_gate, lanes)
-            self.vec = _launcher("vec", 1, grad_out.dtype, index.dtype).packed(
-                self.device, grid, block, shared, self._chunk_params(vec=True))
-        grid, block = reduce_geometry(n_gate * width)
-        self.reduce = _launcher("elements", 2, grad_out.dtype, index.dtype).packed(
-            self.device, (grid, 1), block, 0,
-            [*_p2(None, n_gate, width, itemsize), *_p3(None, chunks, n_gate, width)])
-
-    def _chunk_params(self, vec: bool) -> list:
-        n_rows, width, n_gate, itemsize, index_size, flag, _, _ = self._args
-        cols, size = (width * itemsize // 4, 4) if vec else (width, itemsize)
-        return [*_p2(None, n_rows, cols, size), *_p3(None, self.chunks, n_gate, width),
-                *_p2(None, n_rows, cols, size), *_p2(None, n_gate, cols, size),
-                *_p2(None, n_rows, cols, size), *_p1(None, n_rows, index_size),
-                *_p1(flag, 1, 1)]
-
-    def elements(self) -> PackedLaunch:
-        """The element chunk kernel (unaligned inputs, D * itemsize % 16, or G beyond what
-        the vector kernel's shared memory holds)."""
-        if self._elements is None:
-            _, width, n_gate, _, _, _, dtype, index_dtype = self._args
-            if shared_fits(n_gate):
-                grid, block, shared = backward_geometry(self.chunks, width, n_gate)
-                launcher = _launcher("elements", 1, dtype, index_dtype)
-            else:  # accumulators in global memory (same order, same bits)
-                (grid, block), shared = forward_geometry(self.chunks, width), 0
-                launcher = _launcher("elements", 3, dtype, index_dtype)
-            self._elements = launcher.packed(self.device, grid, block, shared,
-                                             self._chunk_params(vec=False))
-        return self._elements
-
-    def workspace(self, stream: int, device: torch.device) -> tuple[int, torch.Tensor | None]:
-        """(address of the float32 partial sums, the tensor that owns it when it is not
-        kept). Kept per (device, stream) up to WORKSPACE_CACHE_BYTES, outside CUDA graph
-        capture (a graph must not hold memory a later call may free)."""
-        nbytes = self.workspace_bytes
-        if nbytes <= WORKSPACE_CACHE_BYTES and not _capturing():
-            key = (self.device, stream)
-            kept = _WORKSPACES.get(key)
-            if kept is None or kept.numel() < nbytes:
-                kept = _WORKSPACES[key] = torch.empty(
-                    max(nbytes, 1 << 20), dtype=torch.uint8, device=device)
-            return kept.data_ptr(), None
-        owner = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
-        return owner.data_ptr(), owner
-
-    def run(self, grad_out, gate, y, index) -> tuple[torch.Tensor, torch.Tensor]:
-        """(grad_y, grad_gate) for dense inputs of this plan's key."""
-        grad_y = torch.empty_like(grad_out)
-        grad_gate = torch.empty_like(gate)
-        if self.empty:
-            return grad_y, grad_gate
-        stream = _raw_stream(self.device)
-        partial, owner = self.workspace(stream, grad_out.device)
-        gg = grad_gate.data_ptr()
-        if self.chunks:
-            gy, go, g, yp = grad_y.data_ptr(), grad_out.data_ptr(), gate.data_ptr(), y.data_ptr()
-            launch = self.vec
-            if launch is None or (gy | go | g | yp) & 15:
-                launch = self.elements()
-            launch.fast(stream, gy, partial, go, g, yp, index.data_ptr())
-        self.reduce.fast(stream, gg, partial)
-        del owner  # the caching allocator orders its reuse after these launches (same stream)
-        return grad_y, grad_gate

@@ -70,6 +70,28 @@ if not SIMULATOR:
         return sig, codegen
 
     @intrinsic
+    def load_vec_cg(typingctx, array, row, q):
+        """:func:`load_vec` through L2 only: ``ld.global.cg.v4.u32`` (PTX ISA, "Cache
+        Operators": cache in L2, not in L1), as inline assembly with side effects, so it is
+        neither moved across a barrier or fence nor merged with another load. For data that
+        other blocks wrote during this launch (after a ``threadfence`` and a ticket): the
+        SM's L1 is not coherent with them, L2 is."""
+        _check_array(array)
+        sig = types.UniTuple(types.uint32, 4)(array, row, q)
+
+        def codegen(context, builder, sig, args):
+            address = builder.ptrtoint(_vector_pointer(context, builder, sig, args), _I64)
+            result = ir.LiteralStructType([_I32] * 4)
+            asm = ir.InlineAsm(ir.FunctionType(result, [_I64]),
+                               "ld.global.cg.v4.u32 {$0, $1, $2, $3}, [$4];",
+                               "=r,=r,=r,=r,l", side_effect=True)
+            value = builder.call(asm, [address])
+            words = [builder.extract_value(value, i) for i in range(4)]
+            return context.make_tuple(builder, sig.return_type, words)
+
+        return sig, codegen
+
+    @intrinsic
     def store_vec(typingctx, array, row, q, w0, w1, w2, w3):
         """Store four uint32 words as vector ``q`` of ``row``, one store."""
         _check_array(array)
@@ -91,10 +113,12 @@ else:  # pragma: no cover - exercised only with NUMBA_ENABLE_CUDASIM=1
         base = 4 * int(q)
         return tuple(np.uint32(array[row, base + i]) for i in range(4))
 
+    load_vec_cg = load_vec
+
     def store_vec(array, row, q, w0, w1, w2, w3):
         base = 4 * int(q)
         for i, w in enumerate((w0, w1, w2, w3)):
             array[row, base + i] = np.uint32(w)
 
 
-__all__ = ["load_vec", "store_vec"]
+__all__ = ["load_vec", "load_vec_cg", "store_vec"]

@@ -7,8 +7,10 @@ times, with ``perf_counter`` over back-to-back calls (the least of ``repeats`` r
 * the public forward (``gate_residual_forward``, default index check, unchecked, and through
   autograd ``GateResidual.apply``) and its parts: the plan key and lookup, the density check,
   the output's allocation, the data pointers and stream, the packed launch;
-* the public backward (``gate_residual_backward``) and its parts: the two allocations, the
-  workspace, the two launches;
+* the public backward (``gate_residual_backward``: at N = 1 one launch of the fused kernel)
+  and its parts: the two allocations, the kept scratch's lookup, the fused launch; and the
+  two-launch path it replaced (the chunk kernel, then the reduction: the same call with the
+  plan's fused launch set aside, and each of its launches alone);
 * forward + backward through ``torch.autograd.grad``, ours and eager's;
 * on a GPU also the launch paths it replaced: numba's own dispatcher and ``Launcher.__call__``
   (the parameter buffer built per call, ``cuLaunchKernel`` with eleven arguments).
@@ -55,17 +57,19 @@ def emulate_on_cpu(launch_ex=None) -> Iterator[None]:
     entry and exit, so no plan of an emulated call survives it.
     """
     from kernels import gate_residual as K
+    from kernels import gate_residual_backward_plan as B
     from kernels import gate_residual_plans as P
     from kernels import launch as L
 
     def clear() -> None:
         P._FORWARD_PLANS.clear()
         P._BACKWARD_PLANS.clear()
-        P._WORKSPACES.clear()
+        B.clear_scratch()
 
     clear()
     with mock.patch.object(K, "DEVICE_TYPE", "cpu"), \
             mock.patch.object(P, "_raw_stream", lambda device: 0), \
+            mock.patch.object(B, "_raw_stream", lambda device: 0), \
             mock.patch.object(L.Launcher, "handle", lambda self: id(self)), \
             mock.patch.dict(L.DRIVER, {"ex": launch_ex or noop_launch_ex(), "launch": None},
                             clear=True):
@@ -114,10 +118,23 @@ def host_costs(x: dict, *, calls: int = 2000, repeats: int = 5) -> dict[str, flo
     stream = P._raw_stream(device)
     grads = K.gate_residual_backward(go, g, y, i)
     bplan = K._BACKWARD_PLANS.get(K._key(go, g, y, i, K.FLAG_ASSERT))
-    partial, _ = bplan.workspace(stream, go.device)
-    bptrs = (grads[0].data_ptr(), partial, go.data_ptr(), g.data_ptr(), y.data_ptr(),
-             i.data_ptr())
-    chunk_launch = bplan.vec or bplan.elements()
+    partial, ticket, _ = bplan.scratch(stream, go.device)
+    gy, gg = grads[0].data_ptr(), grads[1].data_ptr()
+    bptrs = (gy, partial, go.data_ptr(), g.data_ptr(), y.data_ptr(), i.data_ptr())
+    chunk_launch = bplan.vector_chunks() if bplan.fused or bplan.vec else bplan.elements()
+    fused = bplan.fused
+    if fused is not None:  # one launch; with one chunk no partial sums, no tickets
+        fptrs = (gy, gg, *((0, 0) if bplan.chunks == 1 else (partial, ticket)),
+                 go.data_ptr(), g.data_ptr(), y.data_ptr(), i.data_ptr())
+
+    def two_launches():
+        """The public backward with the plan's fused launch set aside: the chunk kernel and
+        the reduction, as before the fused kernel (the same Python otherwise)."""
+        bplan.fused = None
+        try:
+            return K.gate_residual_backward(go, g, y, i)
+        finally:
+            bplan.fused = fused
     leaves = [t_.detach().requires_grad_() for t_ in (r, g, y)]
 
     def ours_step():
@@ -145,11 +162,13 @@ def host_costs(x: dict, *, calls: int = 2000, repeats: int = 5) -> dict[str, flo
         "backward": t(lambda: K.gate_residual_backward(go, g, y, i)),
         "backward_unchecked": t(lambda: K.gate_residual_backward(go, g, y, i,
                                                                  check_index=False)),
+        "backward_two_launches": t(two_launches),
         "backward.allocate_grads": t(lambda: (torch.empty_like(go), torch.empty_like(g))),
-        "backward.workspace": t(lambda: bplan.workspace(stream, go.device)),
+        "backward.scratch_lookup": t(lambda: bplan.scratch(stream, go.device)),
+        **({"backward.fused_launch": t(lambda: fused.fast(stream, *fptrs))}
+           if fused is not None else {}),
         "backward.chunk_launch": t(lambda: chunk_launch.fast(stream, *bptrs)),
-        "backward.reduce_launch": t(lambda: bplan.reduce.fast(stream, grads[1].data_ptr(),
-                                                              partial)),
+        "backward.reduce_launch": t(lambda: bplan.reduce.fast(stream, gg, partial)),
         "forward_backward_autograd_ours": t(ours_step),
         "forward_backward_autograd_eager": t(eager_step),
         "eager_forward": t(lambda: r + g.index_select(0, i) * y),

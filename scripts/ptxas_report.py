@@ -32,7 +32,7 @@ def signatures(dtype: str, index: str = "int64") -> dict:
 
     a, u = f"{STORAGE[dtype]}[:, ::1]", "uint32[:, ::1]"
     forward, chunks, reduce, chunks_global = K.kernels_for(dtype)
-    vec_forward, vec_backward = K.vec_kernels_for(dtype)
+    vec_forward, vec_backward, vec_fused = K.vec_kernels_for(dtype)
     flag = f"{index}[::1], uint8[::1]"
     return {
         "forward": (forward, f"void({a}, {a}, {a}, {a}, {flag})"),
@@ -42,6 +42,7 @@ def signatures(dtype: str, index: str = "int64") -> dict:
                                    f"void({a}, float32[:, :, ::1], {a}, {a}, {a}, {flag})"),
         "vec_forward": (vec_forward, f"void({u}, {u}, {u}, {u}, {flag})"),
         "vec_backward": (vec_backward, f"void({u}, float32[:, :, ::1], {u}, {u}, {u}, {flag})"),
+        "vec_fused": (vec_fused, f"void({u}, {u}, {u}, uint32[::1], {u}, {u}, {u}, {flag})"),
     }
 
 

@@ -24,11 +24,16 @@ def main() -> None:
         x = {k: v.cuda() for k, v in make_inputs(n=300, d=256, g=9, dtype=dtype,
                                                   index_dtype="int64", seed=1).tensors.items()}
         r, g, y = (x[k].requires_grad_() for k in ("residual", "gate", "y"))
-        K.gate_residual(r, g, y, x["index"]).backward(x["grad_out"])  # the vector kernels
+        K.gate_residual(r, g, y, x["index"]).backward(x["grad_out"])  # vector, fused
+        x = {k: v.cuda() for k, v in make_inputs(n=1200, d=256, g=9, dtype=dtype,
+                                                  index_dtype="int64", seed=1).tensors.items()}
+        r, g, y = (x[k].requires_grad_() for k in ("residual", "gate", "y"))
+        K.gate_residual(r, g, y, x["index"]).backward(x["grad_out"])  # vector, two launches
         torch.cuda.synchronize()
         named = [*zip(("forward", "backward_chunks", "reduce_chunks"), K.kernels_for(dtype)[:3],
                       strict=True),
-                 *zip(("vec_forward", "vec_backward"), K.vec_kernels_for(dtype), strict=True)]
+                 *zip(("vec_forward", "vec_backward", "vec_fused"), K.vec_kernels_for(dtype),
+                      strict=True)]
         for name, kern in named:
             for sig, sass in kern.inspect_sass().items():
                 ffma = len(re.findall(r"\bFFMA\b", sass))

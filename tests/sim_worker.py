@@ -28,12 +28,17 @@ CASES = [  # (n, d, g, dtype, index_dtype): d * itemsize % 16 == 0 also runs the
     (K.CHUNK_ROWS + 3, 28, 3, "float32", "int64"),
     (0, 4, 2, "float32", "int64"),
     (K.CHUNK_ROWS + 3, 5, 400, "bfloat16", "int64"),  # G beyond shared memory: global sums
+    (3 * K.CHUNK_ROWS + 5, 16, 3, "float32", "int32"),  # 4 chunks: the fused kernel's tail
+    (2 * K.CHUNK_ROWS + 1, 8, 2, "bfloat16", "int64"),  # 3 chunks, one vector per row
 ]
 LAUNCHES = [dict(block_cols=128, max_grid_y=65535), dict(block_cols=32, max_grid_y=2)]
 VEC_LAUNCHES = [  # (forward launch, backward launch)
     (dict(block_cols=None, max_grid_y=65535), dict(block_cols=None)),
     (dict(block_cols=32, max_grid_y=3), dict(block_cols=32, max_grid_y=3)),
     (dict(block_cols=32, max_grid_y=2), dict(block_cols=32, max_grid_y=1)),
+    # one launch (backward_fused): a block per chunk, then one block walking every chunk
+    (dict(block_cols=None, max_grid_y=65535), dict(block_cols=None, fused=True)),
+    (dict(block_cols=32, max_grid_y=3), dict(block_cols=32, max_grid_y=1, fused=True)),
 ]
 
 
@@ -76,8 +81,12 @@ def main(out_path: str, seed: int) -> None:
                 partial = np.full((K.n_chunks(n), g, d), np.nan, dtype=np.float32)
                 K.launch_forward_vec(out, words["residual"], words["gate"], words["y"],
                                      a["index"], dtype, **fwd)
-                K.launch_backward_vec(grad_y, grad_gate, partial, words["grad_out"],
-                                      words["gate"], words["y"], a["index"], dtype, **bwd)
+                tickets = np.zeros(64, dtype=np.uint32)
+                for _ in range(2 if bwd.get("fused") else 1):  # tickets back to 0: reusable
+                    K.launch_backward_vec(grad_y, grad_gate, partial, words["grad_out"],
+                                          words["gate"], words["y"], a["index"], dtype,
+                                          tickets=tickets, **bwd)
+                saved[f"{c}/{li}/tickets"] = tickets
                 saved[f"{c}/{li}/out"] = out.view(npdt)
                 saved[f"{c}/{li}/grad_y"] = grad_y.view(npdt)
                 saved[f"{c}/{li}/grad_gate"] = grad_gate

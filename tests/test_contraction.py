@@ -73,9 +73,11 @@ def test_vector_kernels_have_no_fma_and_no_local_memory(dtype, index):
         "forward": f"void({w}, {w}, {w}, {w}, {index}[::1], uint8[::1])",
         "backward_chunks": (f"void({w}, float32[:, :, ::1], {w}, {w}, {w}, {index}[::1], "
                             "uint8[::1])"),
+        "backward_fused": (f"void({w}, {w}, {w}, uint32[::1], {w}, {w}, {w}, {index}[::1], "
+                           "uint8[::1])"),
     }
-    kernels = dict(zip(("forward", "backward_chunks"), K.vec_kernels_for(dtype),
-                       strict=True))
+    kernels = dict(zip(("forward", "backward_chunks", "backward_fused"),
+                       K.vec_kernels_for(dtype), strict=True))
     for name, sig in sigs.items():
         ptx = ptx_of(kernels[name], sig)
         where = f"vector {name}[{dtype}, {index}]"
@@ -86,6 +88,13 @@ def test_vector_kernels_have_no_fma_and_no_local_memory(dtype, index):
         assert "ld.local" not in ptx and "st.local" not in ptx, f"{where}: local memory"
         if dtype == "float16":
             assert "cvt.rn.f16.f32" in ptx and "cvt.f32.f16" in ptx, f"{where}: no hardware cvt"
+        if name == "backward_fused":
+            # the last block reads the other blocks' partial sums through L2 only, after a
+            # fence and the ticket; the atomic touches the tickets (u32), no summed value
+            assert re.search(r"\bld\.global\.cg\.v4\.u32\b", ptx), f"{where}: no ld.cg"
+            assert "membar.gl" in ptx or "fence.sc.gpu" in ptx, f"{where}: no fence"
+            atomics = re.findall(r"\batom\.\S+", ptx)
+            assert atomics and all(a.endswith(".u32") for a in atomics), (where, atomics)
 
 
 @pytest.mark.parametrize("dtype", sorted(STORAGE))

@@ -223,3 +223,61 @@ def test_cubin_cache_second_process_compiles_nothing(tmp_path):
     off = probe("off")
     assert off["compiled"] > 0
     assert cold["sha256"] == warm["sha256"] == off["sha256"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_backward_equals_two_launches_and_the_cpu_path(dtype, fresh_seed):
+    """One launch (backward_fused: the last block per column block sums the chunks) gives
+    the bits of the chunk kernel then the reduction, and of the CPU twin, from one chunk
+    to FUSED_MAX_CHUNKS, specials included; each launch leaves its tickets at zero."""
+    from kernels import gate_residual as K
+    from kernels import gate_residual_backward_plan as B
+    from kernels.gate_residual_cpu import gate_residual_backward_cpu
+
+    for n in (1, K.CHUNK_ROWS, K.CHUNK_ROWS + 1, 300, K.CHUNK_ROWS * K.FUSED_MAX_CHUNKS):
+        x = inputs(n, 5376, 9, dtype, "int64", fresh_seed, specials=True)
+        g = on_gpu(x)
+        args = (g["grad_out"], g["gate"], g["y"], g["index"])
+        grad_y, grad_gate = K.gate_residual_backward(*args)
+        plan = K._BACKWARD_PLANS.get(K._key(*args, K.FLAG_ASSERT))
+        assert plan.fused is not None, n
+        fused, plan.fused = plan.fused, None
+        try:
+            two = K.gate_residual_backward(*args)
+        finally:
+            plan.fused = fused
+        assert_bitwise(grad_y, two[0], f"grad_y N={n}")
+        assert_bitwise(grad_gate, two[1], f"grad_gate N={n}")
+        again = K.gate_residual_backward(*args)[1]
+        assert_bitwise(again, grad_gate, f"grad_gate repeat N={n}")
+        _, cpu = gate_residual_backward_cpu(x["grad_out"], x["gate"], x["y"], x["index"])
+        assert_bitwise(grad_gate.cpu(), cpu, f"grad_gate GPU vs CPU path N={n}")
+        torch.cuda.synchronize()
+        for tickets in B._TICKETS.values():
+            assert not tickets.any(), f"tickets left set, N={n}"
+
+
+def test_fused_backward_under_cuda_graph_capture(fresh_seed):
+    """Under capture the partial sums and the tickets are made per call (the graph replays
+    the zeroing): replays give the bits of an eager call, and the kept buffers are not
+    baked into the graph."""
+    from kernels import gate_residual as K
+
+    x = on_gpu(inputs(300, 5376, 9, "bfloat16", "int64", fresh_seed, specials=True))
+    args = (x["grad_out"], x["gate"], x["y"], x["index"])
+    expected = K.gate_residual_backward(*args, check_index=False)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        K.gate_residual_backward(*args, check_index=False)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = K.gate_residual_backward(*args, check_index=False)
+    for _ in range(3):
+        for t in captured:
+            t.fill_(7)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_bitwise(captured[0], expected[0], "grad_y, graph replay")
+        assert_bitwise(captured[1], expected[1], "grad_gate, graph replay")

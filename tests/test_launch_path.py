@@ -128,17 +128,55 @@ def test_unaligned_and_narrow_rows_take_the_element_kernel(recorder):
     assert recorder.launches[-1]["function"] == handle("elements", 0, r.dtype)
 
 
-def test_backward_launches_the_chunks_then_the_reduction(recorder):
+def test_backward_of_few_chunks_is_one_fused_launch(recorder):
+    """Up to FUSED_MAX_CHUNKS chunks: one launch of backward_fused, with grad_gate's words,
+    the kept partial sums (as words, chunks * G rows) and the kept tickets (one per column
+    block); the next call finds them remembered in the plan."""
     r, g, y, i, go = tensors(n=300)
+    grad_y, grad_gate = K.gate_residual_backward(go, g, y, i)
+    (fused,) = recorder.launches
+    assert fused["function"] == handle("vec", 2, r.dtype)
+    n_chunks = K.n_chunks(300)
+    assert 1 < n_chunks <= K.FUSED_MAX_CHUNKS
+    grid, block, shared = K.backward_vec_geometry(n_chunks, 64 * 2 // 16, 3, 8)
+    assert fused["grid"][:2] == grid and fused["block"][0] == block
+    assert fused["shared"] == shared
+    params = fused["params"]
+    partial, tickets = params[18 + 4], params[27 + 4]
+    assert params == [*words(grad_y), *words(grad_gate),
+                      *array_params(partial, (n_chunks * 3, 64), 4),
+                      *array_params(tickets, (grid[0],), 4), *words(go), *words(g),
+                      *words(y), *array_params(i.data_ptr(), (300,), 8),
+                      *array_params(flag(), (1,), 1)]
+    from kernels import gate_residual_backward_plan as B
+
+    kept = B._TICKETS[(-1, 0)]
+    assert kept.data_ptr() == tickets and not kept.any() and kept.dtype == torch.int32
+    assert B._WORKSPACES[(-1, 0)].data_ptr() == partial
+    K.gate_residual_backward(go, g, y, i)
+    assert recorder.launches[-1]["params"][18 + 4:27 + 5] == params[18 + 4:27 + 5]
+
+
+def test_backward_of_one_chunk_needs_no_scratch(recorder):
+    r, g, y, i, go = tensors(n=K.CHUNK_ROWS)
+    K.gate_residual_backward(go, g, y, i)
+    (fused,) = recorder.launches
+    assert fused["function"] == handle("vec", 2, r.dtype)
+    assert fused["params"][18 + 4] == 0 and fused["params"][27 + 4] == 0
+
+
+def test_backward_of_many_chunks_launches_the_chunks_then_the_reduction(recorder):
+    n = K.CHUNK_ROWS * K.FUSED_MAX_CHUNKS + 1
+    r, g, y, i, go = tensors(n=n)
     grad_y, grad_gate = K.gate_residual_backward(go, g, y, i)
     chunks, reduce = recorder.launches
     assert chunks["function"] == handle("vec", 1, r.dtype)
     assert reduce["function"] == handle("elements", 2, r.dtype)
-    n_chunks = K.n_chunks(300)
+    n_chunks = K.n_chunks(n)
     partial = reduce["params"][9 + 4]
     assert chunks["params"] == [*words(grad_y), *array_params(partial, (n_chunks, 3, 64), 4),
                                 *words(go), *words(g), *words(y),
-                                *array_params(i.data_ptr(), (300,), 8),
+                                *array_params(i.data_ptr(), (n,), 8),
                                 *array_params(flag(), (1,), 1)]
     assert reduce["params"] == [*elements(grad_gate),
                                 *array_params(partial, (n_chunks, 3, 64), 4)]
@@ -149,6 +187,19 @@ def test_backward_launches_the_chunks_then_the_reduction(recorder):
     assert recorder.launches[-1]["params"][13] == partial
 
 
+def test_unaligned_grad_gate_or_input_takes_the_two_launch_path(recorder):
+    """The fused kernel stores grad_gate as 16-byte vectors: a call whose pointers are not
+    all 16-byte aligned runs the chunk kernel (element kernel for unaligned inputs) and the
+    reduction instead, on the same plan."""
+    r, g, y, i, go = tensors(n=300)
+    flat = torch.zeros(go.numel() + 1, dtype=go.dtype)
+    flat[1:] = go.reshape(-1)
+    shifted = flat[1:].view(go.shape)
+    K.gate_residual_backward(shifted, g, y, i)
+    assert [launch["function"] for launch in recorder.launches] == [
+        handle("elements", 1, r.dtype), handle("elements", 2, r.dtype)]
+
+
 def test_autograd_backward_uses_the_sink_flag_and_returns_grad_out(recorder):
     r, g, y, i, go = tensors()
     leaves = [t.clone().requires_grad_() for t in (r, g, y)]
@@ -156,11 +207,11 @@ def test_autograd_backward_uses_the_sink_flag_and_returns_grad_out(recorder):
     assert out.grad_fn is not None
     grads = torch.autograd.grad(out, leaves, go)
     assert grads[0] is go or torch.equal(grads[0], go)
-    forward, chunks, _ = recorder.launches
-    assert forward["params"][-3] == flag(True) and chunks["params"][-3] == flag(False)
+    forward, backward = recorder.launches
+    assert forward["params"][-3] == flag(True) and backward["params"][-3] == flag(False)
     with torch.no_grad():
         assert K.gate_residual(*leaves, i).grad_fn is None  # no autograd where none flows
-    assert len(recorder.launches) == 4
+    assert len(recorder.launches) == 3
 
 
 def test_a_cached_plan_never_skips_a_check(recorder):

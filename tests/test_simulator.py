@@ -62,6 +62,17 @@ def test_simulator_matches_cpu_path_bit_for_bit(simulated):
                            f"grad_gate, {where}")
 
 
+def test_fused_backward_leaves_its_tickets_at_zero(simulated):
+    """backward_fused's last block per column block resets its ticket, so the next launch on
+    the same tickets (the worker launches each fused case twice) starts from zero."""
+    worker, saved, _ = simulated
+    fused = [(c, li) for c in range(len(worker.CASES)) for li in worker.launches(c)
+             if f"{c}/{li}/tickets" in saved and li >= len(worker.LAUNCHES) + 3]
+    assert any(worker.CASES[c][0] > 2 * worker.K.CHUNK_ROWS for c, _ in fused), "no tail case"
+    for c, li in fused:
+        assert not saved[f"{c}/{li}/tickets"].any(), f"tickets left set: case {worker.CASES[c]}"
+
+
 def test_launch_configuration_does_not_move_bits(simulated):
     worker, saved, _ = simulated
     for c in range(len(worker.CASES)):
