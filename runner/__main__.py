@@ -111,20 +111,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_matrix(args) -> int:
-    from runner import run
+    from runner.outcome import failed, summary
+    from runner.pipeline import run_matrix
 
-    outcomes = run.run_matrix(args.matrix, reports_dir=args.reports, stacks=args.stack,
-                              modes=args.mode, targets=args.target, cases=args.case,
-                              backend=args.backend, force=args.force, timeout_s=args.timeout,
-                              gpus=args.gpus, abba=args.abba, build=args.build,
-                              cluster=args.cluster, gpu_model=args.gpu_model,
-                              retries=args.retries)
-    print(run.summary(outcomes))
+    outcomes = run_matrix(args.matrix, reports_dir=args.reports, stacks=args.stack,
+                          modes=args.mode, targets=args.target, cases=args.case,
+                          backend=args.backend, force=args.force, timeout_s=args.timeout,
+                          gpus=args.gpus, abba=args.abba, build=args.build,
+                          cluster=args.cluster, gpu_model=args.gpu_model, retries=args.retries)
+    print(summary(outcomes))
     from runner.tables import OUTPUTS
 
     print(f"[runner] tables: {', '.join(str(args.reports / n) for n in OUTPUTS)}")
     _warn_unreadable(args.reports / "README.md")
-    bad = run.failed(outcomes)
+    bad = failed(outcomes)
     if bad:
         raise CellsFailed(f"{len(bad)} of {len(outcomes)} cells did not end ok: "
                           + ", ".join(f"{o.cell} ({o.status})" for o in bad))

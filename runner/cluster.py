@@ -1,6 +1,6 @@
 """The matrix on a Ray cluster (issue 17): ``python -m runner matrix --cluster ADDRESS``.
 
-The runner (:func:`runner.run.run_matrix`) decides, as on one machine, which cells run
+The runner (:func:`runner.pipeline.run_matrix`) decides, as on one machine, which cells run
 (reuse, resume, ``--case`` merges); this module runs them, each as a Ray task on a node
 that offers what the cell needs (:func:`needs`), all at once, and hands each report back
 to the runner as it arrives, which validates it and writes it with its atomic writer.
@@ -222,7 +222,7 @@ class Cluster:
 
     def memory_bytes(self) -> int | None:
         """The largest ``memory`` resource of a live node (bytes Ray lets tasks use), for
-        :func:`runner.run.check_case_sizes`; None when no node says."""
+        :func:`runner.case_sizes.check_case_sizes`; None when no node says."""
         sizes = [n.get("Resources", {}).get("memory") for n in self.nodes.values()]
         return int(max(s for s in sizes if s)) if any(sizes) else None
 

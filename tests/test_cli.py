@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from runner import implementations
-from runner import run as run_mod
+from runner import pipeline as run_mod
 from runner.__main__ import main
+from runner.config import load_matrix
 
 # the registered implementations after the first three, as messages list them (the registry
 # run_matrix validates against)
@@ -163,7 +164,7 @@ def test_a_case_too_big_for_any_host_is_refused_before_anything_runs(reports, ca
     assert snapshot(reports) == before
     # not selected: not checked (the other cases run as before)
     monkeypatch.setattr(run_mod, "host_memory_bytes", lambda: None)
-    run_mod.check_case_sizes(run_mod.load_matrix(Path(path)), (), Path(path), None)
+    run_mod.check_case_sizes(load_matrix(Path(path)), (), Path(path), None)
 
 
 def test_report_on_a_missing_directory_exits_2_naming_it(tmp_path, capsys):

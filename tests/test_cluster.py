@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from runner import cluster as cluster_mod
-from runner import run as run_mod
+from runner import pipeline as run_mod
 from runner.__main__ import main
 from runner.cells import Cell
 from runner.config import load_matrix

@@ -188,8 +188,9 @@ def backend_on(api: FakeAPI, tmp_path: Path) -> DockerBackend:
 
 def test_timeout_kills_and_always_removes(tmp_path: Path) -> None:
     api = FakeAPI(hang=True)
-    exit_code, log, timed_out, oom = backend_on(api, tmp_path)._run_container(config(), 2.5)
-    assert (exit_code, timed_out, oom) == (137, True, False) and "line 2" in log
+    ending = backend_on(api, tmp_path)._run_container(config(), 2.5)
+    assert (ending.exit_code, ending.timed_out, ending.oom_killed) == (137, True, False)
+    assert "line 2" in ending.log
     assert api.names() == ["host_config", "create", "start", "wait", "kill", "wait", "remove"]
     assert ("wait", 2.5) in api.calls and ("remove", ("c1", True)) in api.calls
     host = dict(api.calls)["host_config"]
@@ -272,7 +273,7 @@ def test_resolve() -> None:
 
 def test_docker_stacks_are_skipped_with_a_report_on_the_host_backend(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from runner.run import run_matrix
+    from runner.pipeline import run_matrix
 
     outcomes = run_matrix(MATRIX, reports_dir=tmp_path, stacks=["cpu-torch2.13",
                                                                 "torch2.14-vllm0.33"],
@@ -291,7 +292,7 @@ def test_docker_stacks_are_skipped_with_a_report_on_the_host_backend(
 
 def test_auto_without_an_engine_says_so_and_skips(tmp_path: Path, monkeypatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    from runner import run
+    from runner import pipeline as run
 
     monkeypatch.setattr(run, "DockerBackend", NoEngine)
     outcomes = run.run_matrix(MATRIX, reports_dir=tmp_path, stacks=["cpu-torch2.13"],
@@ -365,7 +366,7 @@ def _no_base_matrix(tmp_path: Path) -> Path:
 @pytest.fixture
 def empty_engine(monkeypatch, tmp_path: Path) -> FakeAPI:
     """An engine answers, with no image at all (a fresh machine with Docker installed)."""
-    from runner import run
+    from runner import pipeline as run
 
     api = FakeAPI(images=set())
 
@@ -518,8 +519,8 @@ def test_a_backend_that_may_not_build_never_builds(tmp_path: Path) -> None:
 def test_auto_keeps_a_report_of_a_stack_it_cannot_make(tmp_path: Path,
                                                        empty_engine: FakeAPI) -> None:
     """A report made where the image could be built is not replaced by 'skipped'."""
+    from runner.pipeline import run_matrix
     from runner.report import write_report
-    from runner.run import run_matrix
 
     data = read_report(ROOT / "tests" / "data" / "reports" / "host-plain-cuda.json").data
     data["cell"] = {"id": "cpu-torch2.13-plain-cpu", "stack": "cpu-torch2.13", "mode": "plain",

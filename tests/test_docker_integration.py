@@ -21,8 +21,8 @@ import yaml
 from runner import base_image
 from runner.backends.docker import DockerBackend
 from runner.backends.docker.engine import build_stacks
+from runner.pipeline import run_matrix
 from runner.report import read_report
-from runner.run import run_matrix
 
 pytestmark = pytest.mark.docker
 

@@ -22,7 +22,7 @@ import yaml
 
 from ops.gate_residual import faulty
 from runner import implementations
-from runner.backends.host import classify_failure, failure_reason, oom_kill_count
+from runner.backends.failure import Ending, classify, explain, oom_kill_count
 from runner.cell import out_of_memory, run_cell
 from runner.cells import Cell, select_cases
 from runner.config import parse_matrix
@@ -234,8 +234,9 @@ def test_out_of_memory_recognises_allocator_failures(err, oom):
 ])
 def test_classify_and_explain_a_cell_process_without_report(code, log, timed_out, kills,
                                                             status, fragment):
-    assert classify_failure(code, log, timed_out, oom_kills=kills) == status
-    reason = failure_reason(code, timed_out, 60.0, oom_kills=kills)
+    ending = Ending(code, log, timed_out, oom_kills=kills)
+    assert classify(ending) == status
+    reason = explain(ending, 60.0)
     assert fragment in reason and "\n" not in reason
 
 

@@ -308,7 +308,7 @@ def _matrix_error(tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str],
     path = tmp_path / "matrix.yaml"
     path.write_text(text, encoding="utf-8")
     reports = tmp_path / "reports"
-    with mock.patch("runner.run.prepare_stacks", side_effect=AssertionError("matrix accepted")):
+    with mock.patch("runner.pipeline.prepare", side_effect=AssertionError("matrix accepted")):
         code = main(["matrix", "--matrix", str(path), "--reports", str(reports), *extra])
     assert code == 2, capsys.readouterr().err
     err = capsys.readouterr().err
@@ -411,7 +411,7 @@ def test_every_tensor_counts_against_host_memory(
         old: str, new: str, key: str) -> None:
     """G used to be left out (G = 10**12 started a cell that grew until killed), and a D too
     big was reported against cases[0].n."""
-    from runner import run as run_mod
+    from runner import pipeline as run_mod
 
     monkeypatch.setattr(run_mod, "host_memory_bytes", lambda: 2**40)
     line = _matrix_error(tmp_path, _replace(old, new), capsys, "--target", "cpu", "--case", "1")
@@ -419,8 +419,8 @@ def test_every_tensor_counts_against_host_memory(
 
 
 def test_memory_bound_counts_gate_rows() -> None:
+    from runner.case_sizes import case_bytes_at_least
     from runner.config import load_matrix
-    from runner.run import case_bytes_at_least
 
     matrix = load_matrix(ROOT / "matrix.yaml")
     case = matrix.cases[0]

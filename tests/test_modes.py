@@ -15,7 +15,7 @@ from runner import modes
 from runner.abba import across
 from runner.config import TorchSettings
 from runner.errors import ConfigError
-from runner.run import run_matrix
+from runner.pipeline import run_matrix
 
 PINNED_PROJECT = {"GATE_RESIDUAL_COMMIT": "0123456789abcdef0123456789abcdef01234567"}
 MATRIX = {

@@ -20,11 +20,12 @@ import pytest
 import torch
 import yaml
 
-from runner import run as run_mod
+from runner import pipeline as run_mod
 from runner.backends import BACKENDS
 from runner.cell import fingerprint, skeleton
 from runner.cells import Cell, select_cases
 from runner.config import DockerStack, parse_matrix
+from runner.outcome import CellOutcome, failed
 from runner.report import read_report, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +60,9 @@ class FakeBackend:
 
     def available(self):
         return None
+
+    def prepare(self, matrix, stacks, *, strict):
+        return {}
 
     def fingerprint_extra(self, matrix, cell):
         return dict(FakeBackend.extra)
@@ -104,7 +108,7 @@ def project(monkeypatch) -> Project:
     return p
 
 
-def run(tmp_path: Path, data: dict, **kw) -> list[run_mod.CellOutcome]:
+def run(tmp_path: Path, data: dict, **kw) -> list[CellOutcome]:
     matrix_path = tmp_path / "matrix.yaml"
     matrix_path.write_text(yaml.safe_dump(data, sort_keys=False))
     FakeBackend.calls = []
@@ -308,7 +312,7 @@ def test_a_partial_run_over_a_report_of_other_code_is_refused(tmp_path, project)
     outcomes = run(tmp_path, fresh(), cases=["1"])
     assert FakeBackend.calls == []
     assert {o.status for o in outcomes} == {"refused"}
-    assert run_mod.failed(outcomes) == outcomes  # exit 5
+    assert failed(outcomes) == outcomes  # exit 5
     reason = outcomes[0].reason
     assert reason.startswith("not run: host-plain-cpu.json holds cases 1, 2 of another "
                              "fingerprint (made at commit abababababab, this checkout is at "
@@ -406,7 +410,7 @@ def test_a_cell_this_host_cannot_run_keeps_an_existing_report(tmp_path):
     """A CPU-only host must not replace the committed H200 report with a 'skipped' one."""
     import shutil
 
-    from runner.run import run_matrix
+    from runner.pipeline import run_matrix
 
     committed = Path(__file__).resolve().parent.parent / "reports" / "host-plain-cuda.json"
     shutil.copy(committed, tmp_path / committed.name)

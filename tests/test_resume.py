@@ -177,7 +177,7 @@ def test_a_finished_report_in_the_stage_survives_a_stopped_runner(tmp_path):
     (SIGTERM at a deadline, seen on the H200) before putting it in place: the report is
     kept, stamped, not thrown away with the stage."""
     from runner import report as report_io
-    from runner.run import _run_staged
+    from runner.run import run_staged
 
     data = json.loads((ROOT / "tests" / "data" / "reports" / "host-plain-cuda.json").read_text())
     assert data["status"] == "ok" and data["cases"]
@@ -195,8 +195,8 @@ def test_a_finished_report_in_the_stage_survives_a_stopped_runner(tmp_path):
         return {**report, "fingerprint": "f" * 64}
 
     with pytest.raises(KeyboardInterrupt):
-        _run_staged(EndsThenStopped(), None, Cell(), [], None, matrix_path=MATRIX,
-                    reports_dir=tmp_path, run_id="r1", timeout_s=10, stamp=stamp)
+        run_staged(EndsThenStopped(), None, Cell(), [], None, matrix_path=MATRIX,
+                   reports_dir=tmp_path, run_id="r1", timeout_s=10, stamp=stamp)
     kept = report(tmp_path) if cell_id == CELL else read_report(tmp_path / f"{cell_id}.json").data
     assert kept["status"] == "ok" and kept["cases"] == data["cases"]
     assert kept["fingerprint"] == "f" * 64

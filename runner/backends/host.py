@@ -4,8 +4,8 @@ A fresh process per cell means a crash, a CUDA error that poisons the context, a
 out-of-memory kill costs that cell only: the parent waits with a timeout, kills the whole
 process group when it runs out, and when the child wrote no report of this run (checked by
 ``run_id``) writes one itself with status ``timeout``, ``oom`` or ``error``, the exit code
-and the tail of the child's output (:func:`classify_failure`, :func:`failure_reason`: a bare
-SIGKILL is ambiguous and the reason says what /proc/vmstat showed). Ctrl-C or SIGTERM in the
+and the tail of the child's output (:mod:`runner.backends.failure`: a bare SIGKILL is
+ambiguous and the reason says what /proc/vmstat showed). Ctrl-C or SIGTERM in the
 parent (a ``KeyboardInterrupt``, :class:`runner.errors.Interrupted`) kills the cell's process
 group before the interruption goes on; one that lands while the process starts is held until
 its id is known (:func:`runner.backends.interrupts.deferred`). The mode's environment
@@ -21,87 +21,24 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import IO, Any
 
 from runner import lifetime
 from runner import report as report_io
+from runner.backends.base import cell_argv, failed_report
+from runner.backends.failure import Ending, classify, explain, log_tail, oom_kill_count
 from runner.backends.interrupts import deferred
-from runner.cell import skeleton
-from runner.cells import cases_on
+from runner.cell import case_key
+from runner.cells import Cell, cases_on
+from runner.config import Case, Matrix
 from runner.environment import PROJECT_ROOT
 from runner.progress import PREFIX, ProgressView
 from runner.staging import stopped_partial
 
-LOG_TAIL_CHARS = 6000
 
-
-def _tail(text: str, limit: int = LOG_TAIL_CHARS) -> str:
-    return text if len(text) <= limit else "…" + text[-limit:]
-
-
-def oom_kill_count() -> int | None:
-    """The kernel's count of OOM-killer kills since boot (``oom_kill`` in /proc/vmstat,
-    Linux >= 4.13, memory-cgroup kills included), or None where it cannot be read."""
-    try:
-        with open("/proc/vmstat", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("oom_kill "):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def classify_failure(exit_code: int | None, log: str, timed_out: bool, *,
-                     oom_kills: tuple[int | None, int | None] = (None, None)) -> str:
-    """Status for a cell process that wrote no report: timeout, oom or error.
-
-    ``oom`` needs evidence: an out-of-memory message in the log, or a SIGKILL while the
-    kernel's OOM-kill count (``oom_kills``: before, after) grew. A bare SIGKILL is ``error``:
-    the OOM killer, a user's ``kill -9`` and a container runtime all send it.
-    """
-    if timed_out:
-        return "timeout"
-    lowered = log.lower()
-    if "out of memory" in lowered or "outofmemoryerror" in lowered:
-        return "oom"
-    before, after = oom_kills
-    if exit_code == -signal.SIGKILL and None not in (before, after) and after > before:
-        return "oom"
-    return "error"
-
-
-def failure_reason(exit_code: int | None, timed_out: bool, timeout_s: float, *,
-                   oom_kills: tuple[int | None, int | None] = (None, None)) -> str:
-    """One line saying how a cell process that wrote no report ended."""
-    if timed_out:
-        return (f"timed out: no report after the cell timeout of {timeout_s:g} s; the cell's "
-                "process group was killed")
-    if exit_code is None or exit_code >= 0:
-        return f"cell process exited with code {exit_code} and wrote no report"
-    name = _signal_name(-exit_code)
-    reason = f"cell process was killed by {name} (exit code {exit_code}) and wrote no report"
-    if exit_code != -signal.SIGKILL:
-        return reason
-    before, after = oom_kills
-    if None in (before, after):
-        return (f"{reason}; SIGKILL is ambiguous: the kernel's OOM killer or another process "
-                "sent it (/proc/vmstat oom_kill unreadable: cannot tell which)")
-    if after > before:
-        return (f"{reason}; the kernel's OOM killer fired meanwhile (/proc/vmstat oom_kill "
-                f"{before} -> {after}), so most likely out of memory")
-    return (f"{reason}; not the runner's timeout and no OOM kill was recorded (/proc/vmstat "
-            f"oom_kill stayed {before}): another process or a hard limit sent it")
-
-
-def _read_lines(stream, lines: list[str], view: ProgressView) -> None:
+def _read_lines(stream: IO[str], lines: list[str], view: ProgressView) -> None:
     """Reader thread: keep every line of the cell's output, show its progress lines (and
     the watchdog's ``[cell]`` lines) as they come."""
     for line in stream:
@@ -111,7 +48,7 @@ def _read_lines(stream, lines: list[str], view: ProgressView) -> None:
             view.feed(text)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen[str]) -> None:
     """SIGKILL the cell's process group (its own session), if it is still there (never a
     group id <= 0, which would name the caller's own group or every process)."""
     if proc.pid <= 0:
@@ -131,25 +68,24 @@ class HostBackend:
         """None: the host can always run cells (targets are checked by the caller)."""
         return None
 
-    def fingerprint_extra(self, matrix, cell) -> dict:
+    def prepare(self, matrix: Matrix, stacks: Sequence[str], *,
+                strict: bool) -> dict[str, str]:
+        """Nothing to make ready: every stack routed here runs (``{}``)."""
+        return {}
+
+    def fingerprint_extra(self, matrix: Matrix, cell: Cell) -> dict[str, Any]:
         """What this backend adds to a cell's fingerprint: nothing (the host is the host)."""
         return {}
 
-    def command(self, *, matrix_path: Path, cell, case_ids: list[str], reports_dir: Path,
-                run_id: str) -> list[str]:
-        """The child's argv: ``python -m runner cell ...`` (a list: no shell is involved)."""
-        argv = [sys.executable, "-m", "runner", "cell", "--matrix", str(matrix_path),
-                "--stack", cell.stack, "--mode", cell.mode, "--target", cell.target,
-                "--reports", str(reports_dir), "--run-id", run_id]
-        for case_id in case_ids:
-            argv += ["--case", case_id]
-        return argv
+    def command(self, *, matrix_path: Path, cell: Cell, case_ids: Sequence[str],
+                reports_dir: Path, run_id: str) -> list[str]:
+        """The child's argv: :func:`runner.backends.base.cell_argv` with this interpreter."""
+        return cell_argv(sys.executable, str(matrix_path), str(reports_dir), cell, case_ids,
+                         run_id)
 
-    def run(self, matrix, cell, cases, *, matrix_path: Path, reports_dir: Path, run_id: str,
-            timeout_s: float) -> dict:
+    def run(self, matrix: Matrix, cell: Cell, cases: Sequence[Case], *, matrix_path: Path,
+            reports_dir: Path, run_id: str, timeout_s: float) -> dict[str, Any]:
         """Run one cell; always returns the cell's report (also written under ``reports_dir``)."""
-        from runner.cell import case_key
-
         case_ids = [str(case_key(c)) for c in cases]
         argv = self.command(matrix_path=matrix_path, cell=cell, case_ids=case_ids,
                             reports_dir=reports_dir, run_id=run_id)
@@ -159,7 +95,9 @@ class HostBackend:
             p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
         started = time.perf_counter()
         kills_before = oom_kill_count()
-        proc, timed_out, lines = None, False, []
+        proc: subprocess.Popen[str] | None = None
+        timed_out = False
+        lines: list[str] = []
         with ProgressView(cell.id, len(cases_on(cases, cell.target))) as view:
             try:
                 with deferred():  # a Ctrl-C or SIGTERM during the start lands once proc is known
@@ -184,19 +122,16 @@ class HostBackend:
                     proc.wait()
                 raise
         log = "".join(lines)
-        oom_kills = (kills_before, oom_kill_count())
+        ending = Ending(proc.returncode, log, timed_out,
+                        oom_kills=(kills_before, oom_kill_count()))
         path = reports_dir / f"{cell.id}.json"
         loaded = report_io.read_report(path) if path.exists() else None
-        status = classify_failure(proc.returncode, log, timed_out, oom_kills=oom_kills)
-        reason = failure_reason(proc.returncode, timed_out, timeout_s, oom_kills=oom_kills)
+        status, reason = classify(ending), explain(ending, timeout_s)
         if loaded and loaded.data and loaded.data.get("run_id") == run_id:
             if loaded.data.get("status") != "partial":
                 return loaded.data
             return stopped_partial(loaded.data, status, reason, exit_code=proc.returncode,
-                                   log_tail=_tail(log))
-        failed = skeleton(matrix, cell, cases, backend=self.name, run_id=run_id, status=status,
-                          reason=reason)
-        failed.update(exit_code=proc.returncode, log_tail=_tail(log),
-                      duration_s=round(time.perf_counter() - started, 3))
-        report_io.write_report(failed, reports_dir)
-        return failed
+                                   log_tail=log_tail(log))
+        return failed_report(matrix, cell, cases, backend=self.name, run_id=run_id,
+                             reports_dir=reports_dir, status=status, reason=reason,
+                             started=started, exit_code=proc.returncode, log_tail=log_tail(log))

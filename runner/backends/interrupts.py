@@ -42,14 +42,14 @@ def deferred(signals: tuple[int, ...] = HELD) -> Iterator[None]:
         yield
         return
     previous = {s: signal.getsignal(s) for s in signals}
-    held = [s for s, handler in previous.items() if callable(handler)]
+    held = {s: handler for s, handler in previous.items() if callable(handler)}
     caught: list[int] = []
     for s in held:
         signal.signal(s, lambda signum, frame: caught.append(signum))
     try:
         yield
     finally:
-        for s in held:
-            signal.signal(s, previous[s])
+        for s, handler in held.items():
+            signal.signal(s, handler)
     if caught:
-        previous[caught[0]](caught[0], None)
+        held[caught[0]](caught[0], None)

@@ -5,24 +5,22 @@ Every docker-py call of the project lives in this package, in two modules with o
 display, never pulling; prune; import a root file system) and
 :mod:`~runner.backends.docker.cells` (:class:`DockerBackend`: one locked-down container per
 cell, its report stamped with the image; it builds a missing image only when told to,
-``matrix --build``). The images themselves are rendered, with no
+``matrix --build``); what that container may do is plain data, made by
+:mod:`~runner.backends.docker.container`. The images themselves are rendered, with no
 docker-py call, by :mod:`runner.images`. docker-py is optional (``pip install '.[docker]'``):
 without it :meth:`DockerBackend.available` says so and ``--backend auto`` uses the host.
 """
 
 from __future__ import annotations
 
-from runner.backends.docker.cells import (
+from runner.backends.docker.cells import DockerBackend, Unready, build_command, image_record
+from runner.backends.docker.container import (
     CONTAINER_MATRIX,
     CONTAINER_REPORTS,
     ContainerConfig,
-    DockerBackend,
-    Unready,
-    build_command,
     cell_command,
     container_config,
     gpu_request,
-    image_record,
 )
 from runner.backends.docker.engine import BuildResult, Engine, build_stacks, docker_errors
 

@@ -1,48 +1,52 @@
 """Run one cell of a docker stack in its own container (the docker backend's ``run``).
 
 One container per cell, running the same ``python -m runner cell ...`` as the host backend,
-with the arguments of :func:`container_config`: no network, user 10001 (not root), not
-privileged, every capability dropped, read-only root file system (the baked-in project
-included) with a tmpfs ``/tmp`` mounted exec (torch.compile loads the libraries it builds
-there), the matrix file bound read-only and one fresh staging directory bound as the only
-writable path ``/reports``; ``target: cuda`` adds a GPU device
-request (all GPUs or the ids given). The container is killed at the cell timeout and removed
-in every case, Ctrl-C and SIGTERM to the runner included (its staging directory too). The
-cell's report is then read from the staging directory, stamped with the
-image (tag, id, digest, base, pins) and written to the reports directory; when the cell wrote
-none, the report says why (timeout, oom, error) with the exit code and the container log's
-tail.
+with the arguments of :func:`runner.backends.docker.container.container_config` (no
+network, not root, read-only, one writable staging directory). The container is killed at
+the cell timeout and removed in every case, Ctrl-C and SIGTERM to the runner included (its
+staging directory too). The cell's report is then read from the staging directory, stamped
+with the image (tag, id, digest, base, pins) and written to the reports directory; when the
+cell wrote none, the report says why (:mod:`runner.backends.failure`: timeout, oom, error)
+with the exit code and the container log's tail.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner import images, lifetime
+from runner import images
 from runner import report as report_io
+from runner.backends.base import failed_report, skipped_lines
+from runner.backends.docker.container import (
+    CONTAINER_MATRIX,
+    CONTAINER_REPORTS,
+    ContainerConfig,
+    cell_command,
+    container_config,
+    gpu_request,
+)
 from runner.backends.docker.engine import (
     DEFAULT_LOGS_DIR,
     BuildResult,
     DeviceRequest,
     Engine,
-    _tail,
     docker_errors,
     requests,
 )
+from runner.backends.failure import Ending, classify, explain, log_tail
 from runner.backends.interrupts import deferred
-from runner.cell import case_key, skeleton
-from runner.cells import cases_on
-from runner.config import DockerStack
+from runner.cell import case_key
+from runner.cells import Cell, cases_on
+from runner.config import Case, DockerStack, Matrix
 from runner.environment import project_state
-from runner.errors import ConfigError, ImageError
+from runner.errors import BackendError, ImageError
 from runner.progress import PREFIX, ProgressView
 from runner.staging import stopped_partial
 
@@ -50,104 +54,9 @@ __all__ = ["CONTAINER_MATRIX", "CONTAINER_REPORTS", "ContainerConfig", "DockerBa
            "Unready", "build_command", "cell_command", "container_config", "gpu_request",
            "image_record"]
 
-CONTAINER_MATRIX = "/run/gate-residual/matrix.yaml"
-CONTAINER_REPORTS = "/reports"
-TMPFS_SIZE = "4g"
-
-
-@dataclass(frozen=True)
-class ContainerConfig:
-    """Arguments for ``APIClient.create_container`` (``create``) and for
-    ``APIClient.create_host_config`` (``host``): the whole of what a cell's container may do."""
-
-    create: Mapping[str, Any]
-    host: Mapping[str, Any]
-
-
-def cell_command(cell, case_ids: Sequence[str], run_id: str) -> list[str]:
-    """The container's argv: the host backend's ``python -m runner cell`` with container paths.
-
-    Example::
-
-        >>> cell_command(Cell("s", "plain", "cpu"), ["257"], "ab")[:4]
-        ['python', '-m', 'runner', 'cell']
-    """
-    argv = ["python", "-m", "runner", "cell", "--matrix", CONTAINER_MATRIX,
-            "--stack", cell.stack, "--mode", cell.mode, "--target", cell.target,
-            "--reports", CONTAINER_REPORTS, "--run-id", run_id]
-    for case_id in case_ids:
-        argv += ["--case", str(case_id)]
-    return argv
-
-
-def gpu_request(gpus: str) -> dict:
-    """A GPU device request: ``"all"`` or comma-separated device ids / UUIDs (``"0,1"``).
-
-    Returns the keyword arguments of ``docker.types.DeviceRequest``. Raises ConfigError
-    (a bad ``--gpus``: exit 2) for an empty or malformed list.
-
-    Example::
-
-        >>> gpu_request("all"), gpu_request("0,2")["device_ids"]
-        ({'count': -1, 'capabilities': [['gpu']]}, ['0', '2'])
-    """
-    if gpus == "all":
-        return {"count": -1, "capabilities": [["gpu"]]}
-    ids = [g.strip() for g in gpus.split(",")]
-    if not all(re.fullmatch(r"[0-9]+|GPU-[0-9a-fA-F-]+|MIG-[0-9a-zA-Z/-]+", g) for g in ids):
-        raise ConfigError(f'--gpus: expected "all" or device ids like "0,1", got {gpus!r}')
-    return {"device_ids": ids, "capabilities": [["gpu"]]}
-
-
-def container_config(image: str, command: Sequence[str], *, cell, run_id: str,
-                     mode_env: Mapping[str, str], matrix_path: Path, stage_dir: Path,
-                     project: Mapping[str, Any], gpus: str = "all",
-                     timeout_s: float | None = None) -> ContainerConfig:
-    """The container of one cell, as plain arguments (a pure function: tests inspect it).
-
-    ``stage_dir`` (absolute) becomes ``/reports``, the only writable bind; ``matrix_path``
-    is bound read-only at :data:`CONTAINER_MATRIX`. ``project`` ({commit, dirty}) is passed
-    as ``GATE_RESIDUAL_COMMIT`` / ``GATE_RESIDUAL_DIRTY`` so the report names the checkout
-    the image was made from. ``cell.target == "cuda"`` adds the device request of
-    :func:`gpu_request`. ``timeout_s``: the cell's own deadline, so that a container whose
-    runner died still ends (:mod:`runner.lifetime`).
-    """
-    env = {**dict(mode_env), "PYTHONUNBUFFERED": "1", "HOME": "/tmp"}
-    if timeout_s is not None:
-        env.update(lifetime.child_environment(timeout_s))
-    if project.get("commit"):
-        env["GATE_RESIDUAL_COMMIT"] = str(project["commit"])
-        env["GATE_RESIDUAL_DIRTY"] = "1" if project.get("dirty") else "0"
-    host = {
-        "binds": {str(Path(stage_dir).resolve()): {"bind": CONTAINER_REPORTS, "mode": "rw"},
-                  str(Path(matrix_path).resolve()): {"bind": CONTAINER_MATRIX, "mode": "ro"}},
-        "network_mode": "none",
-        "privileged": False,
-        "read_only": True,
-        # exec: torch.compile loads the .so files inductor and Triton build under /tmp (HOME);
-        # Docker mounts a tmpfs noexec unless told, and then `compiled` fails to load them.
-        "tmpfs": {"/tmp": f"rw,exec,nosuid,nodev,size={TMPFS_SIZE}"},
-        "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges"],
-        "init": True,
-        "device_requests": ([gpu_request(gpus)] if cell.target == "cuda" else []),
-    }
-    create = {
-        "image": image,
-        "command": list(command),
-        "user": f"{images.IMAGE_UID}:{images.IMAGE_UID}",
-        "environment": env,
-        "network_disabled": True,
-        "working_dir": "/opt/gate-residual",
-        "name": f"gate-residual-{cell.id}-{run_id[:12]}",
-        "labels": {f"{images.LABEL_PREFIX}cell": cell.id, f"{images.LABEL_PREFIX}run-id": run_id},
-        "use_config_proxy": False,
-    }
-    return ContainerConfig(create=create, host=host)
-
 
 def image_record(spec: images.ImageSpec, *, image_id: str | None = None,
-                 digest: str | None = None, base_id: str | None = None) -> dict:
+                 digest: str | None = None, base_id: str | None = None) -> dict[str, Any]:
     """The report's ``image`` object (docs/report-format.md)."""
     return {"tag": spec.tag, "id": image_id, "digest": digest,
             "content_hash": spec.content_hash, "base_image": spec.base_image,
@@ -180,7 +89,7 @@ class Unready:
     base: str | None = None
 
 
-def _follow(api, container: str, view: ProgressView) -> None:
+def _follow(api: Any, container: str, view: ProgressView) -> None:
     """Thread: feed the container's progress lines to ``view`` as they come (the full log
     is read once the container has ended). Any engine error ends the following, not the
     cell."""
@@ -217,9 +126,9 @@ class DockerBackend(Engine):
         self.matrix_dir = matrix_dir
         self.build = build
         self._specs: dict[tuple[int, str], images.ImageSpec | ImageError] = {}
-        self._project: dict | None = None
+        self._project: dict[str, Any] | None = None
 
-    def spec(self, matrix, stack: str) -> images.ImageSpec:
+    def spec(self, matrix: Matrix, stack: str) -> images.ImageSpec:
         """The rendered image of ``stack`` (cached for this run). Raises ImageError."""
         key = (id(matrix), stack)
         if key not in self._specs:
@@ -233,7 +142,7 @@ class DockerBackend(Engine):
             raise found
         return found
 
-    def fingerprint_extra(self, matrix, cell) -> dict:
+    def fingerprint_extra(self, matrix: Matrix, cell: Cell) -> dict[str, Any]:
         """The image tag (content hash) and id of the cell's stack; {} for host stacks.
 
         With ``build`` the image is built here when the engine lacks it (once a run, see
@@ -257,7 +166,7 @@ class DockerBackend(Engine):
             f"image {spec.tag} is not built, and the matrix never builds one: "
             f"`{build_command([spec.stack])}`, or add --build to the matrix command"))
 
-    def unready(self, matrix, stack: str) -> Unready | None:
+    def unready(self, matrix: Matrix, stack: str) -> Unready | None:
         """Why the cells of ``stack`` cannot run here as things are, or None. Never builds.
 
         In this order: a wheelhouse (``pip.find_links``) or CA bundle (``pip.ca_bundle``)
@@ -268,9 +177,10 @@ class DockerBackend(Engine):
         is missing. None for a ``kind: host`` stack, an image the engine has, and a stack
         that cannot be rendered (its cells end ``build_error``).
         """
-        if not isinstance(matrix.stacks[stack], DockerStack):
+        found = matrix.stacks[stack]
+        if not isinstance(found, DockerStack):
             return None
-        options = matrix.stacks[stack].pip.over(matrix.pip)
+        options = found.pip.over(matrix.pip)
         for key, value, is_file in (("pip.find_links", options.find_links, False),
                                     ("pip.ca_bundle", options.ca_bundle, True)):
             if value is None:
@@ -296,8 +206,58 @@ class DockerBackend(Engine):
         return Unready(reason + (f"; first, its {no_base}" if no_base else ""),
                        unbuilt=True, base=no_base)
 
-    def run(self, matrix, cell, cases, *, matrix_path: Path, reports_dir: Path, run_id: str,
-            timeout_s: float) -> dict:
+    def prepare(self, matrix: Matrix, stacks: Sequence[str], *,
+                strict: bool) -> dict[str, str]:
+        """Which of ``stacks`` are skipped here, named once, before any cell runs.
+
+        Returns {stack: the reason each of its cells' reports gets}, and prints one line
+        per shared reason (``[runner] skipped docker stack(s) a, b: ...``). A stack is
+        skipped when :meth:`unready` names what it lacks: its image above all, never built
+        without ``build`` (``--build``); the line then gives the command that builds them
+        all. ``strict`` (``--backend docker``): only a missing image stops the run, before
+        anything runs; the cells of a stack that lacks something else end ``build_error``.
+        With ``build`` the images still missing are built here (a failed build: the
+        stack's cells end ``build_error``).
+
+        Raises:
+            BackendError: ``strict`` without ``build`` and a stack has no image, e.g.
+                ``--backend docker: no image for docker stacks a, b (the matrix never
+                builds one): `nox -s build -- --stack a --stack b`, or add --build``.
+        """
+        skips: dict[str, str] = {}
+        unbuilt: dict[str | None, list[str]] = {}
+        for stack in stacks:
+            unready = self.unready(matrix, stack)
+            if unready is not None and unready.unbuilt:
+                unbuilt.setdefault(unready.base, []).append(stack)
+                skips[stack] = unready.reason
+            elif unready is not None and not strict:
+                skips[stack] = unready.reason
+        if unbuilt and strict:
+            names = [s for group in unbuilt.values() for s in group]
+            bases = "; ".join(f"first, their {base}" for base in unbuilt if base)
+            raise BackendError(f"--backend docker: no image for docker stack(s) "
+                               f"{', '.join(names)} (the matrix never builds one): "
+                               f"`{build_command(names)}`, or add --build"
+                               + (f"; {bases}" if bases else ""))
+        lines = [f"skipped docker stack(s) {', '.join(group)}: no image, and the matrix never "
+                 f"builds one: `{build_command(group)}`, or add --build"
+                 + (f"; first, their {base}" if base else "") for base, group in unbuilt.items()]
+        lines += skipped_lines({stack: reason for stack, reason in skips.items()
+                                if not any(stack in group for group in unbuilt.values())})
+        for line in lines:
+            print(f"[runner] {line}", flush=True)
+        if self.build:
+            for stack in stacks:
+                if stack not in skips and self.unready(matrix, stack) is None:
+                    try:
+                        self.ensure_image(self.spec(matrix, stack))
+                    except ImageError:
+                        pass  # not renderable: the cells say so (build_error)
+        return skips
+
+    def run(self, matrix: Matrix, cell: Cell, cases: Sequence[Case], *, matrix_path: Path,
+            reports_dir: Path, run_id: str, timeout_s: float) -> dict[str, Any]:
         """Run one cell in a container; always returns its report (also written)."""
         started = time.perf_counter()
         try:
@@ -323,8 +283,9 @@ class DockerBackend(Engine):
                 cell=cell, run_id=run_id, mode_env=matrix.modes[cell.mode].env,
                 matrix_path=matrix_path, stage_dir=stage, project=self._project_state(),
                 gpus=self.gpus, timeout_s=timeout_s)
-            exit_code, log, timed_out, oom = self._run_container(
+            ending = self._run_container(
                 config, timeout_s, cell_id=cell.id, cases=len(cases_on(cases, cell.target)))
+            exit_code, log = ending.exit_code, ending.log
             path = stage / f"{cell.id}.json"
             loaded = report_io.read_report(path) if path.exists() else None
             if loaded and loaded.data and loaded.data.get("run_id") == run_id:
@@ -332,37 +293,28 @@ class DockerBackend(Engine):
                 report["cell"]["backend"] = self.name
                 report["image"] = image
                 if report["status"] == "partial":  # stopped after some cases: keep them
-                    how = "timeout" if timed_out else ("oom" if oom else "error")
-                    report = stopped_partial(report, how, f"container exit code {exit_code}",
-                                             exit_code=exit_code, log_tail=_tail(log))
+                    report = stopped_partial(report, classify(ending),
+                                             f"container exit code {exit_code}",
+                                             exit_code=exit_code, log_tail=log_tail(log))
                 if report["status"] != "ok" and not report.get("log_tail"):
-                    report["log_tail"] = _tail(log)
+                    report["log_tail"] = log_tail(log)
                 report_io.write_report(report, reports_dir)
                 return report
-            if timed_out:
-                status, reason = "timeout", (f"timed out: no report after the cell timeout of "
-                                             f"{timeout_s:g} s; the container was killed")
-            elif oom or "out of memory" in log.lower() or "outofmemoryerror" in log.lower():
-                status, reason = "oom", (f"out of memory: the container was OOM-killed "
-                                         f"(exit code {exit_code}) and wrote no report")
-            else:
-                status = "error"
-                reason = f"container exited with code {exit_code} and wrote no report"
+            reason = explain(ending, timeout_s, "container")
             if loaded is not None and loaded.problem:
                 reason += f" (its report was unreadable: {loaded.problem})"
-            return self._failed(matrix, cell, cases, run_id, reports_dir, status, reason,
-                                log_tail=_tail(log), exit_code=exit_code, image=image,
-                                started=started)
+            return self._failed(matrix, cell, cases, run_id, reports_dir, classify(ending),
+                                reason, log_tail=log_tail(log), exit_code=exit_code,
+                                image=image, started=started)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
 
     def _run_container(self, config: ContainerConfig, timeout_s: float, *,
-                       cell_id: str = "cell", cases: int = 0,
-                       ) -> tuple[int | None, str, bool, bool]:
+                       cell_id: str = "cell", cases: int = 0) -> Ending:
         """Create, start, wait (killing at ``timeout_s``), collect logs, always remove. The
         cell's progress lines are shown as they come (:class:`runner.progress.ProgressView`).
 
-        Returns (exit code, log text, timed out, OOM-killed).
+        Returns how the container ended (exit code, log, timed out, OOM-killed).
         """
         api = self._api()
         host_config = api.create_host_config(
@@ -390,7 +342,8 @@ class DockerBackend(Engine):
                 follower.join(timeout=5)
             state = api.inspect_container(container)["State"]
             log = api.logs(container, stdout=True, stderr=True).decode("utf-8", "replace")
-            return state.get("ExitCode"), log, timed_out, bool(state.get("OOMKilled"))
+            return Ending(state.get("ExitCode"), log, timed_out,
+                          oom_killed=bool(state.get("OOMKilled")))
         finally:  # also on Ctrl-C / SIGTERM: force removal kills a running container
             if container is not None:
                 try:
@@ -398,17 +351,16 @@ class DockerBackend(Engine):
                 except docker_errors.NotFound:
                     pass
 
-    def _project_state(self) -> dict:
+    def _project_state(self) -> dict[str, Any]:
         if self._project is None:
             self._project = project_state()
         return self._project
 
-    def _failed(self, matrix, cell, cases, run_id: str, reports_dir: Path, status: str,
-                reason: str, *, image: dict | None, started: float, log_tail: str | None = None,
-                exit_code: int | None = None) -> dict:
-        failed = skeleton(matrix, cell, cases, backend=self.name, run_id=run_id,
-                          status=status, reason=reason)
-        failed.update(exit_code=exit_code, log_tail=log_tail, image=image,
-                      duration_s=round(time.perf_counter() - started, 3))
-        report_io.write_report(failed, reports_dir)
-        return failed
+    def _failed(self, matrix: Matrix, cell: Cell, cases: Sequence[Case], run_id: str,
+                reports_dir: Path, status: str, reason: str, *, image: dict[str, Any] | None,
+                started: float, log_tail: str | None = None,
+                exit_code: int | None = None) -> dict[str, Any]:
+        return failed_report(matrix, cell, cases, backend=self.name, run_id=run_id,
+                             reports_dir=reports_dir, status=status, reason=reason,
+                             started=started, exit_code=exit_code, log_tail=log_tail,
+                             image=image)

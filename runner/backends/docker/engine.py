@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runner import images
+from runner.backends.failure import log_tail
 from runner.config import DockerStack
 from runner.errors import BackendError, ImageError
 
@@ -29,17 +30,13 @@ try:  # docker-py is an optional dependency: pip install '.[docker]'
     from docker import errors as docker_errors
     from docker.types import DeviceRequest
 except ImportError:  # pragma: no cover - exercised where docker-py is absent
-    docker = docker_errors = requests = DeviceRequest = None  # available() says so
+    # available() says so; every other use comes after it said None (docker-py is there)
+    docker = docker_errors = requests = DeviceRequest = None  # type: ignore[assignment]
 
 __all__ = ["DEFAULT_LOGS_DIR", "BuildResult", "Engine", "build_stacks", "docker_errors"]
 
-LOG_TAIL_CHARS = 6000
 DEFAULT_LOGS_DIR = Path("build/logs")
 _STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)")
-
-
-def _tail(text: str, limit: int = LOG_TAIL_CHARS) -> str:
-    return text if len(text) <= limit else "…" + text[-limit:]
 
 
 @dataclass
@@ -80,13 +77,14 @@ class Engine:
         self.progress = sys.stderr.isatty() if progress is None else progress
         self._client = None
         self._builds: dict[str, BuildResult] = {}
-        self._why_not: str | bool | None = False  # False: not asked yet
+        self._asked = False
+        self._why_not: str | None = None
 
     # --- the engine ------------------------------------------------------------------
     def available(self) -> str | None:
         """None when a Docker engine answers; otherwise one line saying why not (asked once)."""
-        if self._why_not is False:
-            self._why_not = self._ask_engine()
+        if not self._asked:
+            self._why_not, self._asked = self._ask_engine(), True
         return self._why_not
 
     def _ask_engine(self) -> str | None:
@@ -204,7 +202,7 @@ class Engine:
         if found is None:
             reason = f"image build failed: {error or 'no image was tagged'}"
             return BuildResult(spec.stack, spec, False, seconds=seconds, reason=reason,
-                               log_tail=_tail("\n".join(tail)), log_path=log_path, steps=steps)
+                               log_tail=log_tail("\n".join(tail)), log_path=log_path, steps=steps)
         return BuildResult(spec.stack, spec, True, seconds=seconds, log_path=log_path, steps=steps,
                            **self._facts(found, spec))
 

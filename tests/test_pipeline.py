@@ -1,0 +1,236 @@
+"""The matrix pipeline's named steps (runner/pipeline.py, runner/run.py), each alone.
+
+No cell process runs here: the host backend is a fake that writes a report at once, and no
+Docker engine is asked (a docker backend that says it has none). The whole-run behaviour
+(reuse, resume, exit codes, messages) is tested through ``run_matrix`` and the command line
+in test_rerun.py, test_resume.py, test_cli.py and test_docker_backend.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import yaml
+
+from runner import pipeline
+from runner.backends import BACKENDS, DockerBackend
+from runner.cell import skeleton
+from runner.cells import Cell
+from runner.errors import BackendError, ConfigError
+from runner.outcome import REFUSED, CellOutcome, failed, summary
+from runner.pipeline import Request, Site
+from runner.report import write_report
+from runner.run import plan_cell
+from runner.status import Status
+
+DATA = {
+    "schema_version": 1, "op": "gate_residual",
+    "problem": {"D": 8, "G": 2, "dtype": "bfloat16", "index_dtype": "int64", "seed": 1},
+    "cases": [{"n": 1}, {"n": 2}], "implementations": ["eager", "numba", "fp64"],
+    "baseline": "eager", "accuracy_reference": "fp64",
+    "modes": {"plain": {}, "det": {"torch": {"deterministic": True}}},
+    "stacks": {"host": {"kind": "host"},
+               "box": {"kind": "docker", "base_image": "gate-residual/base:bookworm-py3.11",
+                       "python": "3.11", "torch": "2.13.0"}},
+    "targets": ["cuda", "cpu"],
+}
+
+
+def ok_report(matrix, cell: Cell, cases, run_id: str) -> dict:
+    """A valid ``ok`` report of ``cell`` (eager's bits only), as a cell process writes it."""
+    env = {"python": "3.12", "torch": "2.13.0", "project": {"commit": "ab" * 20,
+                                                            "dirty": False}}
+    report = skeleton(matrix, cell, cases, backend="host", run_id=run_id, status="ok",
+                      env=env)
+    ids = [str(c) for c in report["cases"]]
+    report["inputs"] = {c: {"n": int(c), "specials": False, "sha256": {"residual": "0" * 64}}
+                        for c in ids}
+    report["results"] = {"eager": {"status": "ok", "reason": None, "sha256": {
+        c: {"out": "1" * 64} for c in ids}, "mutated_inputs": {c: [] for c in ids}}}
+    return report
+
+
+class NoEngine(DockerBackend):
+    """A docker backend whose engine never answers (this machine has none)."""
+
+    def available(self) -> str | None:
+        return "no Docker engine answers (test)"
+
+
+class Instant:
+    """A host backend that writes an ok report at once and records the cells it ran."""
+
+    name = "host"
+    ran: ClassVar[list[str]] = []
+
+    def available(self) -> str | None:
+        return None
+
+    def prepare(self, matrix, stacks, *, strict):
+        return {}
+
+    def fingerprint_extra(self, matrix, cell):
+        return {}
+
+    def run(self, matrix, cell, cases, *, matrix_path, reports_dir, run_id, timeout_s):
+        Instant.ran.append(cell.id)
+        report = ok_report(matrix, cell, cases, run_id)
+        write_report(report, reports_dir)
+        return report
+
+
+@pytest.fixture
+def request_(tmp_path: Path) -> Request:
+    path = tmp_path / "matrix.yaml"
+    path.write_text(yaml.safe_dump(DATA, sort_keys=False))
+    return Request(path, tmp_path / "reports", backend="host", render=False)
+
+
+@pytest.fixture
+def steady(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fixed project state, no GPU, the instant host backend."""
+    monkeypatch.setattr(pipeline, "project_state", lambda: {"commit": "ab" * 20,
+                                                            "dirty": False})
+    monkeypatch.setattr(pipeline, "cuda_available", lambda: False)
+    monkeypatch.setitem(BACKENDS, "host", Instant)
+    monkeypatch.setattr(Instant, "ran", [])
+
+
+def test_load_resolves_the_paths_and_parses_the_matrix(request_: Request) -> None:
+    request, matrix = pipeline.load(request_)
+    assert request.matrix_path.is_absolute() and request.reports_dir.is_absolute()
+    assert matrix.op == "gate_residual" and list(matrix.stacks) == ["host", "box"]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"timeout_s": 0.0}, "--timeout: expected a number of seconds > 0, got 0.0"),
+    ({"gpus": "0;1"}, '--gpus: expected "all" or device ids like "0,1", got \'0;1\''),
+])
+def test_load_refuses_bad_options_whatever_the_backend(request_: Request, change: dict,
+                                                       message: str) -> None:
+    from dataclasses import replace
+
+    with pytest.raises(ConfigError, match="^" + re.escape(message)):
+        pipeline.load(replace(request_, **change))
+
+
+def test_choose_site_asks_the_engine_only_when_containers_may_run(
+        request_: Request, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import replace
+
+    monkeypatch.setattr(pipeline, "DockerBackend", NoEngine)
+    host = pipeline.choose_site(request_)
+    assert (host.chosen, host.note, host.docker) == ("host", None, None)
+    auto = pipeline.choose_site(replace(request_, backend="auto"))
+    assert auto.chosen == "host" and auto.docker is None
+    assert auto.note == "--backend auto: host, since no Docker engine answers (test)"
+    with pytest.raises(BackendError, match=r"^--backend docker: no Docker engine answers"):
+        pipeline.choose_site(replace(request_, backend="docker"))
+    with pytest.raises(ConfigError, match=r"^--abba: runs its processes in A-B-B-A order"):
+        pipeline.choose_site(replace(request_, cluster="ray://h:1", abba="det"))
+
+
+def test_select_names_cells_and_cases(request_: Request) -> None:
+    from dataclasses import replace
+
+    request, matrix = pipeline.load(request_)
+    every = pipeline.select(matrix, request)
+    assert [c.id for c in every.cells] == ["host-plain-cuda", "host-plain-cpu", "host-det-cuda",
+                                           "host-det-cpu", "box-plain-cuda", "box-plain-cpu",
+                                           "box-det-cuda", "box-det-cpu"]
+    assert not every.partial and [c.id for c in every.cases] == ["1", "2"]
+    one = pipeline.select(matrix, replace(request, cases=["2"], targets=["cpu"]))
+    assert one.partial and [c.id for c in one.cases] == ["2"]
+    abba = pipeline.select(matrix, replace(request, abba="det", stacks=["host"]))
+    assert [c.id for c in abba.cells] == ["host-plain-cuda", "host-plain-cpu"]
+    with pytest.raises(ConfigError, match=r"^--abba: expected one of the modes"):
+        pipeline.select(matrix, replace(request, abba="nope"))
+    with pytest.raises(ConfigError, match=r"^--gpu-model: places cells on a cluster's nodes"):
+        pipeline.select(matrix, replace(request, gpu_model="NVIDIA H200"))
+
+
+def test_check_site_refuses_cuda_without_a_gpu(request_: Request, steady: None) -> None:
+    from dataclasses import replace
+
+    request, matrix = pipeline.load(request_)
+    site = Site("host")
+    pipeline.check_site(matrix, pipeline.select(matrix, request), site, request)
+    assert site.has_gpu is False  # the cuda cells are skipped later, not refused
+    cuda = replace(request, targets=["cuda"])
+    with pytest.raises(ConfigError, match=r"^--target: cuda was requested but torch sees no"):
+        pipeline.check_site(matrix, pipeline.select(matrix, cuda), Site("host"), cuda)
+
+
+def test_prepare_on_the_host_names_each_docker_stack_once(
+        request_: Request, capsys: pytest.CaptureFixture[str]) -> None:
+    request, matrix = pipeline.load(request_)
+    skipped = pipeline.prepare(matrix, pipeline.select(matrix, request),
+                               Site("host", has_gpu=False), request)
+    assert list(skipped) == ["box"] and skipped["box"].startswith(
+        "stack kind docker runs only in a container: this run uses the host backend")
+    out = capsys.readouterr().out
+    assert out.count("[runner] skipped docker stack(s) box: stack kind docker") == 1
+
+
+def test_open_reports_cleans_up_and_holds_the_project_state(request_: Request,
+                                                           steady: None) -> None:
+    request, matrix = pipeline.load(request_)
+    ctx = pipeline.open_reports(matrix, pipeline.select(matrix, request), request)
+    assert request.reports_dir.is_dir()
+    assert ctx.project == {"commit": "ab" * 20, "dirty": False, "diff_sha256": None}
+    assert ctx.path(Cell("host", "plain", "cpu")) == request.reports_dir / "host-plain-cpu.json"
+
+
+def test_plan_cell_runs_reuses_and_forces(request_: Request, steady: None) -> None:
+    from dataclasses import replace
+
+    request, matrix = pipeline.load(request_)
+    selection = pipeline.select(matrix, request)
+    ctx = pipeline.open_reports(matrix, selection, request)
+    cell, host = Cell("host", "plain", "cpu"), Instant()
+    first = plan_cell(ctx, host, cell, partial=False)
+    assert first.action == "run" and [c.id for c in first.cases] == ["1", "2"]
+    write_report(ctx.stamp(host, cell, ok_report(matrix, cell, ctx.cases, "r")),
+                 ctx.reports_dir)
+    again = plan_cell(ctx, host, cell, partial=False)
+    assert (again.action, again.note) == ("reuse", "same fingerprint: not run again")
+    forced = plan_cell(replace(ctx, force=True), host, cell, partial=False)
+    assert forced.action == "run"
+
+
+def test_run_cells_skips_runs_and_reuses(request_: Request, steady: None,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    request, matrix = pipeline.load(request_)
+    selection = pipeline.select(matrix, request)
+    site = Site("host")
+    pipeline.check_site(matrix, selection, site, request)
+    skipped = pipeline.prepare(matrix, selection, site, request)
+    ctx = pipeline.open_reports(matrix, selection, request)
+    outcomes = pipeline.run_cells(ctx, selection, site, skipped, request)
+    assert [(o.cell, o.status) for o in outcomes] == [
+        ("host-plain-cuda", Status.SKIPPED), ("host-plain-cpu", Status.OK),
+        ("host-det-cuda", Status.SKIPPED), ("host-det-cpu", Status.OK),
+        *[(f"box-{m}-{t}", Status.SKIPPED) for m in ("plain", "det") for t in ("cuda", "cpu")]]
+    assert Instant.ran == ["host-plain-cpu", "host-det-cpu"]
+    assert outcomes[4].reason == pipeline.STACK_SKIPPED  # named once, at the start
+    assert "[runner] cell host-plain-cuda: skipped: target cuda: torch sees no CUDA" in (
+        capsys.readouterr().out)
+    saved = json.loads((ctx.reports_dir / "host-plain-cpu.json").read_text())
+    assert saved["fingerprint"] == ctx.fingerprint(Instant(), Cell("host", "plain", "cpu"))
+    again = pipeline.run_cells(ctx, selection, site, skipped, request)
+    assert [o.reused for o in again if o.status == Status.OK] == [True, True]
+    assert Instant.ran == ["host-plain-cpu", "host-det-cpu"]
+
+
+def test_outcomes_are_typed_and_refused_is_a_failure(tmp_path: Path) -> None:
+    ok = CellOutcome("a", Status.OK, None, tmp_path / "a.json", reused=True)
+    refused = CellOutcome("b", REFUSED, "not run: other code", tmp_path / "b.json")
+    skipped = CellOutcome("c", Status.SKIPPED, "no GPU", tmp_path / "c.json")
+    assert failed([ok, refused, skipped]) == [refused]
+    lines = summary([ok, refused, skipped]).splitlines()
+    assert lines[2].split() == ["a", "ok", "(reused)"]
+    assert lines[3].split()[:2] == ["b", "refused"]
