@@ -57,15 +57,15 @@ from runner.config_sections import (
     HostStack,
     IndexDType,
     Libraries,
+    ListOf,
     Mode,
     Name,
+    NonEmptyMapOf,
     PipOptions,
     Stack,
     Target,
     TorchSettings,
     _Frozen,
-    _list_of,
-    _map_of,
 )
 from runner.config_yaml import _read_matrix_file, _refuse_huge_integers, _UniqueKeyLoader
 from runner.errors import ConfigError
@@ -126,7 +126,7 @@ class Case(_Frozen):
     specials: StrictBool = False
     dtype: DType | None = None
     index_dtype: IndexDType | None = None
-    targets: _list_of(Target) | None = None
+    targets: ListOf[Target] | None = None
 
     @model_serializer(mode="wrap")
     def _drop_unset(self, dump: Any) -> dict[str, Any]:
@@ -183,16 +183,16 @@ class Matrix(_Frozen):
     schema_version: StrictInt
     op: StrictStr
     problem: Problem
-    cases: _list_of(Case)
-    implementations: _list_of(StrictStr)
+    cases: ListOf[Case]
+    implementations: ListOf[StrictStr]
     baseline: StrictStr
     accuracy_reference: StrictStr | None = None
     repeats: Annotated[StrictInt, Field(ge=1, le=MAX_REPEATS)] = 3
     timing: Timing = Timing()
     batch_invariance: BatchInvariance | None = None
-    modes: _map_of(Name, Mode, min_length=1)
-    stacks: _map_of(Name, Stack, min_length=1)
-    targets: _list_of(Target)
+    modes: NonEmptyMapOf[Name, Mode]
+    stacks: NonEmptyMapOf[Name, Stack]
+    targets: ListOf[Target]
     pip: PipOptions = PipOptions()  # defaults for every docker stack's image build
     libraries: Libraries | None = None  # library versions as rows (issue 13)
 
@@ -351,7 +351,8 @@ def _cross_checks(m: Matrix, known: tuple[str, ...]) -> Iterator[tuple[str, str,
             made.setdefault(cell, names)
 
 
-def _duplicates(key: str, values: Collection[str], expected: str) -> Iterator[tuple[str, ...]]:
+def _duplicates(key: str, values: Collection[str],
+                expected: str) -> Iterator[tuple[str, str, str]]:
     seen: set[str] = set()
     for i, value in enumerate(values):
         if value in seen:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Iterator, Mapping
-from typing import Annotated, Any, Literal, Union, get_args
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args
 
 from packaging.version import Version
 from pydantic import (
@@ -62,15 +62,20 @@ class FrozenMap(Mapping):
         return f"FrozenMap({self._data!r})"
 
 
-def _map_of(key: Any, value: Any, min_length: int = 0) -> Any:
-    """``Mapping[key, value]``: validated as a dict, kept as a FrozenMap, dumped as a dict."""
-    return Annotated[Mapping[key, value], Field(min_length=min_length),
-                     AfterValidator(FrozenMap), WrapSerializer(lambda v, dump: dump(dict(v)))]
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+_T = TypeVar("_T")
 
-
-def _list_of(item: Any) -> Any:
-    """A non-empty YAML list kept as a tuple (lax only about list -> tuple; items stay strict)."""
-    return Annotated[tuple[item, ...], Field(strict=False, min_length=1)]
+MapOf = Annotated[Mapping[_K, _V], AfterValidator(FrozenMap),
+                  WrapSerializer(lambda v, dump: dump(dict(v)))]
+"""``MapOf[key, value]``: a ``Mapping`` validated as a dict, kept as a :class:`FrozenMap`,
+dumped as a dict (generic type aliases: the type checker sees ``Mapping[key, value]``)."""
+NonEmptyMapOf = Annotated[Mapping[_K, _V], Field(min_length=1), AfterValidator(FrozenMap),
+                          WrapSerializer(lambda v, dump: dump(dict(v)))]
+""":data:`MapOf` with at least one entry."""
+ListOf = Annotated[tuple[_T, ...], Field(strict=False, min_length=1)]
+"""``ListOf[item]``: a non-empty YAML list kept as a tuple (lax only about list -> tuple;
+items stay strict)."""
 
 
 def _env_value(value: str) -> str:
@@ -146,8 +151,8 @@ class Libraries(_Frozen):
     """
 
     wheelhouse: HostPath = ".carry/kernel-wheelhouse"
-    versions: _map_of(Distribution,
-                      _list_of(Annotated[StrictStr, AfterValidator(_pep440)])) = FrozenMap()
+    versions: MapOf[Distribution, ListOf[Annotated[StrictStr, AfterValidator(_pep440)]]] = (
+        FrozenMap())
     rl_kernel: HostPath | None = None
 
     @field_validator("versions")
@@ -189,9 +194,9 @@ class Mode(_Frozen):
     """A run mode: ``env`` for the cell process (name -> value) and ``torch`` settings;
     ``targets``: the targets it has cells on (None: every target of the matrix)."""
 
-    env: Annotated[_map_of(EnvName, EnvValue), AfterValidator(_env_total)] = FrozenMap()
+    env: Annotated[MapOf[EnvName, EnvValue], AfterValidator(_env_total)] = FrozenMap()
     torch: TorchSettings = TorchSettings()
-    targets: _list_of(Target) | None = None
+    targets: ListOf[Target] | None = None
 
     @model_serializer(mode="wrap")
     def _drop_unset(self, dump: Any) -> dict[str, Any]:
