@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from typing import Any
 
 import torch
 
@@ -95,7 +96,7 @@ def bitwise(a: torch.Tensor, b: torch.Tensor) -> dict:
     mask = bits(a_flat) != bits(b_flat)
     where = torch.nonzero(mask).reshape(-1)
     differ = int(where.numel())
-    result = {
+    result: dict[str, Any] = {
         "equal": differ == 0,
         "differ": differ,
         "numel": int(a.numel()),

@@ -109,11 +109,11 @@ def to_storage(values: np.ndarray, dtype: str) -> torch.Tensor:
         return torch.from_numpy(out).view(torch.bfloat16)
     if dtype == "float16":  # numpy's cast, block by block on threads (it drops the GIL)
         out16 = np.empty(v32.shape, dtype=np.float16)
-        flat_in, flat_out = v32.reshape(-1), out16.reshape(-1)
+        flat_in, flat_out16 = v32.reshape(-1), out16.reshape(-1)
 
         def cast(start: int) -> None:
             with np.errstate(over="ignore"):
-                flat_out[start:start + _BLOCK] = flat_in[start:start + _BLOCK]
+                flat_out16[start:start + _BLOCK] = flat_in[start:start + _BLOCK]
 
         with futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
             list(pool.map(cast, range(0, flat_in.size, _BLOCK)))

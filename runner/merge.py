@@ -98,19 +98,22 @@ def finish_partial(plan: PartialPlan, result: dict, matrix, cell, project: dict,
         return result, status, "; ".join(r for r in (reason, plan.note) if r) or None
     if not _case_ids(result):  # none of the selected cases runs on this cell's target
         return None, status, "; ".join(r for r in (reason, "kept the existing report") if r)
-    old_env, new_env = plan.old.get("environment") or {}, result.get("environment") or {}
+    old = plan.old
+    if old is None:  # pragma: no cover - plan_partial gives "merge" with the report only
+        raise ValueError("a merge plan without the existing report")
+    old_env, new_env = old.get("environment") or {}, result.get("environment") or {}
     differ = [f"{k} {old_env.get(k)!r} -> {new_env.get(k)!r}" for k in MACHINE_KEYS
               if "torch" in new_env and old_env.get(k) != new_env.get(k)]
     if differ and force:
         return result, status, (f"replaced (--force) the report of cases "
-                                f"{', '.join(_case_ids(plan.old))}: it was made elsewhere "
+                                f"{', '.join(_case_ids(old))}: it was made elsewhere "
                                 f"({'; '.join(differ[:3])})")
     if differ:
         return None, "refused", (
             f"not merged: the existing report was made elsewhere ({'; '.join(differ[:3])}), "
             f"so it is kept and this run's {status} result is not written. Run every case "
             "to replace it, or add --force")
-    merged = merge_reports(plan.old, result, matrix)
+    merged = merge_reports(old, result, matrix)
     merged["fingerprint"] = fingerprint(matrix, cell, select_cases(matrix, _case_ids(merged)),
                                         project, extra)
     return merged, status, reason

@@ -473,9 +473,11 @@ def _flag_duplicates(reports: list[LoadedReport], directory: Path) -> list[Loade
     :func:`_foreign_identity` (the first by path is kept)."""
     by_id: dict[tuple[str, str], list[int]] = {}
     for i, r in enumerate(reports):
-        if r.ok and r.origin == "ours":
+        if not r.ok or r.data is None:  # not read: nothing to compare
+            continue
+        if r.origin == "ours":
             by_id.setdefault(("ours", str(r.data["cell"]["id"])), []).append(i)
-        elif r.ok:
+        else:
             by_id.setdefault(("foreign", _foreign_identity(r.data)), []).append(i)
     out = list(reports)
     for (origin, cell_id), indices in by_id.items():

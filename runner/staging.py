@@ -128,13 +128,13 @@ def clean_stale(reports_dir: Path) -> list[tuple[Path, list[dict]]]:
             stamp = None
         found = []
         for path in sorted(stage.glob("*.json")):
-            loaded = report_io.read_report(path)
-            if not _with_cases(loaded.data):
+            data = report_io.read_report(path).data
+            if data is None or not _with_cases(data):
                 continue
-            if loaded.data.get("status") != "partial":  # finished: its own reason stands
-                found.append({**loaded.data, "fingerprint": stamp})
+            if data.get("status") != "partial":  # finished: its own reason stands
+                found.append({**data, "fingerprint": stamp})
                 continue
-            found.append({**loaded.data, "fingerprint": stamp,
+            found.append({**data, "fingerprint": stamp,
                           "reason": "stopped with its runner (the runner died); the next "
                                     "run of this cell runs only the missing cases"})
         shutil.rmtree(stage, ignore_errors=True)
