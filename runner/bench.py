@@ -30,7 +30,9 @@ import contextlib
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -84,7 +86,6 @@ def time_peer(peer: Peer, sets: list[dict], dtype: str, n: int, device: str, *, 
     forward, op = peer.forward, peer.op
     if peer.per_case is not None:
         forward, op = peer.per_case(dtype, n, False), peer.per_case(dtype, n, True)
-    kw = {"device": device, "warmup": warmup, "iters": iters}
     out: dict = {}
     try:
         with peer.context():
@@ -93,11 +94,13 @@ def time_peer(peer: Peer, sets: list[dict], dtype: str, n: int, device: str, *, 
                 with torch.no_grad():
                     return f(x["residual"], x["gate"], x["y"], x["index"])
 
-            out["forward_ms"] = median_ms(fwd, **kw)["median_ms"]
+            out["forward_ms"] = median_ms(fwd, device=device, warmup=warmup,
+                                          iters=iters)["median_ms"]
             if op is not None:
                 step = _step(op)
                 out["forward_backward_ms"] = median_ms(lambda i: step(sets[i % len(sets)]),
-                                                       **kw)["median_ms"]
+                                                       device=device, warmup=warmup,
+                                                       iters=iters)["median_ms"]
     except Exception as err:  # one peer's failure is a row, not the end of the run
         first = (str(err).strip().splitlines() or [""])[0]
         out["error"] = f"{type(err).__name__}: {first}"[:300]
@@ -107,15 +110,16 @@ def time_peer(peer: Peer, sets: list[dict], dtype: str, n: int, device: str, *, 
 def backward_alone(sets: list[dict], device: str, *, iters: int, warmup: int) -> float:
     """Median ms of ``gate_residual_backward`` (``check_index=False``, as autograd's backward
     runs it: the forward checked the index): both kernels and the allocations."""
+    backward: Callable[..., Any]
     if device == "cuda":
-        from kernels.gate_residual import gate_residual_backward
+        from kernels.gate_residual import gate_residual_backward as backward
     else:  # the CPU twin (--smoke)
-        from kernels.gate_residual_cpu import gate_residual_backward_cpu as gate_residual_backward
+        from kernels.gate_residual_cpu import gate_residual_backward_cpu as backward
 
     def call(i):
         x = sets[i % len(sets)]
         kwargs = {"check_index": False} if device == "cuda" else {}
-        gate_residual_backward(x["grad_out"], x["gate"], x["y"], x["index"], **kwargs)
+        backward(x["grad_out"], x["gate"], x["y"], x["index"], **kwargs)
 
     return median_ms(call, device=device, warmup=warmup, iters=iters)["median_ms"]
 
@@ -215,7 +219,8 @@ def run(args, checkpoint=None) -> dict:
                   libraries=args.library if args.library is not None else LIBRARIES)
     # the host breakdown first, on an idle GPU (and kept if a deadline stops the run)
     host = host_overhead(device, d, g, quick=args.smoke)
-    rows, seconds = [], {}
+    rows: list[dict[str, Any]] = []
+    seconds: dict[str, float] = {}
     largest = {dt: max(m for other, m in plan if other == dt) for dt, _ in plan}
     for dtype, n in plan:
         sets = input_sets(n, d, g, dtype, device, seed=1)

@@ -24,6 +24,7 @@ calls every peer with the same harness (:func:`runner.timing.median_ms`).
 from __future__ import annotations
 
 import contextlib
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -94,7 +95,7 @@ def compiled_peer(device: str) -> Peer:
         if key not in made:
             # a fresh code object per case: dynamo's cache is per code object
             code = expression.__code__.replace()
-            fresh = type(expression)(code, expression.__globals__, f"expression_{len(made)}")
+            fresh = types.FunctionType(code, expression.__globals__, f"expression_{len(made)}")
             made[key] = torch.compile(fresh, dynamic=False)
         return made[key]
 
@@ -106,9 +107,13 @@ def compiled_peer(device: str) -> Peer:
 def rl_kernel_peer(device: str) -> Peer:
     """RL-Kernel's op on the source tree the matrix would use (built on first import)."""
     from runner.implementations import get
+    from runner.implementations.library import LibraryImplementation
     from runner.implementations.versioned import on_tree
 
-    impl = on_tree(get("rl_kernel_h3"))
+    row = get("rl_kernel_h3")
+    if not isinstance(row, LibraryImplementation):  # pragma: no cover - the registry's
+        raise TypeError(f"rl_kernel_h3 is a {type(row).__name__}, not a library row")
+    impl = on_tree(row)
     why = impl.unavailable_reason(device)
     if why:
         return Peer("rl_kernel_h3", " | ".join(impl.entries), unavailable=why)
@@ -124,12 +129,15 @@ def rl_kernel_peer(device: str) -> Peer:
 def library_peer(name: str, device: str) -> Peer:
     """A library row ``<impl>-<version>``: its function, called directly (forward only)."""
     from runner.implementations import get
+    from runner.implementations.library import LibraryImplementation
     from runner.implementations.versioned import _USED
 
     try:
         impl = get(name)
     except KeyError as err:
         return Peer(name, name, unavailable=str(err).strip("'\""))
+    if not isinstance(impl, LibraryImplementation):
+        return Peer(name, name, unavailable=f"{name} is not a library row")
     why = impl.unavailable_reason(device)
     if why:
         return Peer(name, " | ".join(impl.entries), unavailable=why)

@@ -64,7 +64,7 @@ class Substitute:
         mod = types.ModuleType(self.module, f"substitute for {self.module} ({self.evidence})")
         for name, target in self.names.items():
             setattr(mod, name, importlib.import_module(target))
-        mod.__kernel_only_substitute__ = True
+        setattr(mod, "__kernel_only_substitute__", True)  # noqa: B010 - not a ModuleType field
         return mod
 
 
@@ -321,5 +321,5 @@ def load(root: Path, distribution: str, version: str, module: str) -> tuple[Load
         for path in info["files"]:
             loaded.files[path] = manifest["files"][path]
         _LOADED[key] = loaded
-        _MODULES[(*key, module)] = (loaded, mod)
+        _MODULES[(str(root), distribution, version, module)] = (loaded, mod)
         return loaded, mod

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any, TypeVar
 
 import runner.implementations.kernel_only as kernel_only
 import runner.implementations.rl_kernel_tree as rl_kernel_tree
@@ -61,7 +63,7 @@ class VersionedImplementation(LibraryImplementation):
         """Whether this exact version of the distribution is installed (normal import)."""
         return installed_version(self.distribution) == self.version
 
-    def entry(self) -> tuple[ModuleType, object]:
+    def entry(self) -> tuple[ModuleType, Callable[..., Any]]:
         """``(module, function)``: the normal import when :meth:`installed`, else the first
         candidate that loads kernel-only; :class:`LibraryMissing` naming every failure."""
         if self.installed():
@@ -76,7 +78,7 @@ class VersionedImplementation(LibraryImplementation):
                 failures.append(str(err))
                 continue
             fn = getattr(module, attr, None)
-            if fn is None:
+            if not callable(fn):
                 failures.append(f"{module_name} ({self.distribution} {self.version}) has no "
                                 f"{attr!r}")
                 continue
@@ -165,7 +167,10 @@ class TreeImplementation(LibraryImplementation):
                 "tree": rl_kernel_tree.provenance(Path(self.tree)), "runtime": runtime()}
 
 
-def _bound(impl: LibraryImplementation) -> LibraryImplementation:
+_Row = TypeVar("_Row", bound=LibraryImplementation)
+
+
+def _bound(impl: _Row) -> _Row:
     """``impl`` whose ``run`` calls through ``impl`` itself (the ops' ``impl=`` argument)."""
     base_run = impl.run.func if isinstance(impl.run, functools.partial) else impl.run
     object.__setattr__(impl, "run", functools.partial(base_run, impl=impl))
