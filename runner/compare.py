@@ -29,32 +29,65 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 _SIDE_STREAMS: dict = {}
 
 
-def _copy_to_host(t: torch.Tensor) -> torch.Tensor:
-    """``t`` on the CPU. A CUDA tensor is copied on a side stream of the calling thread that
-    first waits for the work queued so far on the current stream (so ``t`` is complete): the
-    hashing threads' device-to-host copies then do not stall the kernels the cell queues
-    meanwhile on its own stream. The copy holds :data:`runner.gpu_lock.COPIES` and the
-    shared GPU lock, so it never overlaps a timing loop."""
-    if not t.is_cuda:
-        return t
+_PINNED: dict = {}
+_CHUNK = 1 << 25
+"""Bytes per device-to-host copy of :func:`tensor_sha256` (two pinned buffers per thread)."""
+
+
+def _sha256_cuda(t: torch.Tensor) -> str:
+    """sha256 of a CUDA tensor's bytes (row-major), copied to the host in :data:`_CHUNK`
+    pieces through two pinned buffers of the calling thread: one is hashed while the next
+    piece copies into the other.
+
+    The copies run on a side stream of the thread that first waits for the work queued so
+    far on the current stream (so ``t`` is complete), and hold :data:`runner.gpu_lock.COPIES`
+    and the shared GPU lock, so they never overlap a timing loop. Pinned, asynchronous
+    copies matter here: a pageable copy of a 352 MB tensor kept the driver's lock for its
+    whole length, and the cell's own CUDA calls waited on it (py-spy with native frames
+    on the H200 at 2b61cde: ``pthread_rwlock_wrlock`` inside libcuda under the cell's
+    accuracy and runs)."""
     import threading
 
-    key = (threading.get_ident(), t.device.index)
+    from runner import gpu_lock
+
+    thread = threading.get_ident()
+    key = (thread, t.device.index)
     stream = _SIDE_STREAMS.get(key)
     if stream is None:
         stream = _SIDE_STREAMS[key] = torch.cuda.Stream(device=t.device)
-    from runner import gpu_lock
-
+    buffers = _PINNED.get(key)
+    if buffers is None:
+        buffers = _PINNED[key] = [torch.empty(_CHUNK, dtype=torch.uint8, pin_memory=True)
+                                  for _ in range(2)]
+    digest = hashlib.sha256()
     with gpu_lock.COPIES, gpu_lock.shared():  # never during a timing loop (runner/gpu_lock.py)
         stream.wait_stream(torch.cuda.current_stream(t.device))
         with torch.cuda.stream(stream):
-            host = t.to("cpu")  # pageable memory: returns once the copy is done
-    return host
+            raw = t.contiguous().reshape(-1).view(torch.uint8)
+            waiting = None  # (buffer, length, event) of the piece copied last
+            for piece, start in enumerate(range(0, raw.numel(), _CHUNK)):
+                length = min(_CHUNK, raw.numel() - start)
+                buffer = buffers[piece % 2]  # hashed two pieces ago: free
+                buffer[:length].copy_(raw[start:start + length], non_blocking=True)
+                done = torch.cuda.Event()
+                done.record(stream)
+                if waiting is not None:
+                    waiting[2].synchronize()
+                    digest.update(waiting[0][:waiting[1]].numpy())
+                waiting = (buffer, length, done)
+            if waiting is not None:
+                waiting[2].synchronize()
+                digest.update(waiting[0][:waiting[1]].numpy())
+    return digest.hexdigest()
 
 
 def tensor_sha256(t: torch.Tensor) -> str:
-    """sha256 hex digest of a tensor's bytes (moved to the CPU, made contiguous, row-major)."""
-    t = _copy_to_host(t.detach()).contiguous()
+    """sha256 hex digest of a tensor's bytes (contiguous, row-major; a CUDA tensor's copied
+    to the host piece by piece: :func:`_sha256_cuda`)."""
+    t = t.detach()
+    if t.is_cuda:
+        return _sha256_cuda(t)
+    t = t.contiguous()
     if t.dtype == torch.bfloat16:
         t = t.view(torch.int16)
     return hashlib.sha256(t.numpy().reshape(-1).view("u1")).hexdigest()

@@ -170,7 +170,8 @@ def test_unchecked_out_of_range_index_gives_nan_rows_and_no_stray_read(dtype, d,
 
 _CACHE_PROBE = """
 import hashlib, json, torch
-from kernels import gate_residual_plans, indexed_scale_shift
+import kernels.indexed_scale_shift as scale_shift_module
+from kernels import gate_residual_plans
 from kernels.gate_residual import gate_residual
 from kernels.indexed_scale_shift import indexed_scale_shift
 torch.manual_seed(0)
@@ -187,7 +188,7 @@ for n, d in ((300, 5376), (7, 33)):  # vector kernels, element kernels
     out2.backward(go)
     for t in (out, *[v.grad for v in leaves], out2, *[v.grad for v in leaves2]):
         digest.update(t.detach().view(torch.int16).cpu().numpy().tobytes())
-launchers = [*gate_residual_plans._LAUNCHERS.values(), *indexed_scale_shift._LAUNCHERS.values()]
+launchers = [*gate_residual_plans._LAUNCHERS.values(), *scale_shift_module._LAUNCHERS.values()]
 dispatchers = {id(x.dispatcher): x.dispatcher for x in launchers}.values()
 compiled = sum(len(d.overloads) for d in dispatchers)
 print(json.dumps({"launchers": len(launchers), "compiled": compiled,
@@ -281,3 +282,21 @@ def test_fused_backward_under_cuda_graph_capture(fresh_seed):
         torch.cuda.synchronize()
         assert_bitwise(captured[0], expected[0], "grad_y, graph replay")
         assert_bitwise(captured[1], expected[1], "grad_gate, graph replay")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.int64])
+def test_sha256_of_a_cuda_tensor_is_that_of_its_host_bytes(dtype, monkeypatch, fresh_seed):
+    """runner.compare.tensor_sha256 copies a CUDA tensor in pieces through pinned buffers:
+    the digest is the one of the whole tensor's bytes on the host, for one piece, several
+    (odd last piece), an empty tensor and a non-contiguous view."""
+    import hashlib
+
+    from runner import compare
+
+    monkeypatch.setattr(compare, "_PINNED", {})
+    monkeypatch.setattr(compare, "_CHUNK", 1000)  # many pieces, the last one short
+    gen = torch.Generator().manual_seed(fresh_seed)
+    host = torch.randint(-2**15, 2**15, (37, 129), generator=gen, dtype=torch.int64).to(dtype)
+    for t in (host, host[:, ::2], host[:0], host[:1, :3]):
+        want = hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()
+        assert compare.tensor_sha256(t.cuda()) == want == compare.tensor_sha256(t)
