@@ -23,6 +23,25 @@ def settings(emulate: bool):
     return stack
 
 
+def skip_guard_latency_profile() -> None:
+    """Skip dynamo's one-off measurement of each new guard set's latency.
+
+    When dynamo builds the guards of a new graph it times one evaluation of them after
+    flushing the CPU caches, only to log the figure (``profile_guard_manager`` in
+    torch/_dynamo/guards.py: "n_iters is chosen to be 1 to prevent excessive increase in
+    compile time ... This cache flush is expensive"). A cuda cell builds about 420 guard
+    sets, and py-spy on the H200 (2b61cde) put 7-8 s of a cell there. The guards, their
+    checks and the compiled code are untouched; the logged latency reads 0. A torch
+    without that function is left as it is."""
+    guards = getattr(torch._dynamo, "guards", None)
+    if guards is not None and hasattr(guards, "profile_guard_manager"):
+        guards.profile_guard_manager = _no_guard_profile
+
+
+def _no_guard_profile(*args, **kwargs) -> float:
+    return 0.0
+
+
 def missing_compiler(target: str) -> str | None:
     """Why torch.compile cannot build on ``target`` here, or None: the C++ compiler inductor
     uses for CPU code (``$CXX``, ``g++``, ``c++``, ``clang++``) or the C compiler Triton
@@ -54,6 +73,7 @@ class Compiled:
 
     def _fn(self, emulate: bool):
         if emulate not in self._compiled:
+            skip_guard_latency_profile()
             self._compiled[emulate] = torch.compile(self._fns[emulate], dynamic=False)
         return self._compiled[emulate]
 

@@ -268,3 +268,26 @@ def test_sigterm_stops_the_workers_with_the_command(tmp_path, fresh_seed):
     for pid in workers:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_dynamo_guard_latency_profile_is_skipped_and_the_bits_stay(fresh_seed):
+    """ops.torch_compile.skip_guard_latency_profile replaces the logged one-off guard timing
+    that dynamo runs for every new graph; a compiled call still gives eager's bits."""
+    import torch
+    import torch._dynamo.guards as guards
+
+    from ops import torch_compile
+
+    torch_compile.skip_guard_latency_profile()
+    assert guards.profile_guard_manager is torch_compile._no_guard_profile
+    calls = []
+    real = torch_compile._no_guard_profile
+    try:
+        guards.profile_guard_manager = lambda *a, **k: calls.append(a) or 0.0
+        fn = torch.compile(lambda a, b: a + b * 3, dynamic=False)
+        gen = torch.Generator().manual_seed(fresh_seed)
+        x = torch.randn(11, generator=gen)
+        assert torch.equal(fn(x, x), x + x * 3)
+        assert calls  # dynamo does call it: the replacement is what runs
+    finally:
+        guards.profile_guard_manager = real
