@@ -39,12 +39,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from runner import report as report_io
+from runner.backends.failure import Ending, classify
 from runner.cell import skeleton
+from runner.cells import Cell
 from runner.cluster_node import DOCKER, GPU_PREFIX, checkout, run_on_node
-from runner.config import DockerStack
+from runner.config import Case, DockerStack, Matrix
 from runner.errors import BackendError, ConfigError, ImageError, ReportError
+
+if TYPE_CHECKING:
+    from runner.backends.docker import DockerBackend
 
 __all__ = ["CANCEL_WAIT_S", "INSTALL", "Cluster", "Job", "backend_choice", "connect", "needs",
            "parse_address"]
@@ -127,7 +133,7 @@ def _ray():
     return ray
 
 
-def needs(matrix, cell, gpu_model: str | None = None) -> dict[str, float]:
+def needs(matrix: Matrix, cell: Cell, gpu_model: str | None = None) -> dict[str, float]:
     """The Ray resources one run of ``cell`` takes (see the module docstring).
 
     Example::
@@ -153,8 +159,8 @@ class Job:
     the node runs the cell in)."""
 
     key: int
-    cell: object
-    cases: Sequence
+    cell: Cell
+    cases: Sequence[Case]
     run_id: str
     backend: str
     wanted: dict[str, float]
@@ -179,7 +185,7 @@ class Cluster:
                  build: bool, matrix_dir: Path) -> None:
         self.ray, self.address, self.gpu_model = ray, address, gpu_model
         self.retries, self.build = retries, build
-        self._images = None
+        self._images: DockerBackend | None = None
         self._matrix_dir = matrix_dir
         self.nodes: dict[str, dict] = {}
         self._seen: dict[str, dict] = {}
@@ -226,7 +232,7 @@ class Cluster:
         sizes = [n.get("Resources", {}).get("memory") for n in self.nodes.values()]
         return int(max(s for s in sizes if s)) if any(sizes) else None
 
-    def fingerprint_extra(self, matrix, cell) -> dict:
+    def fingerprint_extra(self, matrix: Matrix, cell: Cell) -> dict[str, Any]:
         """What a cell's fingerprint adds on a cluster: a docker stack's image tag (its
         content hash: each node builds its own image, whose ids differ); {} for host."""
         if not isinstance(matrix.stacks[cell.stack], DockerStack):
@@ -244,8 +250,8 @@ class Cluster:
         """Disconnect from the cluster (which goes on running)."""
         self.ray.shutdown()
 
-    def run(self, jobs: Sequence[Job], *, matrix, matrix_path: Path, timeout_s: float,
-            commit: str | None, on_report: Callable[[Job, dict], None]) -> None:
+    def run(self, jobs: Sequence[Job], *, matrix: Matrix, matrix_path: Path, timeout_s: float,
+            commit: str | None, on_report: Callable[[Job, dict[str, Any]], None]) -> None:
         """Run ``jobs`` on the cluster at once; call ``on_report(job, report)`` in the order
         the reports arrive (a report made here for a task that could not finish).
 
@@ -286,8 +292,8 @@ class Cluster:
                 progress.drain()
                 for ref in ready:
                     job, attempt = pending.pop(ref)
-                    report, retry = self._collect(ref, job, attempt, progress, matrix)
-                    if retry:
+                    report = self._collect(ref, job, attempt, progress, matrix)
+                    if report is None:
                         submit(job, attempt + 1)
                     else:
                         progress.finished(job, attempt, report)
@@ -298,15 +304,16 @@ class Cluster:
             self._cancel(list(pending))
             raise
 
-    def _collect(self, ref, job: Job, attempt: int, progress, matrix) -> tuple[dict | None, bool]:
-        """The report of a finished task, or (None, True) when it is to run again."""
+    def _collect(self, ref: Any, job: Job, attempt: int, progress: Any,
+                 matrix: Matrix) -> dict[str, Any] | None:
+        """The report of a finished task, or None when it is to run again."""
         ray, exc = self.ray, self.ray.exceptions
         node = progress.node_of(job.key, attempt)
         try:
             node, data = ray.get(ref)
         except exc.RayTaskError as err:  # our task code raised on the node: no retry
             return self._failed(matrix, job, "error", f"on {self.label(node)}: the cluster "
-                                f"task failed: {_first_line(err)}"), False
+                                f"task failed: {_first_line(err)}")
         except exc.RayError as err:  # the worker or its node died, or Ray killed it
             self.refresh()
             job.died.append(f"{self.label(node)}: {type(err).__name__}: {_first_line(err)}")
@@ -315,19 +322,20 @@ class Cluster:
                 progress.say(f"{job.cell.id}: the task died on {self.label(node)} "
                              f"({type(err).__name__}); running it again "
                              f"(attempt {attempt + 2} of {self.retries + 1})")
-                return None, True
-            status = "oom" if isinstance(err, exc.OutOfMemoryError) else "error"
+                return None
+            # Ray's memory monitor killed it: oom, by the classifier every backend uses
+            status = classify(Ending(None, oom_killed=isinstance(err, exc.OutOfMemoryError)))
             tail = f"; {gone}" if gone else f"; {attempt + 1} attempt(s), the limit"
             return self._failed(matrix, job, status, "the cluster task died "
-                                f"{len(job.died)} time(s): " + "; ".join(job.died) + tail), False
+                                f"{len(job.died)} time(s): " + "; ".join(job.died) + tail)
         progress.ran_on(job.key, attempt, node)
         try:
-            return decode(data), False
+            return decode(data)
         except ReportError as err:
             return self._failed(matrix, job, "error", f"{self.label(node)} returned a report "
-                                f"that is not valid: {err}"), False
+                                f"that is not valid: {err}")
 
-    def _failed(self, matrix, job: Job, status: str, reason: str) -> dict:
+    def _failed(self, matrix: Matrix, job: Job, status: str, reason: str) -> dict[str, Any]:
         return skeleton(matrix, job.cell, job.cases, backend=job.backend, run_id=job.run_id,
                         status=status, reason=reason)
 

@@ -133,7 +133,7 @@ def run_on_node(payload: dict, queue=None) -> tuple[str, bytes]:
     import ray
 
     from runner import implementations
-    from runner.backends import DockerBackend, HostBackend
+    from runner.backends import Backend, DockerBackend, HostBackend
     from runner.cell import skeleton
     from runner.cells import Cell, select_cases
     from runner.config import load_matrix
@@ -157,13 +157,15 @@ def run_on_node(payload: dict, queue=None) -> tuple[str, bytes]:
                 f"node {node[:8]} runs project commit {_short(commit)}, the driver "
                 f"{_short(payload['commit'])}: check out the driver's commit on every node "
                 "(docs/cluster.md)")))
+        backend: Backend
         if payload["backend"] == "docker":
             gpus = ",".join(str(i) for i in ray.get_gpu_ids()) or "all"
-            backend = DockerBackend(gpus=gpus, matrix_dir=matrix_dir, build=payload["build"])
-            unready = backend.unready(matrix, cell.stack)
+            docker = DockerBackend(gpus=gpus, matrix_dir=matrix_dir, build=payload["build"])
+            unready = docker.unready(matrix, cell.stack)
             if unready is not None:
                 return node, _dumps(skeleton(**frame, status="skipped",
                                        reason=f"on node {node[:8]}: {unready.reason}"))
+            backend = docker
         else:
             backend = HostBackend()
         stage = tmp / "stage"
