@@ -151,59 +151,12 @@ def _cmd_base_image(args) -> int:
 
 
 def _cmd_cell(args) -> int:
-    from runner import lifetime, modes
-    from runner.progress import progress_line
+    from runner.cell_process import run_cell_process
 
-    start = modes.snapshot()  # before torch is imported: what the backend put in the env
-    import torch
-
-    from runner import implementations
-    from runner import report as report_io
-    from runner.cell import run_cell
-    from runner.cells import expand, select, select_cases
-    from runner.config import load_matrix
-
-    matrix = load_matrix(args.matrix, known_implementations=implementations.known)
-    cells = select(expand(matrix), stacks=args.stack, modes=args.mode, targets=args.target)
-    if len(cells) != 1:
-        raise ConfigError(f"cell: the selection matches {len(cells)} cells; name one stack, "
-                          "mode and target")
-    mode = matrix.modes[cells[0].mode]
-    applied = modes.apply_torch_settings(mode.torch)  # before any CUDA call
-    if cells[0].target == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--target: cuda was requested but torch sees no CUDA device here")
-    lifetime.start_watchdog()
-    before_torch = not start.torch_imported
-
-    def checkpoint(partial: dict, progress: dict) -> None:
-        """After each case: the report so far goes to disk whole while cases are missing
-        (the final report is written once, below), then one progress line the runner
-        renders (runner/progress.py)."""
-        if partial["status"] == "partial":
-            partial["environment"]["mode_applied_before_torch_import"] = before_torch
-            report_io.write_report(partial, args.reports)
-        print(progress_line(cells[0].id, progress), flush=True)
-
-    def run() -> dict:
-        return run_cell(matrix, cells[0], select_cases(matrix, args.case), run_id=args.run_id,
-                        timings=not args.no_timings,
-                        mode_environment=modes.mode_environment(cells[0].mode, mode, start,
-                                                                applied),
-                        on_case=checkpoint)
-
-    profile_dir = os.environ.get("GATE_RESIDUAL_CPROFILE")
-    if profile_dir:  # where the cell's own time goes, beyond its phases (docs/performance.md)
-        import cProfile
-
-        Path(profile_dir).mkdir(parents=True, exist_ok=True)
-        with cProfile.Profile() as prof:
-            report = run()
-        prof.dump_stats(Path(profile_dir) / f"{cells[0].id}.prof")
-    else:
-        report = run()
-    report["environment"]["mode_applied_before_torch_import"] = before_torch
-    path = report_io.write_report(report, args.reports)
-    print(f"[runner] {cells[0].id}: {report['status']} -> {path}")
+    cell_id, status, path = run_cell_process(
+        args.matrix, args.reports, stacks=args.stack, modes=args.mode, targets=args.target,
+        cases=args.case, run_id=args.run_id, timings=not args.no_timings)
+    print(f"[runner] {cell_id}: {status} -> {path}")
     return 0
 
 
