@@ -204,10 +204,18 @@ def _make_kernels(load, store):
 _KERNELS: dict[str, tuple] = {}
 _VEC_KERNELS: dict[str, tuple] = {}
 
-#: Most chunks for which the backward runs as one launch (``backward_fused``: its last block
-#: per column block sums the partials, serially in the chunks; kernels/gate_residual_vec.py);
-#: above it, ``backward_chunks`` then ``reduce_chunks``. Launch choice only: the same bits.
-FUSED_MAX_CHUNKS = 8
+#: Most chunks for which the backward runs as one launch (``backward_fused``,
+#: kernels/gate_residual_vec.py); above it, ``backward_chunks`` then ``reduce_chunks``. Launch
+#: choice only: the same bits. 1 (N <= CHUNK_ROWS), measured: with one chunk the launch is
+#: all (H200, kernel-only: 5.5 µs against 6.5 µs for the two launches); from two chunks the
+#: last block's serial sum costs more than the second launch saves (2 chunks: 62.9 against
+#: 53.8 µs; 8 chunks: 86.1 against 54.2 µs; scripts/backward_ab.py, docs/performance.md).
+FUSED_MAX_CHUNKS = 1
+#: Threads per block of the vector backward: 32 (one warp), so that up to 32 blocks (1024
+#: threads) share an SM instead of 8 of 96 threads (bf16, G = 9: shared memory bound);
+#: measured at N = 32768 bf16 on the H200: 335.0 µs against 343.8 µs for 96 threads, the same
+#: bits (scripts/backward_ab.py). Launch shape only.
+BACKWARD_VEC_BLOCK = 32
 
 #: Rows per loop step of the vectorised forward (its loop body is written for two).
 FORWARD_ROWS_PER_STEP = 2
@@ -263,8 +271,8 @@ def backward_vec_geometry(chunks: int, vectors: int, n_gate: int, lanes: int,
                           max_grid_y: int = MAX_GRID_Y) -> tuple[tuple, int, int]:
     """(grid, block, shared bytes) of the vectorised backward: one vector per thread, a
     chunk per grid.y step, G * lanes float32 accumulators per thread in shared memory."""
-    cap = block_cols_for(n_gate * lanes)
-    width = block_cols or pick_width(vectors, min(cap, 256))
+    block_cols_for(n_gate * lanes)  # ValueError where not even 32 threads' sums fit
+    width = block_cols or BACKWARD_VEC_BLOCK
     return (math.ceil(vectors / width), min(chunks, max_grid_y)), width, n_gate * lanes * width * 4
 
 
@@ -352,6 +360,7 @@ def launch_backward(grad_y, grad_gate, partial, grad_out, gate, y, index, dtype:
 
 
 __all__ = [
+    "BACKWARD_VEC_BLOCK",
     "CHUNK_ROWS",
     "FORWARD_MAX_GRID_Y",
     "FORWARD_ROWS_PER_STEP",

@@ -253,6 +253,40 @@ def _driver() -> dict[str, object]:
     return DRIVER
 
 
+#: ``CUresult`` CUDA_ERROR_INVALID_CONTEXT (cuda.h)
+INVALID_CONTEXT = 201
+_BOUND = threading.local()
+
+
+def _push_primary_context(device: int) -> None:
+    """Make ``device``'s primary context (the one torch's runtime and numba use) current in
+    the calling thread: numba's ``cuda.current_context(device)`` pushes it."""
+    from numba import cuda
+
+    cuda.current_context(device)
+
+
+def bind_context(device: int) -> bool:
+    """Make ``device``'s primary context current in the calling thread, once per thread and
+    device; False when this thread did so before (a second refusal is then an error).
+
+    A driver-API launch on the legacy default stream (``hStream`` 0, torch's default stream)
+    needs a current context in the calling thread. A thread whose CUDA work so far went
+    through torch's runtime paths that bind none (a cached allocation, a stream lookup), such
+    as autograd's device thread running our backward as its first launch, has none: the
+    driver answers ``CUDA_ERROR_INVALID_CONTEXT`` (H200, 6e3cb9c: the one-launch backward at
+    N = 1 under ``torch.autograd.grad``). Binding on that answer costs nothing per call.
+    """
+    done = getattr(_BOUND, "devices", None)
+    if done is None:
+        done = _BOUND.devices = set()
+    if device in done:
+        return False
+    done.add(device)
+    _push_primary_context(device)
+    return True
+
+
 class PackedLaunch:
     """One kernel launch with everything but the data pointers and the stream fixed.
 
@@ -302,8 +336,14 @@ class PackedLaunch:
         """A launch the driver refused: where ``cuLaunchKernelEx`` answered
         ``CUDA_ERROR_INVALID_VALUE`` or ``CUDA_ERROR_NOT_SUPPORTED`` (a driver that does not
         take the parameter buffer through it), every later launch of the process uses
-        ``cuLaunchKernel`` and this one is tried again; otherwise ``RuntimeError``."""
+        ``cuLaunchKernel`` and this one is tried again; where it answered
+        ``CUDA_ERROR_INVALID_CONTEXT`` (this thread has no current context: see
+        :func:`bind_context`), the device's primary context is made current in this thread,
+        once, and the launch tried again; otherwise ``RuntimeError``."""
         driver = DRIVER or _driver()
+        if err == INVALID_CONTEXT and bind_context(self.device):
+            self.fast(stream, *pointers)
+            return
         if driver["ex"] is not None and err in (1, 801) and driver["launch"] is not None:
             driver["ex"] = None
             self.fast = self._compile()

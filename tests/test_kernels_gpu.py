@@ -227,15 +227,29 @@ def test_cubin_cache_second_process_compiles_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_fused_backward_equals_two_launches_and_the_cpu_path(dtype, fresh_seed):
+@pytest.fixture
+def fuse_eight(monkeypatch):
+    """Backward plans made during the test fuse up to 8 chunks (the default is 1, as measured:
+    kernels/gate_residual_kernels.py), so that the tickets' path runs; none survives it."""
+    from kernels import gate_residual as K
+    from kernels import gate_residual_backward_plan as B
+
+    monkeypatch.setattr(B, "FUSED_MAX_CHUNKS", 8)
+    K._BACKWARD_PLANS.clear()
+    yield
+    K._BACKWARD_PLANS.clear()
+
+
+def test_fused_backward_equals_two_launches_and_the_cpu_path(dtype, fresh_seed, fuse_eight):
     """One launch (backward_fused: the last block per column block sums the chunks) gives
-    the bits of the chunk kernel then the reduction, and of the CPU twin, from one chunk
-    to FUSED_MAX_CHUNKS, specials included; each launch leaves its tickets at zero."""
+    the bits of the chunk kernel then the reduction, and of the CPU twin, from one chunk to
+    8 (the plans fuse up to 8 here; by default 1), specials included; each launch leaves
+    its tickets at zero."""
     from kernels import gate_residual as K
     from kernels import gate_residual_backward_plan as B
     from kernels.gate_residual_cpu import gate_residual_backward_cpu
 
-    for n in (1, K.CHUNK_ROWS, K.CHUNK_ROWS + 1, 300, K.CHUNK_ROWS * K.FUSED_MAX_CHUNKS):
+    for n in (1, K.CHUNK_ROWS, K.CHUNK_ROWS + 1, 300, K.CHUNK_ROWS * 8):
         x = inputs(n, 5376, 9, dtype, "int64", fresh_seed, specials=True)
         g = on_gpu(x)
         args = (g["grad_out"], g["gate"], g["y"], g["index"])
@@ -258,10 +272,10 @@ def test_fused_backward_equals_two_launches_and_the_cpu_path(dtype, fresh_seed):
             assert not tickets.any(), f"tickets left set, N={n}"
 
 
-def test_fused_backward_under_cuda_graph_capture(fresh_seed):
+def test_fused_backward_under_cuda_graph_capture(fresh_seed, fuse_eight):
     """Under capture the partial sums and the tickets are made per call (the graph replays
     the zeroing): replays give the bits of an eager call, and the kept buffers are not
-    baked into the graph."""
+    baked into the graph (the plans fuse up to 8 chunks here)."""
     from kernels import gate_residual as K
 
     x = on_gpu(inputs(300, 5376, 9, "bfloat16", "int64", fresh_seed, specials=True))
@@ -300,3 +314,33 @@ def test_sha256_of_a_cuda_tensor_is_that_of_its_host_bytes(dtype, monkeypatch, f
     for t in (host, host[:, ::2], host[:0], host[:1, :3]):
         want = hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()
         assert compare.tensor_sha256(t.cuda()) == want == compare.tensor_sha256(t)
+
+
+AUTOGRAD_FIRST = """
+import torch
+from kernels.gate_residual import gate_residual
+torch.manual_seed(0)
+r, y, go = (torch.randn(1, 5376, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+g = torch.randn(9, 5376, device="cuda", dtype=torch.bfloat16)
+i = torch.zeros(1, dtype=torch.int64, device="cuda")
+leaves = [t.clone().requires_grad_() for t in (r, g, y)]
+grads = torch.autograd.grad(gate_residual(*leaves, i), leaves, go)
+eager = [t.clone().requires_grad_() for t in (r, g, y)]
+expected = torch.autograd.grad(eager[0] + eager[1].index_select(0, i) * eager[2], eager, go)
+print("grad_y equal", torch.equal(grads[2].view(torch.int16), expected[2].view(torch.int16)))
+"""
+
+
+def test_backward_as_the_autograd_threads_first_launch():
+    """Autograd's device thread runs our backward; at N = 1 it is that thread's first launch
+    and nothing before it bound a CUDA context there (H200 at 6e3cb9c: CUresult 201). A fresh
+    process, so that no earlier test bound one."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-c", AUTOGRAD_FIRST],
+                          cwd=Path(__file__).resolve().parent.parent, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "grad_y equal True" in done.stdout

@@ -128,7 +128,16 @@ def test_unaligned_and_narrow_rows_take_the_element_kernel(recorder):
     assert recorder.launches[-1]["function"] == handle("elements", 0, r.dtype)
 
 
-def test_backward_of_few_chunks_is_one_fused_launch(recorder):
+@pytest.fixture
+def fuse_eight(monkeypatch):
+    """Plans made meanwhile fuse up to 8 chunks (the default is 1, as measured on the H200:
+    kernels/gate_residual_kernels.py), so that the tickets' path is exercised."""
+    from kernels import gate_residual_backward_plan as B
+
+    monkeypatch.setattr(B, "FUSED_MAX_CHUNKS", 8)
+
+
+def test_backward_of_few_chunks_is_one_fused_launch(recorder, fuse_eight):
     """Up to FUSED_MAX_CHUNKS chunks: one launch of backward_fused, with grad_gate's words,
     the kept partial sums (as words, chunks * G rows) and the kept tickets (one per column
     block); the next call finds them remembered in the plan."""
@@ -137,7 +146,7 @@ def test_backward_of_few_chunks_is_one_fused_launch(recorder):
     (fused,) = recorder.launches
     assert fused["function"] == handle("vec", 2, r.dtype)
     n_chunks = K.n_chunks(300)
-    assert 1 < n_chunks <= K.FUSED_MAX_CHUNKS
+    assert 1 < n_chunks <= 8
     grid, block, shared = K.backward_vec_geometry(n_chunks, 64 * 2 // 16, 3, 8)
     assert fused["grid"][:2] == grid and fused["block"][0] == block
     assert fused["shared"] == shared
@@ -187,7 +196,7 @@ def test_backward_of_many_chunks_launches_the_chunks_then_the_reduction(recorder
     assert recorder.launches[-1]["params"][13] == partial
 
 
-def test_unaligned_grad_gate_or_input_takes_the_two_launch_path(recorder):
+def test_unaligned_grad_gate_or_input_takes_the_two_launch_path(recorder, fuse_eight):
     """The fused kernel stores grad_gate as 16-byte vectors: a call whose pointers are not
     all 16-byte aligned runs the chunk kernel (element kernel for unaligned inputs) and the
     reduction instead, on the same plan."""
@@ -326,3 +335,30 @@ def test_a_driver_that_refuses_the_ex_launch_falls_back_to_cuLaunchKernel():
     grid, block = K.forward_vec_geometry(5, 64 * 2 // 16)
     assert len(seen) == 2 and seen[0][:4] == (handle("vec", 0, r.dtype), *grid, block)
     assert seen[0][4][:9] == list(words(out))
+
+
+def test_a_thread_without_a_context_binds_the_primary_context_once(monkeypatch):
+    """CUDA_ERROR_INVALID_CONTEXT (201): the launching thread has no current context (autograd's
+    device thread, whose first launch was ours: H200 at 6e3cb9c). The primary context is made
+    current once per thread and the launch made again; a second 201 in that thread raises."""
+    from kernels import launch as L
+
+    answers, pushed = [201, 0, 201, 201], []
+    monkeypatch.setattr(L, "_push_primary_context", pushed.append)
+    refuse_once = _EX(lambda *args: answers.pop(0))
+    r, g, y, i, _ = tensors()
+    errors = []
+
+    def fresh_thread():
+        try:
+            K.gate_residual_forward(r, g, y, i)  # 201, bind, launch again: 0
+            K.gate_residual_forward(r, g, y, i)  # 201 again after binding: an error
+        except RuntimeError as err:
+            errors.append(str(err))
+
+    with emulate_on_cpu(refuse_once):
+        worker = threading.Thread(target=fresh_thread)
+        worker.start()
+        worker.join()
+    assert pushed == [r.get_device()] and answers == [201]
+    assert errors == ["cuLaunchKernelEx failed: CUresult 201"]
