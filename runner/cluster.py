@@ -48,6 +48,7 @@ from runner.cells import Cell
 from runner.cluster_node import DOCKER, GPU_PREFIX, checkout, run_on_node
 from runner.config import Case, DockerStack, Matrix
 from runner.errors import BackendError, ConfigError, ImageError, ReportError
+from runner.status import Status
 
 if TYPE_CHECKING:
     from runner.backends.docker import DockerBackend
@@ -312,7 +313,7 @@ class Cluster:
         try:
             node, data = ray.get(ref)
         except exc.RayTaskError as err:  # our task code raised on the node: no retry
-            return self._failed(matrix, job, "error", f"on {self.label(node)}: the cluster "
+            return self._failed(matrix, job, Status.ERROR, f"on {self.label(node)}: the cluster "
                                 f"task failed: {_first_line(err)}")
         except exc.RayError as err:  # the worker or its node died, or Ray killed it
             self.refresh()
@@ -332,7 +333,7 @@ class Cluster:
         try:
             return decode(data)
         except ReportError as err:
-            return self._failed(matrix, job, "error", f"{self.label(node)} returned a report "
+            return self._failed(matrix, job, Status.ERROR, f"{self.label(node)} returned a report "
                                 f"that is not valid: {err}")
 
     def _failed(self, matrix: Matrix, job: Job, status: str, reason: str) -> dict[str, Any]:

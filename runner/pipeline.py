@@ -16,8 +16,8 @@ tested alone:
    ``prepare``: with ``--build`` the missing images are built first);
 6. :func:`open_reports`: the reports directory, what stopped runs left in it, the
    project's state that every fingerprint takes;
-7. :func:`run_cells`: each cell skipped, reused, refused or run (:mod:`runner.run`) and its
-   report written;
+7. :func:`runner.run.run_cells`: each cell skipped, reused, refused or run and its report
+   written;
 8. :func:`render_tables`: the tables (:mod:`runner.tables`).
 
 A cell that fails is an outcome, not an exception: :class:`runner.outcome.CellOutcome`.
@@ -25,18 +25,16 @@ A cell that fails is an outcome, not an exception: :class:`runner.outcome.CellOu
 
 from __future__ import annotations
 
-import functools
 import math
-import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from runner import cluster as cluster_mod
 from runner import implementations, tables
 from runner import report as report_io
-from runner.backends import BACKENDS, Backend, DockerBackend, resolve, route
+from runner.backends import DockerBackend, resolve, route
 from runner.backends.base import skipped_lines
 from runner.backends.docker import gpu_request
 from runner.case_sizes import check_case_sizes, host_memory_bytes
@@ -46,27 +44,14 @@ from runner.config import Case, Matrix, load_matrix
 from runner.environment import project_state, uncommitted_digest
 from runner.errors import ConfigError, ReportError
 from runner.outcome import CellOutcome
-from runner.run import (
-    Fingerprinter,
-    RunContext,
-    plan_cell,
-    planned_outcome,
-    run_abba,
-    run_staged,
-    salvage_stale,
-    settle,
-    write_skipped,
-)
-from runner.status import Status
+from runner.run import STACK_SKIPPED, RunContext, run_cells, salvage_stale
+from runner.site import Site
 
 __all__ = ["STACK_SKIPPED", "Request", "Selection", "Site", "check_site", "choose_site",
            "cuda_available", "load", "open_reports", "prepare", "render_tables", "run_cells",
            "run_matrix", "select"]
 
 DEFAULT_TIMEOUT_S = 3600.0
-STACK_SKIPPED = "its docker stack is skipped: see `skipped docker stack(s)` at the start"
-"""The summary's reason for a cell of a skipped docker stack: the stack, why and what to do
-were named once when the run started (:func:`prepare`)."""
 
 
 @dataclass(frozen=True)
@@ -99,34 +84,6 @@ class Selection:
     cells: tuple[Cell, ...]
     cases: tuple[Case, ...]
     partial: bool
-
-
-@dataclass
-class Site:
-    """Where the selected cells run: ``chosen``, the backend docker stacks get (``note``:
-    why ``--backend auto`` chose the host), the docker backend when this host runs
-    containers, the Ray cluster when ``--cluster`` (its nodes run every cell), whether a
-    GPU is there; the backends made so far (:meth:`backend`)."""
-
-    chosen: str
-    note: str | None = None
-    docker: DockerBackend | None = None
-    cluster: cluster_mod.Cluster | None = None
-    has_gpu: bool = False
-    made: dict[str, Backend] = field(default_factory=dict)
-
-    def backend(self, name: str) -> Backend:
-        """The backend ``name`` of this run, made on first use."""
-        if name == "docker" and self.docker is not None:
-            return self.docker
-        if name not in self.made:
-            self.made[name] = BACKENDS[name]()
-        return self.made[name]
-
-    def fingerprinter(self, name: str) -> Fingerprinter:
-        """What fingerprints a cell that runs on ``name``: the cluster when there is one
-        (a docker stack's image tag), else the backend."""
-        return self.cluster if self.cluster is not None else self.backend(name)
 
 
 def cuda_available() -> bool:
@@ -189,7 +146,8 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
         check_site(matrix, selection, site, request)
         skipped = prepare(matrix, selection, site, request)
         ctx = open_reports(matrix, selection, request)
-        outcomes = run_cells(ctx, selection, site, skipped, request)
+        outcomes = run_cells(ctx, selection.cells, site, skipped, partial=selection.partial,
+                             abba=request.abba)
     finally:
         if site.cluster is not None:
             site.cluster.close()
@@ -358,78 +316,6 @@ def open_reports(matrix: Matrix, selection: Selection, request: Request) -> RunC
     salvage_stale(reports_dir, matrix)
     return RunContext(matrix, request.matrix_path, reports_dir, selection.cases, project,
                       force=request.force, timeout_s=request.timeout_s)
-
-
-def _why_skipped(ctx: RunContext, cell: Cell, site: Site,
-                 skipped: dict[str, str]) -> str | None:
-    """Why ``cell`` cannot run here (its stack skipped, no GPU, no node offers what it
-    needs), or None."""
-    why = skipped.get(cell.stack)
-    if why is None and cell.target == "cuda" and not site.has_gpu:
-        why = "target cuda: torch sees no CUDA device on this host"
-    if why is None and site.cluster is not None:
-        why = site.cluster.unoffered(cluster_mod.needs(ctx.matrix, cell,
-                                                       site.cluster.gpu_model))
-    return why
-
-
-def run_cells(ctx: RunContext, selection: Selection, site: Site, skipped: dict[str, str],
-              request: Request) -> list[CellOutcome]:
-    """Step 7: each selected cell, in order: ``skipped`` (its report written, unless it
-    would erase results made elsewhere), reused, refused, or run here (one at a time) or
-    on the cluster (all at once), its report stamped, merged and written
-    (:mod:`runner.run`). Returns one outcome per cell (two per cell under ``--abba``)."""
-    matrix = ctx.matrix
-    outcomes: list[CellOutcome | None] = []
-    jobs: dict[int, tuple[cluster_mod.Job, Any]] = {}
-    for cell in selection.cells:
-        run_id = uuid.uuid4().hex
-        routed, _ = route(matrix.stacks[cell.stack].kind, site.chosen, site.note)
-        name = routed or site.chosen
-        why_not = _why_skipped(ctx, cell, site, skipped)
-        if why_not:
-            shown = write_skipped(ctx, cell, why_not, backend=name, run_id=run_id)
-            if cell.stack in skipped:  # its stack was named once, at the start
-                shown = shown.replace(why_not, STACK_SKIPPED, 1)
-            else:
-                print(f"[runner] cell {cell.id}: skipped: {shown}", flush=True)
-            outcomes.append(CellOutcome(cell.id, Status.SKIPPED, shown, ctx.path(cell)))
-            continue
-        if request.abba is not None:  # never on a cluster (choose_site refuses it)
-            outcomes += run_abba(ctx, site.backend(name), cell, request.abba)
-            continue
-        where = site.fingerprinter(name)
-        plan = plan_cell(ctx, where, cell, partial=selection.partial)
-        if plan.action != "run":
-            outcomes.append(planned_outcome(ctx, plan))
-            continue
-        if plan.resume is not None:
-            print(f"[runner] cell {cell.id}: resuming: {len(plan.resume['cases'])} case(s) "
-                  f"done, running the {len(plan.cases)} missing on {name}", flush=True)
-        else:
-            print(f"[runner] cell {cell.id}: running {len(plan.cases)} case(s) on {name}"
-                  + (" (cluster)" if site.cluster is not None else ""), flush=True)
-        if site.cluster is not None:  # run below, all at once; the outcome filled in then
-            jobs[len(outcomes)] = (cluster_mod.Job(
-                len(outcomes), cell, plan.cases, run_id, name,
-                cluster_mod.needs(matrix, cell, site.cluster.gpu_model)), plan)
-            outcomes.append(None)
-            continue
-        result = run_staged(site.backend(name), matrix, cell, plan.cases, plan.resume,
-                            matrix_path=ctx.matrix_path, reports_dir=ctx.reports_dir,
-                            run_id=run_id, timeout_s=ctx.timeout_s,
-                            stamp=functools.partial(ctx.stamp, where, cell))
-        outcomes.append(settle(ctx, where, plan, result, stamped=True))
-    if jobs and site.cluster is not None:
-        cluster = site.cluster
-
-        def arrived(job: cluster_mod.Job, report: dict[str, Any]) -> None:
-            outcomes[job.key] = settle(ctx, cluster, jobs[job.key][1], report)
-
-        cluster.run([job for job, _ in jobs.values()], matrix=matrix,
-                    matrix_path=ctx.matrix_path, timeout_s=ctx.timeout_s,
-                    commit=ctx.project.get("commit"), on_report=arrived)
-    return [o for o in outcomes if o is not None]
 
 
 def render_tables(reports_dir: Path) -> Path:

@@ -12,39 +12,44 @@ For one selected cell, in this order (:mod:`runner.pipeline` calls them):
 * :func:`settle`: the runner stamps the report with its fingerprint, merges it as planned
   and writes it in one atomic step, and returns the cell's :class:`CellOutcome`.
 
-``--abba`` runs a cell and its partner in A-B-B-A order instead (:func:`run_abba`).
+:func:`run_cells` does that for every selected cell, here one at a time or on a Ray
+cluster all at once. ``--abba`` runs a cell and its partner in A-B-B-A order instead
+(:func:`run_abba`).
 """
 
 from __future__ import annotations
 
+import functools
 import shutil
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
+from runner import cluster as cluster_mod
 from runner import report as report_io
 from runner import staging
+from runner.backends import route
+from runner.backends.base import Fingerprinter
 from runner.cell import case_key, fingerprint, skeleton
 from runner.cells import Cell, cases_on
 from runner.config import Case, Matrix
 from runner.errors import ReportError
 from runner.merge import PartialPlan, finish_partial, plan_partial
 from runner.outcome import REFUSED, CellOutcome, outcome_status
+from runner.site import Site
 from runner.status import Status
 
-__all__ = ["CellPlan", "Fingerprinter", "RunContext", "plan_cell", "planned_outcome",
-           "run_abba", "run_staged", "salvage_stale", "settle", "write", "write_skipped"]
+__all__ = ["STACK_SKIPPED", "CellPlan", "RunContext", "plan_cell", "planned_outcome",
+           "run_abba", "run_cells", "run_staged", "salvage_stale", "settle", "write",
+           "write_skipped"]
 
 Report = dict[str, Any]
 
-
-class Fingerprinter(Protocol):
-    """What a cell's fingerprint takes from where it runs (a backend, or a cluster)."""
-
-    def fingerprint_extra(self, matrix: Matrix, cell: Cell) -> dict[str, Any]:
-        """What the backend adds to ``cell``'s fingerprint (a docker image's id)."""
-        ...
+STACK_SKIPPED = "its docker stack is skipped: see `skipped docker stack(s)` at the start"
+"""The summary's reason for a cell of a skipped docker stack: the stack, why and what to do
+were named once when the run started (:func:`runner.pipeline.prepare`)."""
 
 
 @dataclass(frozen=True)
@@ -114,12 +119,12 @@ def write_skipped(ctx: RunContext, cell: Cell, reason: str, *, backend: str,
     path = ctx.path(cell)
     if path.exists():
         existing = report_io.read_report(path).data
-        if existing and existing.get("status") not in (None, "skipped"):
+        if existing and existing.get("status") not in (None, Status.SKIPPED):
             return (f"{reason}; kept the existing {existing['status']} report "
                     f"({(existing.get('environment') or {}).get('gpu') or 'no GPU'}, "
                     f"{existing.get('finished_at', '?')})")
     write(skeleton(ctx.matrix, cell, ctx.cases, backend=backend, run_id=run_id,
-                   status="skipped", reason=reason), ctx.reports_dir)
+                   status=Status.SKIPPED, reason=reason), ctx.reports_dir)
     return reason
 
 
@@ -127,7 +132,7 @@ def _reusable(path: Path, expected_fingerprint: str) -> bool:
     if not path.exists():
         return False
     loaded = report_io.read_report(path).data
-    return bool(loaded and loaded.get("status") == "ok"
+    return bool(loaded and loaded.get("status") == Status.OK
                 and loaded.get("fingerprint") == expected_fingerprint)
 
 
@@ -182,7 +187,7 @@ def run_staged(backend: Any, matrix: Matrix, cell: Cell, cases: Sequence[Case],
                 partial = staging.combine(resume, partial, matrix)
             if staging.keep_partial(partial, reports_dir) is None:
                 pass
-            elif partial.get("status") == "partial":
+            elif partial.get("status") == Status.PARTIAL:
                 print(f"\n[runner] cell {cell.id}: kept {len(partial['cases'])} finished "
                       "case(s) as a partial report; the next run resumes it", flush=True)
             else:  # the cell had ended: only its runner was stopped
@@ -266,3 +271,77 @@ def run_abba(ctx: RunContext, backend: Any, cell: Cell, mode_b: str) -> list[Cel
         outcomes.append(CellOutcome(one.id, outcome_status(report["status"]),
                                     report.get("reason"), path))
     return outcomes
+
+
+def _why_skipped(ctx: RunContext, cell: Cell, site: Site,
+                 skipped: dict[str, str]) -> str | None:
+    """Why ``cell`` cannot run here (its stack skipped, no GPU, no node offers what it
+    needs), or None."""
+    why = skipped.get(cell.stack)
+    if why is None and cell.target == "cuda" and not site.has_gpu:
+        why = "target cuda: torch sees no CUDA device on this host"
+    if why is None and site.cluster is not None:
+        why = site.cluster.unoffered(cluster_mod.needs(ctx.matrix, cell,
+                                                       site.cluster.gpu_model))
+    return why
+
+
+def run_cells(ctx: RunContext, cells: Sequence[Cell], site: Site, skipped: dict[str, str],
+              *, partial: bool, abba: str | None = None) -> list[CellOutcome]:
+    """Each of ``cells``, in order: ``skipped`` (its report written, unless it would erase
+    results made elsewhere; ``skipped``: the stacks :func:`runner.pipeline.prepare` named),
+    reused, refused, or run here (one at a time) or on the cluster (all at once), its report
+    stamped, merged and written. ``partial``: the run selects fewer cases than the matrix
+    has (:func:`plan_cell`); ``abba``: the partner mode of ``--abba`` (:func:`run_abba`).
+    Returns one outcome per cell (two per cell under ``--abba``)."""
+    matrix = ctx.matrix
+    outcomes: list[CellOutcome | None] = []
+    jobs: dict[int, tuple[cluster_mod.Job, Any]] = {}
+    for cell in cells:
+        run_id = uuid.uuid4().hex
+        routed, _ = route(matrix.stacks[cell.stack].kind, site.chosen, site.note)
+        name = routed or site.chosen
+        why_not = _why_skipped(ctx, cell, site, skipped)
+        if why_not:
+            shown = write_skipped(ctx, cell, why_not, backend=name, run_id=run_id)
+            if cell.stack in skipped:  # its stack was named once, at the start
+                shown = shown.replace(why_not, STACK_SKIPPED, 1)
+            else:
+                print(f"[runner] cell {cell.id}: skipped: {shown}", flush=True)
+            outcomes.append(CellOutcome(cell.id, Status.SKIPPED, shown, ctx.path(cell)))
+            continue
+        if abba is not None:  # never on a cluster (choose_site refuses it)
+            outcomes += run_abba(ctx, site.backend(name), cell, abba)
+            continue
+        where = site.fingerprinter(name)
+        plan = plan_cell(ctx, where, cell, partial=partial)
+        if plan.action != "run":
+            outcomes.append(planned_outcome(ctx, plan))
+            continue
+        if plan.resume is not None:
+            print(f"[runner] cell {cell.id}: resuming: {len(plan.resume['cases'])} case(s) "
+                  f"done, running the {len(plan.cases)} missing on {name}", flush=True)
+        else:
+            print(f"[runner] cell {cell.id}: running {len(plan.cases)} case(s) on {name}"
+                  + (" (cluster)" if site.cluster is not None else ""), flush=True)
+        if site.cluster is not None:  # run below, all at once; the outcome filled in then
+            jobs[len(outcomes)] = (cluster_mod.Job(
+                len(outcomes), cell, plan.cases, run_id, name,
+                cluster_mod.needs(matrix, cell, site.cluster.gpu_model)), plan)
+            outcomes.append(None)
+            continue
+        result = run_staged(site.backend(name), matrix, cell, plan.cases, plan.resume,
+                            matrix_path=ctx.matrix_path, reports_dir=ctx.reports_dir,
+                            run_id=run_id, timeout_s=ctx.timeout_s,
+                            stamp=functools.partial(ctx.stamp, where, cell))
+        outcomes.append(settle(ctx, where, plan, result, stamped=True))
+    if jobs and site.cluster is not None:
+        cluster = site.cluster
+
+        def arrived(job: cluster_mod.Job, report: dict[str, Any]) -> None:
+            outcomes[job.key] = settle(ctx, cluster, jobs[job.key][1], report)
+
+        cluster.run([job for job, _ in jobs.values()], matrix=matrix,
+                    matrix_path=ctx.matrix_path, timeout_s=ctx.timeout_s,
+                    commit=ctx.project.get("commit"), on_report=arrived)
+    return [o for o in outcomes if o is not None]

@@ -1,4 +1,5 @@
-"""The matrix pipeline's named steps (runner/pipeline.py, runner/run.py), each alone.
+"""The matrix pipeline's named steps (runner/pipeline.py, runner/run.py, runner/site.py),
+each alone.
 
 No cell process runs here: the host backend is a fake that writes a report at once, and no
 Docker engine is asked (a docker backend that says it has none). The whole-run behaviour
@@ -24,7 +25,7 @@ from runner.errors import BackendError, ConfigError
 from runner.outcome import REFUSED, CellOutcome, failed, summary
 from runner.pipeline import Request, Site
 from runner.report import write_report
-from runner.run import plan_cell
+from runner.run import plan_cell, run_cells
 from runner.status import Status
 
 DATA = {
@@ -210,7 +211,7 @@ def test_run_cells_skips_runs_and_reuses(request_: Request, steady: None,
     pipeline.check_site(matrix, selection, site, request)
     skipped = pipeline.prepare(matrix, selection, site, request)
     ctx = pipeline.open_reports(matrix, selection, request)
-    outcomes = pipeline.run_cells(ctx, selection, site, skipped, request)
+    outcomes = run_cells(ctx, selection.cells, site, skipped, partial=selection.partial)
     assert [(o.cell, o.status) for o in outcomes] == [
         ("host-plain-cuda", Status.SKIPPED), ("host-plain-cpu", Status.OK),
         ("host-det-cuda", Status.SKIPPED), ("host-det-cpu", Status.OK),
@@ -221,7 +222,7 @@ def test_run_cells_skips_runs_and_reuses(request_: Request, steady: None,
         capsys.readouterr().out)
     saved = json.loads((ctx.reports_dir / "host-plain-cpu.json").read_text())
     assert saved["fingerprint"] == ctx.fingerprint(Instant(), Cell("host", "plain", "cpu"))
-    again = pipeline.run_cells(ctx, selection, site, skipped, request)
+    again = run_cells(ctx, selection.cells, site, skipped, partial=selection.partial)
     assert [o.reused for o in again if o.status == Status.OK] == [True, True]
     assert Instant.ran == ["host-plain-cpu", "host-det-cpu"]
 

@@ -28,7 +28,16 @@ from runner.cell import skeleton
 from runner.cells import Cell
 from runner.config import Case, Matrix
 
-__all__ = ["Backend", "cell_argv", "failed_report", "skipped_lines"]
+__all__ = ["Backend", "Fingerprinter", "cell_argv", "failed_report", "skipped_lines"]
+
+
+class Fingerprinter(Protocol):
+    """What a cell's fingerprint takes from where it runs: a backend, or a Ray cluster
+    (:class:`runner.cluster.Cluster`: a docker stack's image tag)."""
+
+    def fingerprint_extra(self, matrix: Matrix, cell: Cell) -> dict[str, Any]:
+        """What ``cell``'s fingerprint adds (a docker image's id; ``{}`` on the host)."""
+        ...
 
 
 class Backend(Protocol):

@@ -36,6 +36,7 @@ from runner.config import Case, Matrix
 from runner.environment import PROJECT_ROOT
 from runner.progress import PREFIX, ProgressView
 from runner.staging import stopped_partial
+from runner.status import Status
 
 
 def _read_lines(stream: IO[str], lines: list[str], view: ProgressView) -> None:
@@ -128,7 +129,7 @@ class HostBackend:
         loaded = report_io.read_report(path) if path.exists() else None
         status, reason = classify(ending), explain(ending, timeout_s)
         if loaded and loaded.data and loaded.data.get("run_id") == run_id:
-            if loaded.data.get("status") != "partial":
+            if loaded.data.get("status") != Status.PARTIAL:
                 return loaded.data
             return stopped_partial(loaded.data, status, reason, exit_code=proc.returncode,
                                    log_tail=log_tail(log))

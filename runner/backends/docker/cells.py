@@ -49,6 +49,7 @@ from runner.environment import project_state
 from runner.errors import BackendError, ImageError
 from runner.progress import PREFIX, ProgressView
 from runner.staging import stopped_partial
+from runner.status import Status
 
 __all__ = ["CONTAINER_MATRIX", "CONTAINER_REPORTS", "ContainerConfig", "DockerBackend",
            "Unready", "build_command", "cell_command", "container_config", "gpu_request",
@@ -292,11 +293,11 @@ class DockerBackend(Engine):
                 report = loaded.data
                 report["cell"]["backend"] = self.name
                 report["image"] = image
-                if report["status"] == "partial":  # stopped after some cases: keep them
+                if report["status"] == Status.PARTIAL:  # stopped after some cases: keep them
                     report = stopped_partial(report, classify(ending),
                                              f"container exit code {exit_code}",
                                              exit_code=exit_code, log_tail=log_tail(log))
-                if report["status"] != "ok" and not report.get("log_tail"):
+                if report["status"] != Status.OK and not report.get("log_tail"):
                     report["log_tail"] = log_tail(log)
                 report_io.write_report(report, reports_dir)
                 return report
