@@ -235,3 +235,45 @@ def test_outcomes_are_typed_and_refused_is_a_failure(tmp_path: Path) -> None:
     lines = summary([ok, refused, skipped]).splitlines()
     assert lines[2].split() == ["a", "ok", "(reused)"]
     assert lines[3].split()[:2] == ["b", "refused"]
+
+
+def test_connect_without_a_cluster_is_the_site_itself(request_: Request) -> None:
+    site = Site("host")
+    assert pipeline.connect(site, request_) is site
+
+
+def test_render_tables_turns_an_os_error_into_a_report_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from runner import tables
+    from runner.errors import ReportError
+
+    def refuse(reports_dir):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tables, "write_tables", refuse)
+    with pytest.raises(ReportError, match=r"cannot write the tables: Permission denied$"):
+        pipeline.render_tables(tmp_path)
+
+
+def test_the_cell_process_runs_exactly_one_cell(request_: Request) -> None:
+    from runner.cell_process import run_cell_process
+
+    with pytest.raises(ConfigError, match=r"^cell: the selection matches 2 cells; name one"):
+        run_cell_process(request_.matrix_path, request_.reports_dir, stacks=["host"],
+                         modes=["plain"], targets=None, cases=["1"])
+    assert not request_.reports_dir.exists()  # refused before anything was written
+
+
+def test_the_cell_process_writes_its_report(request_: Request,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from runner.cell_process import run_cell_process
+    from runner.report import read_report
+
+    monkeypatch.setenv("GATE_RESIDUAL_PROGRESS", "off")
+    cell_id, status, path = run_cell_process(
+        request_.matrix_path, request_.reports_dir, stacks=["host"], modes=["plain"],
+        targets=["cpu"], cases=["1"], run_id="r1", timings=False)
+    report = read_report(path).data
+    assert (cell_id, path.name) == ("host-plain-cpu", "host-plain-cpu.json")
+    assert report is not None and (report["status"], report["run_id"]) == (status, "r1")
+    assert report["environment"]["mode_applied_before_torch_import"] is False  # in pytest
