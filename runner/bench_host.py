@@ -194,8 +194,8 @@ def replaced_launch_paths(r, g, y, i, *, calls: int, repeats: int) -> dict[str, 
     dtype = K._dtype_name(out)
 
     def numba_dispatch():
-        views = [cuda.as_cuda_array(t, sync=False).view(np.uint32) for t in words]
-        K.launch_forward_vec(*views, cuda.as_cuda_array(i, sync=False), dtype,
+        out_w, r_w, g_w, y_w = (cuda.as_cuda_array(t, sync=False).view(np.uint32) for t in words)
+        K.launch_forward_vec(out_w, r_w, g_w, y_w, cuda.as_cuda_array(i, sync=False), dtype,
                              cuda.external_stream(torch.cuda.current_stream().cuda_stream),
                              flag=cuda.as_cuda_array(sink, sync=False))
 
