@@ -12,7 +12,9 @@ into a CUDA graph (fixed pointers, no Python between them), the graph is replaye
   against the previous kernel (8 loads, then their 8 additions; copied here), with 256 and
   128 threads per block;
 * ``chunks``: at N = 32768 the vector chunk kernel alone at other launch shapes (block
-  width, grid.y cap): the default against the alternatives, for a later choice.
+  width, grid.y cap): the default against the alternatives, for a later choice;
+* ``deep``: at N = 129 .. 32768 the vector chunk kernel alone with four rows in flight per
+  thread (``rows_ahead=3``, kernels/gate_residual_vec.py) against the default (two).
 
 Each variant's outputs are compared bit for bit (integer views) with the default's; a
 difference is printed and makes the exit status 1. ``--dry`` runs every code path once on
@@ -243,6 +245,45 @@ def chunk_shapes(time, device: str, stream: int, x: dict) -> list[dict]:
     return rows
 
 
+def deep_rows(time, device: str, stream: int) -> list[dict]:
+    from numba.cuda import types
+
+    from kernels import gate_residual as K
+    from kernels.gate_residual_plans import _F32_3D, _FLAG_TYPE, _U32_2D
+    from kernels.launch import Launcher, array_type
+
+    argtypes = (_U32_2D, _F32_3D, _U32_2D, _U32_2D, _U32_2D, array_type(types.int64, 1),
+                _FLAG_TYPE)
+    deep = Launcher(K.vec_kernels_for("bfloat16", 3)[1], argtypes)
+    rows = []
+    for n in ((129, 1024, 4097, 32768) if device == "cuda" else (129, 1153)):
+        x = inputs(n, device)
+        plan = plan_of(x)
+        params = plan._chunk_params(vec=True)
+        grid, block, shared = plan._vector_geometry()
+        variants = {"two rows in flight (default)": plan.vector_chunks(),
+                    "four rows in flight": deep.packed(plan.device, grid, block, shared,
+                                                       params)}
+        ins = tuple(x[k].data_ptr() for k in ("grad_out", "gate", "y", "index"))
+        outs = {}
+        row = {"N": n, "block": block, "grid": list(grid)}
+        for name, launch in variants.items():
+            gy = torch.empty_like(x["grad_out"])
+            part = torch.empty(max(plan.workspace_bytes, 4), dtype=torch.uint8, device=device)
+            outs[name] = (gy, part)
+            row[name] = time(lambda launch=launch, gy=gy, part=part, ins=ins: launch.fast(
+                now(), gy.data_ptr(), part.data_ptr(), *ins))
+        if device == "cuda":
+            torch.cuda.synchronize()
+            (a, pa), (b, pb) = outs.values()
+            same(f"deep N={n}: grad_y", b, a)
+            same(f"deep N={n}: partial sums", pb, pa)
+        rows.append(row)
+        print(f"deep N={n:6d}: " + ", ".join(f"{k}: {row[k]} µs" for k in variants),
+              flush=True)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
@@ -265,6 +306,7 @@ def main() -> int:
         doc = {"fused_vs_two_launches": fused_vs_two(time, device, stream),
                "reduce": reduce_variants(time, device, stream, big),
                "chunk_shapes": chunk_shapes(time, device, stream, big),
+               "deep": deep_rows(time, device, stream),
                "bits_differ": FAILURES,
                "gpu": torch.cuda.get_device_name() if device == "cuda" else None}
     if args.out:

@@ -67,7 +67,8 @@ def test_fused_backward_leaves_its_tickets_at_zero(simulated):
     the same tickets (the worker launches each fused case twice) starts from zero."""
     worker, saved, _ = simulated
     fused = [(c, li) for c in range(len(worker.CASES)) for li in worker.launches(c)
-             if f"{c}/{li}/tickets" in saved and li >= len(worker.LAUNCHES) + 3]
+             if f"{c}/{li}/tickets" in saved
+             and worker.VEC_LAUNCHES[li - len(worker.LAUNCHES)][1].get("fused")]
     assert any(worker.CASES[c][0] > 2 * worker.K.CHUNK_ROWS for c, _ in fused), "no tail case"
     for c, li in fused:
         assert not saved[f"{c}/{li}/tickets"].any(), f"tickets left set: case {worker.CASES[c]}"
