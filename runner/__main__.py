@@ -28,6 +28,8 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
+from typing import NoReturn
 
 from runner.errors import (
     CellsFailed,
@@ -43,7 +45,7 @@ DEFAULT_REPORTS = Path("reports")
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse's own errors become ConfigError (exit 2)
+    def error(self, message: str) -> NoReturn:  # argparse's errors: ConfigError (exit 2)
         raise ConfigError(f"{self.prog}: {message}")
 
 
@@ -51,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m runner", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    def selection(p):
+    def selection(p: argparse.ArgumentParser) -> None:
         p.add_argument("--matrix", type=Path, default=DEFAULT_MATRIX, help="matrix.yaml path")
         p.add_argument("--reports", type=Path, default=DEFAULT_REPORTS, help="report directory")
         p.add_argument("--stack", action="append", help="run only this stack (repeatable)")
@@ -110,7 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _cmd_matrix(args) -> int:
+def _cmd_matrix(args: argparse.Namespace) -> int:
     from runner.outcome import failed, summary
     from runner.pipeline import run_matrix
 
@@ -131,7 +133,7 @@ def _cmd_matrix(args) -> int:
     return 0
 
 
-def _cmd_build(args) -> int:
+def _cmd_build(args: argparse.Namespace) -> int:
     from runner.backends.docker import build_stacks
 
     results = build_stacks(args.matrix, stacks=args.stack, force=args.force, prune=args.prune)
@@ -142,7 +144,7 @@ def _cmd_build(args) -> int:
     return 0
 
 
-def _cmd_base_image(args) -> int:
+def _cmd_base_image(args: argparse.Namespace) -> int:
     from runner import base_image
 
     base_image.make(args.name or base_image.DEFAULT_NAME, suite=args.suite, mirror=args.mirror,
@@ -150,7 +152,7 @@ def _cmd_base_image(args) -> int:
     return 0
 
 
-def _cmd_cell(args) -> int:
+def _cmd_cell(args: argparse.Namespace) -> int:
     from runner.cell_process import run_cell_process
 
     cell_id, status, path = run_cell_process(
@@ -174,7 +176,7 @@ def _warn_unreadable(tables_path: Path) -> list[str]:
     return lines
 
 
-def _cmd_report(args) -> int:
+def _cmd_report(args: argparse.Namespace) -> int:
     from runner import tables
     from runner.tables import FACETS, Filters
 
@@ -211,7 +213,7 @@ def _signals_interrupt() -> Iterator[None]:
         return
     fired: list[int] = []
 
-    def interrupt(signum, frame):
+    def interrupt(signum: int, frame: FrameType | None) -> None:
         if fired:
             return
         fired.append(signum)

@@ -11,12 +11,15 @@ after it) and the resume of a cell that was stopped (its ``partial`` report list
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from runner import report as report_io
 from runner.cell import fingerprint
-from runner.cells import select_cases
+from runner.cells import Cell, select_cases
+from runner.config import Case, Matrix
 from runner.errors import ConfigError
 
 MACHINE_KEYS = ("gpu", "capability", "driver", "torch", "cuda", "python", "libraries", "cpu",
@@ -44,7 +47,8 @@ def _case_ids(report: dict) -> list[str]:
     return [str(c) for c in report.get("cases") or []]
 
 
-def plan_partial(path: Path, matrix, cell, cases, project: dict, extra: dict, *,
+def plan_partial(path: Path, matrix: Matrix, cell: Cell, cases: Sequence[Case],
+                 project: dict[str, Any], extra: dict[str, Any], *,
                  force: bool) -> PartialPlan:
     """Decide, before running, what a partial run of ``cell`` does with ``path``.
 
@@ -83,8 +87,9 @@ def plan_partial(path: Path, matrix, cell, cases, project: dict, extra: dict, *,
         "replace it, or add --force to replace it with these cases only"))
 
 
-def finish_partial(plan: PartialPlan, result: dict, matrix, cell, project: dict,
-                   extra: dict, *, force: bool) -> tuple[dict | None, str, str | None]:
+def finish_partial(plan: PartialPlan, result: dict[str, Any], matrix: Matrix, cell: Cell,
+                   project: dict[str, Any], extra: dict[str, Any], *,
+                   force: bool) -> tuple[dict[str, Any] | None, str, str | None]:
     """After a partial run: (the report to write, or None to keep the existing one; the
     outcome's status; its reason).
 
@@ -119,7 +124,7 @@ def finish_partial(plan: PartialPlan, result: dict, matrix, cell, project: dict,
     return merged, status, reason
 
 
-def merge_reports(old: dict, new: dict, matrix) -> dict:
+def merge_reports(old: dict[str, Any], new: dict[str, Any], matrix: Matrix) -> dict[str, Any]:
     """``new`` (a partial run) merged into ``old`` (an ``ok`` report of the same fingerprint
     and machine), case by case.
 
