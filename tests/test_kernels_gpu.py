@@ -318,11 +318,13 @@ def test_sha256_of_a_cuda_tensor_is_that_of_its_host_bytes(dtype, monkeypatch, f
 
 AUTOGRAD_FIRST = """
 import torch
-from kernels.gate_residual import gate_residual
+from kernels.gate_residual import gate_residual, gate_residual_backward
 torch.manual_seed(0)
 r, y, go = (torch.randn(1, 5376, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 g = torch.randn(9, 5376, device="cuda", dtype=torch.bfloat16)
 i = torch.zeros(1, dtype=torch.int64, device="cuda")
+gate_residual_backward(go, g, y, i)  # here: the kernel is loaded, autograd's thread needs no numba
+torch.cuda.synchronize()
 leaves = [t.clone().requires_grad_() for t in (r, g, y)]
 grads = torch.autograd.grad(gate_residual(*leaves, i), leaves, go)
 eager = [t.clone().requires_grad_() for t in (r, g, y)]
@@ -333,8 +335,9 @@ print("grad_y equal", torch.equal(grads[2].view(torch.int16), expected[2].view(t
 
 def test_backward_as_the_autograd_threads_first_launch():
     """Autograd's device thread runs our backward; at N = 1 it is that thread's first launch
-    and nothing before it bound a CUDA context there (H200 at 6e3cb9c: CUresult 201). A fresh
-    process, so that no earlier test bound one."""
+    and nothing before it bound a CUDA context there (H200 at 6e3cb9c: CUresult 201, when
+    the main thread had loaded the kernel before, as here, so that numba never ran in that
+    thread). A fresh process, so that no earlier test bound one."""
     import subprocess
     import sys
     from pathlib import Path
