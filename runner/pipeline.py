@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import cluster as cluster_mod
-from runner import implementations, tables
+from runner import cluster_connect, implementations, tables
 from runner import report as report_io
 from runner.backends import DockerBackend, resolve, route
 from runner.backends.base import skipped_lines
@@ -242,7 +242,7 @@ def connect(site: Site, request: Request) -> Site:
     """
     if request.cluster is None:
         return site
-    return replace(site, cluster=cluster_mod.connect(
+    return replace(site, cluster=cluster_connect.connect(
         request.cluster, gpu_model=request.gpu_model, retries=request.retries,
         build=request.build, matrix_dir=request.matrix_path.parent))
 

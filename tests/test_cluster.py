@@ -28,6 +28,7 @@ from runner import cluster as cluster_mod
 from runner import pipeline as run_mod
 from runner.__main__ import main
 from runner.cells import Cell
+from runner.cluster_connect import parse_address
 from runner.config import load_matrix
 from runner.errors import ConfigError
 from tests.ray_cluster import LocalCluster
@@ -276,9 +277,9 @@ def test_needs_per_cell():
         "CPU": 1.0, "gpu:NVIDIA H200": cluster_mod.TOKEN}
     assert cluster_mod.needs(m, Cell(docker, "plain", "cpu")) == {
         "CPU": 1.0, "docker": cluster_mod.TOKEN}
-    assert cluster_mod.parse_address("auto", {"RAY_ADDRESS": "10.0.0.1:6379"}) == "10.0.0.1:6379"
+    assert parse_address("auto", {"RAY_ADDRESS": "10.0.0.1:6379"}) == "10.0.0.1:6379"
     with pytest.raises(ConfigError, match="from RAY_ADDRESS"):
-        cluster_mod.parse_address("auto", {"RAY_ADDRESS": "nonsense"})
+        parse_address("auto", {"RAY_ADDRESS": "nonsense"})
 
 
 def test_a_node_of_another_commit_does_not_run_the_cell(tmp_path, monkeypatch):
