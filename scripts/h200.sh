@@ -79,7 +79,9 @@ for step in $steps; do
             #    stretch of GPU work shared. No cell compiles ahead again (the stamps) and
             #    none waits on the build while holding the lock.
             modes=${MODES:-"plain deterministic tf32 inference vllm_batch_invariant sglang_ieee"}
-            reports=${MODE_REPORTS:-$out/reports}; mkdir -p "$reports" "$PWD/build"
+            # reports outside $out, archived after every cell: the device tool returns 8 files,
+            # and a call stopped at its limit returned none of a run's reports (2026-12-01)
+            reports=${MODE_REPORTS:-$PWD/build/mode-reports}; mkdir -p "$reports" "$PWD/build"
             # partial reports of an earlier call (same source): their cells run only what is missing
             [ -d .carry/resume ] && cp .carry/resume/*.json "$reports"/ 2>/dev/null
             deadline=$(( $(date +%s) + ${MATRIX_TIMEOUT:-540} ))
@@ -98,7 +100,7 @@ for step in $steps; do
             fi
             left=$(( deadline - $(date +%s) ))
             printf '%s\n' $modes | xargs -P "$jobs" -I{} \
-              sh -c "timeout -s TERM $left python3 -m runner matrix --stack host --target ${MODE_TARGET:-cuda} --mode {} --reports '$reports' ${MATRIX_ARGS:-} > '$out/matrix-{}.log' 2>&1; echo '{}: exit' \$? after \$(( \$(date +%s) - $t0 )) s"
+              sh -c "timeout -s TERM $left python3 -m runner matrix --stack host --target ${MODE_TARGET:-cuda} --mode {} --reports '$reports' ${MATRIX_ARGS:-} > '$out/matrix-{}.log' 2>&1; echo '{}: exit' \$? after \$(( \$(date +%s) - $t0 )) s; flock '$PWD/build/tar.lock' sh -c 'cd \"$reports\" && tar czf \"$out/.modes-reports.tgz\" \$(ls *.json | grep -v ^summary) && mv \"$out/.modes-reports.tgz\" \"$out/modes-reports.tgz\"'"
             echo "all modes: $(( $(date +%s) - t0 )) s wall"
             # (the tables are rendered where the reports are committed: python -m runner report)
             python3 -c "import json, glob; [print(r['cell']['id'], r['status'], r['duration_s'], 's', len(r['cases']), 'cases', {k: v for k, v in r.get('phases', {}).items() if not isinstance(v, dict)}) for r in (json.load(open(p)) for p in sorted(glob.glob('$reports/*.json'))) if 'cell' in r]" 2>&1 || true
