@@ -73,6 +73,14 @@ def test_page_is_self_contained(html: str) -> None:
     assert html.count("<svg") >= 3  # the pictures are inlined
 
 
+def test_headline_legend_names_the_reports_tensors(html: str) -> None:
+    """The legend's tensor list is filled in, as on the Markdown pages (it once showed a
+    literal ``{legend}``)."""
+    legend = html.split('<details class="legend">', 1)[1].split("</details>", 1)[0]
+    assert "{legend}" not in html
+    assert re.search(r"<code>out</code>, <code>res</code> ", legend), legend[:600]
+
+
 def test_page_escapes_report_text(tmp_path: Path) -> None:
     reports = tmp_path / "reports"
     shutil.copytree(TABLES / "reports", reports)

@@ -25,6 +25,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from runner import report_tensors
 from runner.tables.model.build import Tables
 from runner.tables.model.cases import DTYPE_NAMES, cell_dtypes
 from runner.tables.model.cells import CellReport
@@ -167,14 +168,14 @@ def _column_head(column: Column, head: str | None) -> str:
                f'dirty tree">⚠ {_e("; ".join(stale))}</span>' if stale else ""))
 
 
-def _headline(h: Headline, names: dict[int, str]) -> str:
+def _headline(h: Headline, names: dict[int, str], legend: str) -> str:
     merged = ("" if h.level == 0 else f" Columns are merged ({_e(LEVELS[h.level])}: the worst "
               'mark of their cells) to keep this page small; one column per mode: '
               '<a href="cells/README.md">cells/README.md</a>.')
     out = ['<section id="headline" class="level2"><h2>Can I swap one implementation for '
            "another?</h2>",
            '<details class="legend"><summary>Rows: candidate vs baseline; columns: GPU × stack '
-           f"(library versions) × mode. How to read a mark</summary><p>{_inline(LEGEND)}"
+           f"(library versions) × mode. How to read a mark</summary><p>{_inline(legend)}"
            f"{merged}</p></details>"]
     if not h.columns:
         return "\n".join([*out, '<p class="empty">No cell has comparisons yet.</p></section>'])
@@ -297,7 +298,8 @@ def render_html(tables: Tables, plots: dict[str, tuple[str, str]] | None = None,
     by_key = {t.key: t for t in tables.sections}
     cells_table = by_key.get("cells")
     compared = {c.index for col in h.columns for c in col.cells}
-    body = [_headline(h, names), _plots(plots or {}), _not_run(cells)]
+    legend = LEGEND.format(legend=report_tensors.legend(c.data for c in cells))
+    body = [_headline(h, names, legend), _plots(plots or {}), _not_run(cells)]
     if cells_table is not None:
         rows = [r for r in cells_table.rows if r.cell in compared]
         body.append(_table(Table("cells", "Cells with comparisons", cells_table.headers, rows,
