@@ -311,7 +311,8 @@ def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
         if not torch.cuda.is_available():
             raise BackendError("target cuda needs a GPU: torch.cuda.is_available() is False "
                                "here (use --target cpu)")
-    p, outcome, groups, keys = matrix.problem, {}, [], {}
+    p, groups, keys = matrix.problem, [], {}
+    outcome: dict[str, str | float] = {}
     for mode in modes:
         if not matrix.modes[mode].runs_on(target):
             outcome[mode] = f"not on target {target}"

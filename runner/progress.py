@@ -97,12 +97,13 @@ class ProgressView:
             except ImportError:
                 self.rich = False
                 return self
-            self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                                 MofNCompleteColumn(), TimeElapsedColumn(),
-                                 TextColumn("{task.fields[left]}"),
-                                 console=Console(file=self.stream), transient=False)
-            self._bar.start()
-            self._task = self._bar.add_task(self.cell_id, total=self.cases, left="")
+            bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                           MofNCompleteColumn(), TimeElapsedColumn(),
+                           TextColumn("{task.fields[left]}"),
+                           console=Console(file=self.stream), transient=False)
+            bar.start()
+            self._task = bar.add_task(self.cell_id, total=self.cases, left="")
+            self._bar = bar
         return self
 
     def __exit__(self, *exc) -> None:
