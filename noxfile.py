@@ -139,7 +139,7 @@ def lint(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmark (GPU: CUDA events, medians, copy bandwidth); writes reports/bench/*.json."""
     install_project(session)
-    run_runner(session, "runner.bench", *session.posargs)
+    run_runner(session, "ops.gate_residual.bench", *session.posargs)
 
 
 @nox.session(venv_params=VENV)

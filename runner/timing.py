@@ -1,6 +1,6 @@
 """Median wall time of a callable on the GPU (CUDA events) or the CPU (perf_counter).
 
-Used by the cell runner's timings and by ``runner.bench``; METHOD.md of the device tool:
+Used by the cell runner's timings and by ``ops.gate_residual.bench``; METHOD.md of the device tool:
 warm up first, time each call, take the median.
 """
 

@@ -136,7 +136,7 @@ for step in $steps; do
             python3 -c "import json, glob; [print(r['cell']['id'], r['status'], r['duration_s'], 's', len(r['cases']), 'cases', {k: v for k, v in r.get('phases', {}).items() if not isinstance(v, dict)}) for r in (json.load(open(p)) for p in sorted(glob.glob('$reports/*.json'))) if 'cell' in r]" 2>&1 || true
             tar czf "$out/cells-reports.tgz" -C "$reports" $(cd "$reports" && ls *.json) && rm -rf "$reports"
             tar czf "$out/cells-logs.tgz" -C "$out" $(cd "$out" && ls matrix-cell-*.log precompile-*.log rlbuild.log) && rm -f "$out"/matrix-cell-*.log "$out"/precompile-*.log ;;
-    bench)  python3 -m runner.bench ${BENCH_ARGS:-} --out "$out" 2>&1 | tee "$out/bench.log" | tail -60 || rc=1 ;;
+    bench)  python3 -m ops.gate_residual.bench ${BENCH_ARGS:-} --out "$out" 2>&1 | tee "$out/bench.log" | tail -60 || rc=1 ;;
     profile) python3 scripts/profile_host.py 1 > "$out/profile-host.txt" 2>&1 || rc=1; grep "us/call" "$out/profile-host.txt" ;;
   esac
 done

@@ -1,7 +1,7 @@
 """The benchmark's code path, once, on tiny CPU shapes (``--smoke``), so that it cannot rot.
 
-No figure from this run means anything; the H200 figures come from ``runner.bench`` on the
-GPU (docs/performance.md).
+No figure from this run means anything; the H200 figures come from
+``ops.gate_residual.bench`` on the GPU (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from runner import bench
+from ops.gate_residual import bench
 
 
 def test_bench_smoke_writes_rows_peers_host_costs_and_a_table(tmp_path, capsys):

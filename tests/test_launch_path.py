@@ -1,6 +1,6 @@
 """The CUDA entry points' host path, on the CPU: what reaches the driver (issue 14).
 
-``runner.bench_host.emulate_on_cpu`` runs the entry points on CPU tensors with
+``ops.gate_residual.bench_host.emulate_on_cpu`` runs the entry points on CPU tensors with
 ``cuLaunchKernelEx`` replaced by a recorder, so every launch's kernel, grid, block, shared
 memory and packed parameters are checked here without a GPU: the parameters must be numba's
 array ABI of the tensors the call passed (``kernels.launch.array_params``), the flag the one
@@ -21,7 +21,7 @@ from kernels import gate_residual as K
 from kernels.device_assert import FLAG_ASSERT, FLAG_CLEAN
 from kernels.errors import OpInputError
 from kernels.launch import _PARAM_BUFFER_POINTER, _PARAM_BUFFER_SIZE, _LaunchConfig, array_params
-from runner.bench_host import emulate_on_cpu
+from ops.gate_residual.bench_host import emulate_on_cpu
 
 _EX = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                        ctypes.c_void_p)

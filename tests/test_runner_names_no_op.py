@@ -18,12 +18,7 @@ import ops
 
 RUNNER = Path(__file__).resolve().parents[1] / "runner"
 
-EXEMPT = {
-    "bench.py": "issue 14: gate_residual's benchmark (CUDA events, L2 rotation), to move into "
-                "ops/gate_residual/ once #14 has landed",
-    "bench_host.py": "issue 14: host time of gate_residual's CUDA entry points (as bench.py)",
-    "bench_peers.py": "issue 14: gate_residual's benchmark peers (as bench.py)",
-}
+EXEMPT: dict[str, str] = {}
 """Modules not yet op-free, each with the reason; the list may only shrink."""
 
 

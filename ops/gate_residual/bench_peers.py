@@ -1,4 +1,5 @@
-"""The implementations ``runner.bench`` times side by side, each through its public function.
+"""The implementations ``ops.gate_residual.bench`` times side by side, each through its public
+function.
 
 A :class:`Peer` is a name, what it runs (the code path, as a report records it), a forward
 ``forward(r, g, y, i) -> out`` and, where it has one, a differentiable ``op(r, g, y, i) ->

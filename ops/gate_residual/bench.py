@@ -1,18 +1,19 @@
 """Benchmark: gate_residual, every implementation in one run, against the copy bandwidth.
 
-``python -m runner.bench`` (``nox -s bench``) measures, in one process, with one harness
+``python -m ops.gate_residual.bench`` (``nox -s bench``) measures, in one process, with one harness
 (:func:`runner.timing.median_ms`: CUDA events around each call of the public function,
 ``--warmup`` untimed calls, the median of ``--iters``, input sets rotated so that one round
 over them touches more than 3x the L2 cache):
 
 * the device-to-device copy bandwidth (bytes read + written, a 2 GiB buffer), the ceiling;
-* for each dtype and N, every peer of :mod:`runner.bench_peers` (eager, ``torch.compile``,
-  ours, RL-Kernel's op when its source tree is there, the SGLang and vllm-omni kernels when
-  installed or kernel-only): the forward, and for those with a backward, forward+backward
-  through ``torch.autograd.grad(out, (residual, gate, y), grad_out)`` (not ``out.backward()``:
-  its AccumulateGrad copy of ``grad_out`` is autograd's, docs/performance.md);
+* for each dtype and N, every peer of :mod:`ops.gate_residual.bench_peers` (eager,
+  ``torch.compile``, ours, RL-Kernel's op when its source tree is there, the SGLang and
+  vllm-omni kernels when installed or kernel-only): the forward, and for those with a backward,
+  forward+backward through ``torch.autograd.grad(out, (residual, gate, y), grad_out)`` (not
+  ``out.backward()``: its AccumulateGrad copy of ``grad_out`` is autograd's,
+  docs/performance.md);
 * our backward alone (``gate_residual_backward``) at the largest N;
-* the host time per call of our entry points, broken down (:mod:`runner.bench_host`).
+* the host time per call of our entry points, broken down (:mod:`ops.gate_residual.bench_host`).
 
 Bytes that must move (``ops.gate_residual`` spec, ``bytes_moved``): forward 3*N*D*itemsize,
 forward+backward twice that (``gate`` and ``index`` stay in L2). Ratios are only taken within
@@ -20,7 +21,8 @@ one run. Writes ``<out>/bench-<gpu>.json`` and ``bench-<gpu>.md`` (the table); t
 picture of time against N with the bandwidth floor is drawn from the JSON by ``python -m
 runner report`` (runner/tables/render/plots.py) and linked from reports/README.md.
 ``--smoke`` runs the same code on the CPU with tiny shapes (CI: so it cannot rot; no figure
-from it means anything), the host breakdown emulated (:func:`runner.bench_host.emulate_on_cpu`).
+from it means anything), the host breakdown emulated
+(:func:`ops.gate_residual.bench_host.emulate_on_cpu`).
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ from typing import Any
 
 import torch
 
+from ops.gate_residual.bench_peers import LIBRARIES, Peer, peers
 from runner import environment
-from runner.bench_peers import LIBRARIES, Peer, peers
 
 __all__ = ["LIBRARIES", "PLAN", "Peer", "copy_bandwidth", "input_sets", "main", "markdown", "run",
            "time_peer"]
@@ -266,9 +268,9 @@ def _document(device, copy, iters, warmup, table, host, rows, seconds, *,
 
 
 def host_overhead(device: str, d: int, g: int, *, quick: bool) -> dict:
-    """:func:`runner.bench_host.host_costs` at N = 1 (bf16): on the GPU as it is, on the CPU
-    emulated."""
-    from runner.bench_host import emulate_on_cpu, host_costs
+    """:func:`ops.gate_residual.bench_host.host_costs` at N = 1 (bf16): on the GPU as it
+    is, on the CPU emulated."""
+    from ops.gate_residual.bench_host import emulate_on_cpu, host_costs
 
     sets = input_sets(1, d, g, "bfloat16", device, seed=2)
     calls, repeats = (50, 2) if quick else (1000, 5)
@@ -278,12 +280,12 @@ def host_overhead(device: str, d: int, g: int, *, quick: bool) -> dict:
     with emulate_on_cpu():
         costs = host_costs(sets[0], calls=calls, repeats=repeats)
     return {"how": "CPU tensors, the driver call replaced by a no-op C function "
-                   "(runner/bench_host.py)", "per_call_us": costs}
+                   "(ops/gate_residual/bench_host.py)", "per_call_us": costs}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print the table; write the JSON and the Markdown. Returns 0."""
-    parser = argparse.ArgumentParser(prog="python -m runner.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m ops.gate_residual.bench", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("reports/bench"))
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=10)
@@ -330,7 +332,7 @@ def precompile(plan, d: int, g: int) -> None:
     """Compile the ``compiled`` peer's graphs of ``plan`` into inductor's on-disk cache (one
     call each), so that a benchmark process started next finds them (run it beside other
     work, before the benchmark)."""
-    from runner.bench_peers import compiled_peer
+    from ops.gate_residual.bench_peers import compiled_peer
 
     peer = compiled_peer("cuda")
     if peer.unavailable:

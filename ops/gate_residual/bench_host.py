@@ -21,7 +21,8 @@ is libc's ``memcmp(config, function, 0, extra)``, a C function of ``cuLaunchKern
 ctypes signature that returns 0 (``CUDA_SUCCESS``) without touching memory: so every line of
 Python up to the driver, and ctypes' own marshalling, is timed on a machine without a GPU.
 The driver's work (about 2-4 µs per launch) and the CUDA caching allocator are not: CPU
-``empty_like`` is not CUDA's. ``python -m runner.bench --host`` prints these figures here.
+``empty_like`` is not CUDA's. ``python -m ops.gate_residual.bench --host`` prints these figures
+here.
 """
 
 from __future__ import annotations
