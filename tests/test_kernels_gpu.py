@@ -226,7 +226,6 @@ def test_cubin_cache_second_process_compiles_nothing(tmp_path):
     assert cold["sha256"] == warm["sha256"] == off["sha256"]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.fixture
 def fuse_eight(monkeypatch):
     """Backward plans made during the test fuse up to 8 chunks (the default is 1, as measured:
@@ -240,6 +239,7 @@ def fuse_eight(monkeypatch):
     K._BACKWARD_PLANS.clear()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_fused_backward_equals_two_launches_and_the_cpu_path(dtype, fresh_seed, fuse_eight):
     """One launch (backward_fused: the last block per column block sums the chunks) gives
     the bits of the chunk kernel then the reduction, and of the CPU twin, from one chunk to
