@@ -27,6 +27,13 @@ PINNED = {"GATE_RESIDUAL_COMMIT": "0123456789abcdef0123456789abcdef01234567",
 CELL = "host-plain-cpu"
 
 
+def _hangup_default() -> None:
+    """SIGHUP back to its default in the child: under ``nohup`` the test process ignores it,
+    and the runner keeps a signal it was started with ignored (runner/__main__.py), so the
+    SIGHUP case would test nohup rather than a closed terminal."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def matrix_cli(reports: Path, *extra: str, env: dict | None = None, wait: bool = True):
     argv = [sys.executable, "-m", "runner", "matrix", "--matrix", str(MATRIX), "--reports",
             str(reports), "--target", "cpu", "--timeout", "120", *extra]
@@ -34,9 +41,9 @@ def matrix_cli(reports: Path, *extra: str, env: dict | None = None, wait: bool =
     if env is None:
         for name in ("GATE_RESIDUAL_FAULT_KILL_ROWS", "GATE_RESIDUAL_FAULT_HANG_ROWS"):
             full.pop(name, None)
-    if not wait:
+    if not wait:  # the runner as a terminal starts it: SIGHUP not inherited as ignored
         return subprocess.Popen(argv, cwd=ROOT, env=full, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True, preexec_fn=_hangup_default)
     return subprocess.run(argv, cwd=ROOT, env=full, capture_output=True, text=True, timeout=300)
 
 
