@@ -71,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
                    "selected docker stacks first (without it none is built: those stacks are "
                    "skipped, or with --backend docker the run stops, exit 4)")
     m.add_argument("--timeout", type=float, default=3600.0, help="seconds per cell")
+    m.add_argument("--shards", metavar="N|auto", help="processes per host cell, each with "
+                   "part of its cases (default auto: on cuda one per dtype group of the "
+                   "cases, up to one per 2 CPUs; on cpu 1); sets $GATE_RESIDUAL_SHARDS")
     m.add_argument("--abba", metavar="MODE_B", help="run each cell's process in A-B-B-A order "
                    "against this mode and record repeatable_across_processes")
     m.add_argument("--cluster", metavar="ray://HOST:PORT|auto", help="run the cells as tasks "
@@ -113,9 +116,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
+    from runner import shards
     from runner.outcome import failed, summary
     from runner.pipeline import run_matrix
 
+    if args.shards is not None:
+        os.environ[shards.ENV] = args.shards
+    try:
+        shards.requested()
+    except ValueError as err:
+        raise ConfigError(f"--shards: {err}") from None
     outcomes = run_matrix(args.matrix, reports_dir=args.reports, stacks=args.stack,
                           modes=args.mode, targets=args.target, cases=args.case,
                           backend=args.backend, force=args.force, timeout_s=args.timeout,

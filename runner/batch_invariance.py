@@ -32,7 +32,7 @@ import itertools
 
 import torch
 
-from runner import compare
+from runner import compare, gpu_lock
 
 
 def sweep_sizes(limit: int) -> list[int]:
@@ -83,41 +83,53 @@ def _n(inputs: dict, spec) -> int:
     return inputs[spec.index].shape[0]
 
 
+# Each call with its comparison is one stretch of shared GPU work (runner/gpu_lock.py): a
+# cell waiting to time waits for one call of this one, not for the whole check.
+
+
 def row_alone(impl, inputs: dict, full: dict, spec) -> bool:
     """Whether each sampled row run alone equals that row within ``full`` (see module)."""
     n = _n(inputs, spec)
-    rows = sorted({r for r in (0, 1, n // 2, n - 2, n - 1) if 0 <= r < n})
-    return all(_rows_equal(_run(impl, _rows(inputs, r, r + 1, spec)), full, r, r + 1, spec)
-               for r in rows)
+    for r in sorted({r for r in (0, 1, n // 2, n - 2, n - 1) if 0 <= r < n}):
+        with gpu_lock.shared():
+            if not _rows_equal(_run(impl, _rows(inputs, r, r + 1, spec)), full, r, r + 1, spec):
+                return False
+    return True
 
 
 def sub_batches(impl, inputs: dict, full: dict, spec) -> bool:
     """Whether sub-batches covering the batch, concatenated, equal ``full`` (see module)."""
-    cuts = _cuts(_n(inputs, spec))
-    parts = [_run(impl, _rows(inputs, a, b, spec))
-             for a, b in itertools.pairwise(cuts) if b > a]
-    return all(_same(torch.cat([p[k] for p in parts]), full[k])
-               for k in spec.row_outputs() if k in full)
+    parts = []
+    for a, b in itertools.pairwise(_cuts(_n(inputs, spec))):
+        if b > a:
+            with gpu_lock.shared():
+                parts.append(_run(impl, _rows(inputs, a, b, spec)))
+    with gpu_lock.shared():
+        return all(_same(torch.cat([p[k] for p in parts]), full[k])
+                   for k in spec.row_outputs() if k in full)
 
 
 def size_sweep(impl, inputs: dict, max_size: int, spec) -> int | None:
     """The smallest sweep size that breaks the size sweep (see module), or None."""
     m = min(_n(inputs, spec), max_size)
-    top = _rows(inputs, 0, m, spec)
-    whole = _run(impl, top)
+    with gpu_lock.shared():
+        top = _rows(inputs, 0, m, spec)
+        whole = _run(impl, top)
     for s in sweep_sizes(m):
-        prefix = _run(impl, _rows(inputs, 0, s, spec))
-        if not _rows_equal(prefix, whole, 0, s, spec):
-            return s
+        with gpu_lock.shared():
+            prefix = _run(impl, _rows(inputs, 0, s, spec))
+            if not _rows_equal(prefix, whole, 0, s, spec):
+                return s
         groups = [k for k in spec.group_outputs() if k in prefix]
         if groups:
-            padded = dict(top)
-            for k in spec.zero_rows:
-                padded[k] = top[k].clone()
-                padded[k][s:] = 0
-            again = _run(impl, padded)
-            if not all(_same(prefix[k], again[k]) for k in groups):
-                return s
+            with gpu_lock.shared():
+                padded = dict(top)
+                for k in spec.zero_rows:
+                    padded[k] = top[k].clone()
+                    padded[k][s:] = 0
+                again = _run(impl, padded)
+                if not all(_same(prefix[k], again[k]) for k in groups):
+                    return s
     return None
 
 
@@ -132,7 +144,8 @@ def check(impl, inputs: dict, spec, *, max_size: int = 1025, full: dict | None =
     else that call is made here.
     """
     if full is None:
-        full = _run(impl, inputs)
+        with gpu_lock.shared():
+            full = _run(impl, inputs)
     first = size_sweep(impl, inputs, max_size, spec)
     return {"row_alone": row_alone(impl, inputs, full, spec),
             "sub_batches": sub_batches(impl, inputs, full, spec),

@@ -11,7 +11,9 @@ the GIL) while the next implementation runs; the case waits for them at its end.
 
 Every implementation's timing loops come last, back to back, once the case's checks are
 done, with the GPU to this cell alone (:mod:`runner.gpu_lock`); every other stretch of GPU
-work holds the shared lock, so cells of other modes may run beside this one.
+work holds the shared lock, so cells of other modes, and other shards of this cell
+(:mod:`runner.shards`), may run beside this one. The stretches are short (one call and its
+checks), so a cell waiting to time waits for about one call of each other cell.
 """
 
 from __future__ import annotations
@@ -63,15 +65,19 @@ def run_repeats(impl: Implementation, inputs: dict, repeats: int, inference: boo
     inputs any call changed (in order of first change). Each repeat is compared with the
     first and dropped at once. ``outputs`` as :func:`call` takes it."""
     backward = impl.has_backward and not inference
-    first, mutated = call(impl, inputs, backward=backward, inference=inference, outputs=outputs)
+    with gpu_lock.shared():  # each call with its checks: one stretch of shared GPU work
+        first, mutated = call(impl, inputs, backward=backward, inference=inference,
+                              outputs=outputs)
     same = {k: True for k in first}
     for _ in range(repeats - 1):
-        again, changed = call(impl, inputs, backward=backward, inference=inference,
-                              outputs=outputs)
-        mutated += [k for k in changed if k not in mutated]
-        for k in first:
-            same[k] = same[k] and torch.equal(compare.bits(first[k]), compare.bits(again[k]))
-        del again
+        with gpu_lock.shared():
+            again, changed = call(impl, inputs, backward=backward, inference=inference,
+                                  outputs=outputs)
+            mutated += [k for k in changed if k not in mutated]
+            for k in first:
+                same[k] = same[k] and torch.equal(compare.bits(first[k]),
+                                                  compare.bits(again[k]))
+            del again
     return first, same, mutated
 
 
@@ -186,13 +192,13 @@ def _run_one(ctx: CaseContext, impl: Implementation, x, on_device: dict, key: st
     repeats = 1 if is_reference else ctx.matrix.repeats
     try:
         inputs = _inputs_for(impl, x, on_device)
-        with ctx.clock.run(impl.name), gpu_lock.shared():
+        with ctx.clock.run(impl.name):
             first, same, mutated = run_repeats(impl, inputs, repeats, ctx.inference,
                                                tuple(ctx.spec.outputs))
         entry["mutated_inputs"][key] = mutated
         if (ctx.matrix.batch_invariance is not None and impl.has_backward
                 and not ctx.inference and not is_reference):
-            with ctx.clock("batch_invariance"), gpu_lock.shared():
+            with ctx.clock("batch_invariance"):  # it takes the shared lock per call
                 entry.setdefault("batch_invariant", {})[key] = batch_invariance.check(
                     impl, inputs, ctx.spec, max_size=ctx.matrix.batch_invariance.max_size,
                     full=first)

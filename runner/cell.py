@@ -131,7 +131,7 @@ def _run_order(impls: list, matrix) -> list:
     return sorted(impls, key=lambda i: first.index(i.name) if i.name in first else 2)
 
 
-def _case_weight(matrix, case) -> float:
+def case_weight(matrix, case) -> float:
     """A case's expected share of the cell's time, for the time-left estimate: a fixed part
     plus one per 64 MiB of the op's forward output in the case's dtype."""
     dtype, _ = matrix.case_dtypes(case)
@@ -265,7 +265,7 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
                     calls, torch_settings=mode.torch.model_dump(), op=matrix.op,
                     sizes=p.sizes, target=cell.target, workers=workers)
             precompile.leave_stamp(stamp, calls, env["precompile"])
-    weights = [_case_weight(matrix, c) for c in cases]
+    weights = [case_weight(matrix, c) for c in cases]
     per_case: dict[str, float] = {}
     with futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
                                     thread_name_prefix="sha256") as hasher:

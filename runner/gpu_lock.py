@@ -1,19 +1,21 @@
 """One GPU, several cells at once, and timings that see the GPU alone.
 
 Cells of different modes share nothing but the device, so a GPU host can run several at
-once (``scripts/h200.sh``: ``MATRIX_JOBS``): their bits do not depend on it. Their timings
-would: a kernel timed while another cell's kernels run is slower than alone. So when
-``GATE_RESIDUAL_GPU_LOCK`` names a lock file, every cell on the host takes it
+once (``scripts/h200.sh``: ``MODE_JOBS``), and one cell can run as several processes (its
+shards, :mod:`runner.shards`): their bits do not depend on it. Their timings would: a
+kernel timed while another process's kernels run is slower than alone. So when
+``GATE_RESIDUAL_GPU_LOCK`` names a lock file, every cell process on the host takes it
 
 * **shared** around each stretch of GPU work that is not timed (:func:`shared`: inputs to
-  the device, an implementation's runs, comparisons, accuracy, batch invariance, waiting for
-  compile workers), and
+  the device, one call of an implementation with its checks, a comparison, the accuracy
+  figures of one implementation, waiting for compile workers), and
 * **exclusive** around a case's timing loops (:func:`exclusive`),
 
-so no other cell's kernel runs while a cell times. Writers go first: a cell waiting for the
-exclusive lock holds a turnstile (a second lock file) that new shared holders must pass, so
-the shared holders drain and the timing starts after at most one stretch of each other
-cell's GPU work. Locks are ``flock(2)`` on open file descriptions: the kernel drops them
+so no other process's kernel runs while a cell times. Writers go first: a cell waiting for
+the exclusive lock holds a turnstile (a second lock file) that new shared holders must pass,
+so the shared holders drain and the timing starts after at most one stretch of each other
+process's GPU work (a stretch ends with ``torch.cuda.synchronize``: its kernels are done,
+not only queued). Locks are ``flock(2)`` on open file descriptions: the kernel drops them
 when a process dies, so a killed cell never wedges the others.
 
 Within one process the hashing threads' device-to-host copies (:mod:`runner.compare`) take
@@ -27,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -93,7 +96,16 @@ def shared() -> Iterator[None]:
         with _mutex:
             _holders[0] -= 1
             if _holders[0] == 0:
+                _drain()  # the stretch's queued kernels end before a cell may time
                 fcntl.flock(main, fcntl.LOCK_UN)
+
+
+def _drain() -> None:
+    """Wait for this process's queued GPU work (``torch.cuda.synchronize``) when torch has
+    initialised CUDA here; nothing otherwise (a CPU cell, or no CUDA call yet)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 @contextlib.contextmanager

@@ -128,3 +128,48 @@ class ProgressView:
                              left=f"{p['id']}  {left}")
         else:
             print(plain(p), file=self.stream, flush=True)
+
+
+class ShardTally:
+    """The progress of one cell run as shards (:mod:`runner.shards`): each shard's progress
+    lines (case k of its n) turned into the cell's (cases done of all, the cell's elapsed
+    time, the time left of the slowest shard). Thread-safe: one reader thread per shard
+    calls :meth:`line`.
+
+    Example::
+
+        >>> t = ShardTally("c", [2, 3])
+        >>> parse(t.line(1, progress_line("c", {"case": 1, "of": 3, "id": "9",
+        ...     "case_s": 1.0, "elapsed_s": 1.0, "eta_s": 4.0})))["case"]
+        1
+    """
+
+    def __init__(self, cell_id: str, sizes: list[int]) -> None:
+        import threading
+        import time
+
+        self.cell_id, self.sizes = cell_id, sizes
+        self.done = [0] * len(sizes)
+        self.eta: list[float | None] = [None] * len(sizes)
+        self._lock = threading.Lock()
+        self._t0 = time.perf_counter()
+
+    def line(self, shard: int, text: str) -> str:
+        """The cell's progress line for shard ``shard``'s line ``text``; any other line
+        unchanged."""
+        import time
+
+        p = parse(text)
+        if p is None:
+            return text
+        with self._lock:
+            self.done[shard] = int(p["case"])
+            self.eta[shard] = p.get("eta_s") if p["case"] < p["of"] else 0.0
+            left = [e for i, e in enumerate(self.eta)
+                    if self.done[i] < self.sizes[i] and e is not None]
+            unfinished = any(d < n for d, n in zip(self.done, self.sizes, strict=True))
+            eta = (max(left) if left else None) if unfinished else 0.0
+            return progress_line(self.cell_id, {
+                "case": sum(self.done), "of": sum(self.sizes), "id": p["id"],
+                "case_s": p.get("case_s", 0.0),
+                "elapsed_s": round(time.perf_counter() - self._t0, 1), "eta_s": eta})

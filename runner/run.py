@@ -238,7 +238,7 @@ def salvage_stale(reports_dir: Path, matrix: Matrix) -> None:
     """Remove the staging directories of runs that died, keeping the partial reports found
     there (:func:`runner.staging.clean_stale`, stamped with the fingerprint their runner
     recorded), merged into the partial report they were resuming, if any."""
-    for stage, partials in staging.clean_stale(reports_dir):
+    for stage, partials in staging.clean_stale(reports_dir, matrix):
         kept = []
         for partial in partials:
             if not partial.get("fingerprint"):

@@ -114,10 +114,33 @@ def keep_partial(partial: dict, reports_dir: Path) -> Path | None:
     return report_io.write_report(partial, reports_dir)
 
 
-def clean_stale(reports_dir: Path) -> list[tuple[Path, list[dict]]]:
+def _shard_reports(stage: Path, matrix) -> list[dict]:
+    """The report of a sharded cell whose runner died before it combined its shards'
+    (:mod:`runner.shards`: ``shards.json`` in the stage names each shard's cases, and
+    ``shard-<i>/`` holds what the shard wrote), or nothing."""
+    from runner import shards
+
+    try:
+        plan = json.loads((stage / shards.PLAN_FILE).read_text(encoding="utf-8"))
+        cell_id, planned = plan["cell"], plan["shards"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    found = []
+    for i in range(len(planned)):
+        path = stage / f"shard-{i + 1}" / f"{cell_id}.json"
+        data = report_io.read_report(path).data if path.is_file() else None
+        found.append(data if data is not None else shards.NOTHING_WRITTEN)
+    if not any(_with_cases(d) for d in found):
+        return []
+    return [shards.combine(found, planned, matrix, wall_s=0.0)]
+
+
+def clean_stale(reports_dir: Path, matrix=None) -> list[tuple[Path, list[dict]]]:
     """Remove the staging directories of runs that are gone, returning each with the
     reports found in it (:func:`salvage`'s kinds), stamped with the fingerprint its runner
-    recorded (None if it recorded none); not yet written: the caller keeps them."""
+    recorded (None if it recorded none); not yet written: the caller keeps them. With
+    ``matrix``, a sharded cell's shards are combined first (:func:`runner.shards.combine`).
+    """
     out = []
     for stage in sorted(reports_dir.glob(".run-*")):
         if not stage.is_dir() or stage.is_symlink() or owner_alive(stage):
@@ -127,8 +150,12 @@ def clean_stale(reports_dir: Path) -> list[tuple[Path, list[dict]]]:
         except (OSError, ValueError, AttributeError):
             stamp = None
         found = []
-        for path in sorted(stage.glob("*.json")):
-            data = report_io.read_report(path).data
+        reports: list[dict | None] = [report_io.read_report(path).data
+                                      for path in sorted(stage.glob("*.json"))
+                                      if path.name not in (OWNER, "shards.json")]
+        if not any(_with_cases(d) for d in reports) and matrix is not None:
+            reports = list(_shard_reports(stage, matrix))
+        for data in reports:
             if data is None or not _with_cases(data):
                 continue
             if data.get("status") != "partial":  # finished: its own reason stands

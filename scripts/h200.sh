@@ -74,10 +74,12 @@ for step in $steps; do
             # 1. one pool of compile workers fills inductor's caches for every mode
             #    (python -m runner.precompile: the first mode, then the rest, whose graphs
             #    reuse its Triton kernels), while RL-Kernel's extension builds beside it;
-            # 2. the cells, MODE_JOBS at a time (default: all), sharing the GPU under
+            # 2. the cells one after another (MODE_JOBS at a time, default 1), each cell as
+            #    several processes (runner/shards.py: one per dtype group of its cases, up to
+            #    one per 2 CPUs; GATE_RESIDUAL_SHARDS sets it), sharing the GPU under
             #    runner/gpu_lock.py: each case's timing loops alone on the GPU, every other
-            #    stretch of GPU work shared. No cell compiles ahead again (the stamps) and
-            #    none waits on the build while holding the lock.
+            #    stretch of GPU work (one call and its checks) shared. No cell compiles ahead
+            #    again (the stamps) and none waits on the build while holding the lock.
             modes=${MODES:-"plain deterministic tf32 inference vllm_batch_invariant sglang_ieee"}
             # reports outside $out, archived after every cell: the device tool returns 8 files,
             # and a call stopped at its limit returned none of a run's reports (2026-12-01)
@@ -91,7 +93,7 @@ for step in $steps; do
             timeout -s TERM $(( deadline - $(date +%s) )) python3 -m runner.precompile --target "${MODE_TARGET:-cuda}" $(printf -- '--mode %s ' $modes) ${PRECOMPILE_ARGS:-} > "$out/matrix-precompile.log" 2>&1
             echo "precompile: exit $? after $(( $(date +%s) - t0 )) s: $(tail -c 600 "$out/matrix-precompile.log")"
             wait $build; echo "rlbuild: done after $(( $(date +%s) - t0 )) s: $(tail -n 1 "$out/rlbuild.log")"
-            jobs=${MODE_JOBS:-$(echo $modes | wc -w)}
+            jobs=${MODE_JOBS:-1}
             if [ "$jobs" -gt 1 ]; then
               export GATE_RESIDUAL_GPU_LOCK=$PWD/build/gpu.lock
               # the CPUs shared out: each cell's thread pools sized to its share
