@@ -1,9 +1,8 @@
 """Benchmark: gate_residual, every implementation in one run, against the copy bandwidth.
 
 ``python -m ops.gate_residual.bench`` (``nox -s bench``) measures, in one process, with one harness
-(:func:`runner.timing.median_ms`: CUDA events around each call of the public function,
-``--warmup`` untimed calls, the median of ``--iters``, input sets rotated so that one round
-over them touches more than 3x the L2 cache):
+(:func:`runner.timing.median_ms`: CUDA events around each call of the public function, input
+sets rotated so that one pass over them touches more than 3x the L2 cache):
 
 * the device-to-device copy bandwidth (bytes read + written, a 2 GiB buffer), the ceiling;
 * for each dtype and N, every peer of :mod:`ops.gate_residual.bench_peers` (eager,
@@ -11,7 +10,12 @@ over them touches more than 3x the L2 cache):
   vllm-omni kernels when installed or kernel-only): the forward, and for those with a backward,
   forward+backward through ``torch.autograd.grad(out, (residual, gate, y), grad_out)`` (not
   ``out.backward()``: its AccumulateGrad copy of ``grad_out`` is autograd's,
-  docs/performance.md);
+  docs/performance.md). The peers of a case are timed interleaved
+  (:mod:`ops.gate_residual.bench_rounds`): ``--rounds`` rounds, in each every peer in turn
+  gets ``--warmup`` untimed calls then its share of ``--iters`` timed ones, round r starting
+  at peer r mod P; a peer's figure is the median of all its samples, with the 25th and 75th
+  percentiles beside it (``forward_p25_ms`` ...), so that no ratio depends on which peer
+  went first;
 * our backward alone (``gate_residual_backward``) at the largest N;
 * the host time per call of our entry points, broken down (:mod:`ops.gate_residual.bench_host`).
 
@@ -39,11 +43,12 @@ from typing import Any
 import torch
 
 from ops.gate_residual.bench_peers import LIBRARIES, Peer, peers
+from ops.gate_residual.bench_rounds import split_iters, time_peer, time_peers
 from runner import environment
+from runner.timing import median_ms
 
 __all__ = ["LIBRARIES", "PLAN", "Peer", "copy_bandwidth", "input_sets", "main", "markdown", "run",
-           "time_peer"]
-from runner.timing import median_ms
+           "time_peer", "time_peers"]
 
 L2_BYTES = 60 * 2**20  # H200 (KINDS.md: 60 MB of L2); rotation keeps 3x this in flight
 #: (dtype, N) of a full run, in the order run (the ends first: a run stopped by a deadline
@@ -70,43 +75,6 @@ def input_sets(n: int, d: int, g: int, dtype: str, device: str, seed: int) -> li
     count = max(1, min(64, math.ceil(3 * L2_BYTES / max(per_set, 1))))
     first = {k: v.to(device) for k, v in base.items()}
     return [first] + [{k: v.clone() for k, v in first.items()} for _ in range(count - 1)]
-
-
-def _step(op):
-    """One forward+backward of a differentiable ``op`` through autograd.grad."""
-    def step(x):
-        leaves = [x[k].detach().requires_grad_() for k in ("residual", "gate", "y")]
-        out = op(leaves[0], leaves[1], leaves[2], x["index"])
-        return torch.autograd.grad(out, leaves, x["grad_out"])
-    return step
-
-
-def time_peer(peer: Peer, sets: list[dict], dtype: str, n: int, device: str, *, iters: int,
-              warmup: int) -> dict:
-    """``forward_ms`` and, where the peer has a backward, ``forward_backward_ms`` (medians);
-    ``error`` (one line) where a call raised."""
-    forward, op = peer.forward, peer.op
-    if peer.per_case is not None:
-        forward, op = peer.per_case(dtype, n, False), peer.per_case(dtype, n, True)
-    out: dict = {}
-    try:
-        with peer.context():
-            def fwd(i, f=forward):
-                x = sets[i % len(sets)]
-                with torch.no_grad():
-                    return f(x["residual"], x["gate"], x["y"], x["index"])
-
-            out["forward_ms"] = median_ms(fwd, device=device, warmup=warmup,
-                                          iters=iters)["median_ms"]
-            if op is not None:
-                step = _step(op)
-                out["forward_backward_ms"] = median_ms(lambda i: step(sets[i % len(sets)]),
-                                                       device=device, warmup=warmup,
-                                                       iters=iters)["median_ms"]
-    except Exception as err:  # one peer's failure is a row, not the end of the run
-        first = (str(err).strip().splitlines() or [""])[0]
-        out["error"] = f"{type(err).__name__}: {first}"[:300]
-    return out
 
 
 def backward_alone(sets: list[dict], device: str, *, iters: int, warmup: int) -> float:
@@ -171,11 +139,19 @@ def markdown(doc: dict) -> str:
         return f"{100 * v:.0f}%" if isinstance(v, (int, float)) else "—"
 
     env = doc["environment"]
+    rounds = doc.get("rounds")
+    how = f"({doc['iters']} calls after {doc['warmup']} warm-up)"
+    if rounds:  # the interleaved rounds (bench_rounds); files from before them have none
+        shares = sorted(set(split_iters(doc["iters"], rounds)), reverse=True)
+        how = (f"(interleaved rounds: {rounds} per case; in each, every peer in turn gets "
+               f"{doc['warmup']} warm-up and {' or '.join(map(str, shares))} timed calls, the "
+               "order rotated: round r starts at peer r mod P; each figure the median of the "
+               f"peer's {doc['iters']} samples, their 25th and 75th percentiles in the JSON)")
     lines = [f"# {doc['title']}", "",
              f"Commit {doc.get('commit') or 'unknown'}; torch {env.get('torch')}, "
              f"{env.get('gpu') or 'CPU'}; copy bandwidth {doc['copy_GBps']:.0f} GB/s (read + "
-             "write). Median ms of CUDA events around each public call "
-             f"({doc['iters']} calls after {doc['warmup']} warm-up); x eager: eager's time "
+             f"write). Median ms of CUDA events around each public call {how}; x eager: "
+             "eager's time "
              "over this one's (> 1 is faster); % copy: bytes that must move over the time, "
              "as a fraction of the copy bandwidth. Forward+backward: torch.autograd.grad.", "",
              "| dtype | N | impl | fwd ms | fwd x eager | fwd % copy | fwd+bwd ms | "
@@ -216,6 +192,7 @@ def run(args, checkpoint=None) -> dict:
     d, g = (64, 3) if args.smoke else (5376, 9)
     plan = SMOKE_PLAN if args.smoke else PLAN
     iters, warmup = (3, 1) if args.smoke else (args.iters, args.warmup)
+    rounds = min(args.rounds, iters) if args.smoke else args.rounds
     copy = copy_bandwidth(device, (8 << 20) if args.smoke else (2 << 30), iters)
     table = peers(device, with_compile=not (args.no_compile or args.smoke),
                   libraries=args.library if args.library is not None else LIBRARIES)
@@ -226,27 +203,25 @@ def run(args, checkpoint=None) -> dict:
     largest = {dt: max(m for other, m in plan if other == dt) for dt, _ in plan}
     for dtype, n in plan:
         sets = input_sets(n, d, g, dtype, device, seed=1)
-        for peer in table:
-            if peer.unavailable or not peer.takes(dtype):
-                continue
-            t0 = time.perf_counter()
-            rows.append({"dtype": dtype, "N": n, "D": d, "G": g, "impl": peer.name,
-                         "sets": len(sets), **time_peer(peer, sets, dtype, n, device,
-                                                        iters=iters, warmup=warmup)})
-            seconds[peer.name] = seconds.get(peer.name, 0.0) + time.perf_counter() - t0
+        ran = [p for p in table if not p.unavailable and p.takes(dtype)]
+        timed = time_peers(ran, sets, dtype, n, device, iters=iters, warmup=warmup,
+                           rounds=rounds, seconds=seconds)
+        rows += [{"dtype": dtype, "N": n, "D": d, "G": g, "impl": peer.name, "sets": len(sets),
+                  **result} for peer, result in zip(ran, timed, strict=True)]
         if n == largest[dtype]:
             rows.append({"dtype": dtype, "N": n, "D": d, "G": g, "impl": "numba backward alone",
                          "backward_ms": backward_alone(sets, device, iters=iters,
                                                        warmup=warmup)})
         del sets
         if checkpoint is not None:
-            checkpoint(_document(device, copy, iters, warmup, table, host, rows, seconds,
-                                 complete=False))
-    return _document(device, copy, iters, warmup, table, host, rows, seconds, complete=True)
+            checkpoint(_document(device, copy, (iters, warmup, rounds), table, host, rows,
+                                 seconds, complete=False))
+    return _document(device, copy, (iters, warmup, rounds), table, host, rows, seconds,
+                     complete=True)
 
 
-def _document(device, copy, iters, warmup, table, host, rows, seconds, *,
-              complete: bool) -> dict:
+def _document(device, copy, calls, table, host, rows, seconds, *, complete: bool) -> dict:
+    iters, warmup, rounds = calls
     order = {"bfloat16": 0, "float16": 1, "float32": 2}
     rows = sorted((dict(r) for r in rows), key=lambda r: (order.get(r["dtype"], 3), r["N"]))
     ratios(rows, copy)
@@ -260,8 +235,8 @@ def _document(device, copy, iters, warmup, table, host, rows, seconds, *,
     return {"title": f"gate_residual benchmark ({env.get('gpu') or env.get('cpu')})",
             "device": device, "commit": project.get("commit"), "dirty": project.get("dirty"),
             "complete": complete, "launch_api": api, "copy_GBps": copy / 1e9,
-            "iters": iters,
-            "warmup": warmup, "environment": env, "seconds_per_peer": seconds,
+            "iters": iters, "warmup": warmup, "rounds": rounds, "environment": env,
+            "seconds_per_peer": seconds,
             "peers": [{"name": p.name, "ran": p.ran, "unavailable": p.unavailable,
                        "dtypes": p.dtypes} for p in table],
             "host_overhead_us": host, "rows": rows}
@@ -287,8 +262,13 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print the table; write the JSON and the Markdown. Returns 0."""
     parser = argparse.ArgumentParser(prog="python -m ops.gate_residual.bench", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("reports/bench"))
-    parser.add_argument("--iters", type=int, default=100)
-    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--iters", type=int, default=100,
+                        help="timed calls per peer and mode over all rounds")
+    parser.add_argument("--warmup", type=int, default=10,
+                        help="untimed calls before each peer's timed calls, in every round")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="interleaved rounds per case (each peer times iters/rounds "
+                             "calls per round, the order rotated; default 5)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (CI)")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--library", action="append", default=None, metavar="IMPL-VERSION",
@@ -299,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", action="store_true",
                         help="only the host time per call (on the CPU: emulated)")
     args = parser.parse_args(argv)
+    if args.rounds < 1 or (not args.smoke and args.rounds > args.iters):
+        parser.error(f"--rounds: expected 1 <= rounds <= --iters ({args.iters}), "
+                     f"got {args.rounds}")
     if not args.smoke and not args.host and not torch.cuda.is_available():
         parser.error("no CUDA device: the benchmark needs a GPU (--smoke runs its code path "
                      "on tiny CPU shapes, and its figures mean nothing; --host times the "
