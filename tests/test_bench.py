@@ -147,3 +147,19 @@ def test_bench_refuses_more_rounds_than_timed_calls(tmp_path):
     with pytest.raises(SystemExit) as info:
         bench.main(["--out", str(tmp_path), "--iters", "4", "--rounds", "5"])
     assert info.value.code == 2 and not list(tmp_path.iterdir())
+
+
+def test_case_and_peer_restrict_the_run_and_unknown_ones_are_refused(tmp_path):
+    """``--case`` / ``--peer`` (issue 14's repeated small-N runs): only those rows, and a
+    peer not named is never made (RL-Kernel's builds its extension when made)."""
+    assert bench.main(["--smoke", "--out", str(tmp_path), "--case", "bfloat16:1",
+                       "--peer", "eager", "--peer", "numba"]) == 0
+    doc = json.loads(next(tmp_path.glob("bench-*.json")).read_text())
+    assert {(r["dtype"], r["N"], r["impl"]) for r in doc["rows"]} == {
+        ("bfloat16", 1, "eager"), ("bfloat16", 1, "numba"),
+        ("bfloat16", 1, "numba backward alone")}
+    assert [peer["name"] for peer in doc["peers"]] == ["eager", "numba"]
+    for bad in (["--case", "bf16:1"], ["--case", "float32:0"], ["--peer", "nope"]):
+        with pytest.raises(SystemExit) as stop:
+            bench.main(["--smoke", "--out", str(tmp_path), *bad])
+        assert stop.value.code == 2

@@ -190,12 +190,13 @@ def run(args, checkpoint=None) -> dict:
     by a deadline keeps the cases it finished)."""
     device = "cpu" if args.smoke else "cuda"
     d, g = (64, 3) if args.smoke else (5376, 9)
-    plan = SMOKE_PLAN if args.smoke else PLAN
+    plan = args.case or (SMOKE_PLAN if args.smoke else PLAN)
     iters, warmup = (3, 1) if args.smoke else (args.iters, args.warmup)
     rounds = min(args.rounds, iters) if args.smoke else args.rounds
     copy = copy_bandwidth(device, (8 << 20) if args.smoke else (2 << 30), iters)
     table = peers(device, with_compile=not (args.no_compile or args.smoke),
-                  libraries=args.library if args.library is not None else LIBRARIES)
+                  libraries=args.library if args.library is not None else LIBRARIES,
+                  only=args.peer)
     # the host breakdown first, on an idle GPU (and kept if a deadline stops the run)
     host = host_overhead(device, d, g, quick=args.smoke)
     rows: list[dict[str, Any]] = []
@@ -258,6 +259,18 @@ def host_overhead(device: str, d: int, g: int, *, quick: bool) -> dict:
                    "(ops/gate_residual/bench_host.py)", "per_call_us": costs}
 
 
+def _case(text: str) -> tuple[str, int]:
+    """``DTYPE:N`` of ``--case`` as ``(dtype, N)``; argparse turns the ValueError into a
+    one-line usage error."""
+    dtype, _, n = text.partition(":")
+    if dtype not in ("bfloat16", "float16", "float32") or not n.isdigit() or int(n) < 1:
+        raise ValueError(text)
+    return dtype, int(n)
+
+
+_case.__name__ = "DTYPE:N (bfloat16, float16 or float32, N >= 1)"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print the table; write the JSON and the Markdown. Returns 0."""
     parser = argparse.ArgumentParser(prog="python -m ops.gate_residual.bench", description=__doc__)
@@ -274,11 +287,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--library", action="append", default=None, metavar="IMPL-VERSION",
                         help="library rows to time (repeatable; default: "
                              f"{', '.join(LIBRARIES)})")
+    parser.add_argument("--case", action="append", type=_case, default=None,
+                        metavar="DTYPE:N", help="time only this case (repeatable; default: "
+                        "the full plan), e.g. bfloat16:1")
+    parser.add_argument("--peer", action="append", default=None, metavar="NAME",
+                        help="time only this peer (repeatable: eager, compiled, numba, "
+                             "rl_kernel_h3 or a library row; default: all)")
     parser.add_argument("--precompile", action="store_true",
                         help="only compile torch.compile's graphs into inductor's cache")
     parser.add_argument("--host", action="store_true",
                         help="only the host time per call (on the CPU: emulated)")
     args = parser.parse_args(argv)
+    known = ["eager", "compiled", "numba", "rl_kernel_h3",
+             *(args.library if args.library is not None else LIBRARIES)]
+    unknown = [name for name in args.peer or [] if name not in known]
+    if unknown:
+        parser.error(f"--peer: no peer {unknown[0]!r} (known: {', '.join(known)})")
     if args.rounds < 1 or (not args.smoke and args.rounds > args.iters):
         parser.error(f"--rounds: expected 1 <= rounds <= --iters ({args.iters}), "
                      f"got {args.rounds}")

@@ -25,6 +25,7 @@ calls every peer with the same harness (:func:`runner.timing.median_ms`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -148,15 +149,18 @@ def library_peer(name: str, device: str) -> Peer:
     return Peer(name, impl.ran(), fn, None, dtypes=impl.dtypes, context=context)
 
 
-def peers(device: str, *, with_compile: bool, libraries=LIBRARIES) -> list[Peer]:
-    """The peers in table order: eager, compiled, ours, RL-Kernel, the library rows."""
-    out = [eager_peer()]
+def peers(device: str, *, with_compile: bool, libraries=LIBRARIES,
+          only: list[str] | None = None) -> list[Peer]:
+    """The peers in table order: eager, compiled, ours, RL-Kernel, the library rows.
+    ``only``: the names to make (the others are not even imported: RL-Kernel's builds its
+    extension on import); None: all."""
+    makers: list[tuple[str, Callable[[], Peer]]] = [("eager", eager_peer)]
     if with_compile:
-        out.append(compiled_peer(device))
-    out.append(numba_peer(device))
-    out.append(rl_kernel_peer(device))
-    out.extend(library_peer(name, device) for name in libraries)
-    return out
+        makers.append(("compiled", lambda: compiled_peer(device)))
+    makers += [("numba", lambda: numba_peer(device)),
+               ("rl_kernel_h3", lambda: rl_kernel_peer(device))]
+    makers += [(name, functools.partial(library_peer, name, device)) for name in libraries]
+    return [make() for name, make in makers if only is None or name in only]
 
 
 __all__ = ["LIBRARIES", "Peer", "compiled_peer", "eager_peer", "library_peer", "numba_peer",
