@@ -275,13 +275,13 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print the table; write the JSON and the Markdown. Returns 0."""
     parser = argparse.ArgumentParser(prog="python -m ops.gate_residual.bench", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("reports/bench"))
-    parser.add_argument("--iters", type=int, default=100,
+    parser.add_argument("--iters", type=int, default=1000,
                         help="timed calls per peer and mode over all rounds")
     parser.add_argument("--warmup", type=int, default=10,
                         help="untimed calls before each peer's timed calls, in every round")
-    parser.add_argument("--rounds", type=int, default=5,
+    parser.add_argument("--rounds", type=int, default=20,
                         help="interleaved rounds per case (each peer times iters/rounds "
-                             "calls per round, the order rotated; default 5)")
+                             "calls per round, the order rotated; default 20)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (CI)")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--library", action="append", default=None, metavar="IMPL-VERSION",
