@@ -130,3 +130,47 @@ def test_compiled_is_unavailable_without_a_compiler(tmp_path, monkeypatch, targe
     fake.write_text("#!/bin/sh\nexit 0\n")
     fake.chmod(0o755)
     assert compiled.COMPILED.unavailable_reason(target) is None
+
+
+def _autograd_fp64(x: dict) -> dict:
+    """The float64 expression and autograd's backward, whole (ops/gate_residual/fp64.py's
+    CPU reference, before it went by blocks of rows)."""
+    residual, gate, y = (x[k].double().requires_grad_() for k in ("residual", "gate", "y"))
+    out = residual + gate.index_select(0, x["index"]) * y
+    out.backward(x["grad_out"].double())
+    return {"out": out.detach(), "res": residual.grad, "y": y.grad, "gate": gate.grad}
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize(("n", "dtype"), [(3000, torch.bfloat16), (2049, torch.float16),
+                                          (1025, torch.float32), (7, torch.bfloat16)])
+def test_the_cpu_fp64_reference_by_blocks_has_the_bits_of_autograds_whole_graph(
+        n, dtype, deterministic):
+    """Blocks of rows, ``grad_gate`` summed block after block, NaN, ±Inf, -0.0 and
+    subnormals planted: every output bit for bit as autograd's (the reference's bits are in
+    the reports: a change would show as a new sha256 there)."""
+    from ops.gate_residual import fp64
+
+    gen = torch.Generator().manual_seed(n)
+    d = 64
+    x = {"residual": torch.randn(n, d, generator=gen).to(dtype),
+         "y": (torch.randn(n, d, generator=gen) * 1e3).to(dtype),
+         "grad_out": torch.randn(n, d, generator=gen).to(dtype),
+         "gate": torch.randn(9, d, generator=gen).to(dtype),
+         "index": torch.randint(0, 9, (n,), generator=gen)}
+    for name, value in (("y", float("nan")), ("y", float("inf")), ("residual", -float("inf")),
+                        ("grad_out", -0.0), ("residual", 1e-40), ("gate", 1e-42)):
+        x[name].view(-1)[int(torch.randint(0, x[name].numel(), (1,), generator=gen))] = value
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        want = _autograd_fp64(x)
+        got = fp64.run(x, backward=True)
+        forward = fp64.run(x, backward=False)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert list(got) == list(want)
+    for k in want:
+        assert got[k].dtype == torch.float64
+        assert torch.equal(got[k].view(torch.int64), want[k].view(torch.int64)), k
+    assert torch.equal(forward["out"].view(torch.int64), want["out"].view(torch.int64))
