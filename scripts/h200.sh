@@ -2,9 +2,9 @@
 # Everything this project needs from a GPU machine, in one call (the device tool's H200):
 # GPU tests, the default matrix on target cuda, the SASS/register report and the benchmark.
 # Usage (from the repository root on the GPU machine):  bash scripts/h200.sh [OUT_DIR]
-# STEPS picks steps (default: all); MATRIX_ARGS the cells, e.g. to fit the device tool's
-# 10-minute calls, issue 4's six modes in three calls:
-#   STEPS=matrix MATRIX_ARGS="--target cuda --mode plain --mode deterministic" bash scripts/h200.sh
+# STEPS picks steps (default: env smoke tests sass libsmoke matrix bench profile); MATRIX_ARGS
+# the cells of step matrix. The host stack's six modes in one 10-minute call (572 s at b30c1b3):
+#   STEPS="env modes" bash scripts/h200.sh $OUT
 # Wheels in .whl/ (numpy<2.5 for numba-cuda, jsonschema, pydantic) are installed to /tmp/site
 # when present, since that machine has no package index.
 set -uo pipefail
