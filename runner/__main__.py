@@ -73,7 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--timeout", type=float, default=3600.0, help="seconds per cell")
     m.add_argument("--shards", metavar="N|auto", help="processes per host cell, each with "
                    "part of its cases (default auto: on cuda one per dtype group of the "
-                   "cases, up to one per 2 CPUs; on cpu 1); sets $GATE_RESIDUAL_SHARDS")
+                   "cases, up to one per 2 CPUs and 8; on cpu 1; N: at most one per case); "
+                   "sets $GATE_RESIDUAL_SHARDS")
     m.add_argument("--abba", metavar="MODE_B", help="run each cell's process in A-B-B-A order "
                    "against this mode and record repeatable_across_processes")
     m.add_argument("--cluster", metavar="ray://HOST:PORT|auto", help="run the cells as tasks "
@@ -125,7 +126,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     try:
         shards.requested()
     except ValueError as err:
-        raise ConfigError(f"--shards: {err}") from None
+        raise ConfigError(f"--shards: {err}" if args.shards is not None else str(err)) from None
     outcomes = run_matrix(args.matrix, reports_dir=args.reports, stacks=args.stack,
                           modes=args.mode, targets=args.target, cases=args.case,
                           backend=args.backend, force=args.force, timeout_s=args.timeout,

@@ -171,4 +171,8 @@ def merge_reports(old: dict[str, Any], new: dict[str, Any], matrix: Matrix) -> d
     runs.update({c: {"run_id": new["run_id"], "finished_at": new["finished_at"]} for c in ran})
     merged["environment"] = {**old_env, **(new.get("environment") or {}),
                              "case_runs": {c: runs[c] for c in order if c in runs}}
+    # a run's shards describe that run's cases only: with another run's cases beside them
+    # the record would mislead (case_runs says which run made which case)
+    if set(merged["environment"]["case_runs"]) - ran:
+        merged["environment"].pop("shards", None)
     return merged

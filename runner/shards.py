@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,11 +63,12 @@ def requested() -> int | None:
     Raises:
         ValueError: the variable is neither ``auto`` nor a positive integer (one line).
     """
-    raw = os.environ.get(ENV, "auto").strip() or "auto"
-    if raw == "auto":
+    raw = os.environ.get(ENV)
+    if raw is None or raw == "auto":
         return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{ENV}={raw!r}: expected a positive integer or 'auto'")
+    if not re.fullmatch(r"[0-9]{1,6}", raw) or int(raw) < 1:
+        raise ValueError(f"{ENV}={raw!r}: expected a positive integer (at most 6 digits) or "
+                         "'auto'")
     return int(raw)
 
 
@@ -231,8 +233,8 @@ def combine(parts: Sequence[dict], planned: Sequence[Sequence[str]], matrix, *,
     merged["duration_s"] = round(wall_s, 3)
     merged["started_at"] = started_at or min(p.get("started_at") or "" for p in with_data)
     merged["finished_at"] = finished_at or max(p.get("finished_at") or "" for p in with_data)
-    merged["exit_code"] = next((p.get("exit_code") for _, p in stopped
-                                if p.get("exit_code")), 0)
+    codes = [p.get("exit_code") for _, p in stopped]
+    merged["exit_code"] = next((c for c in codes if c), None if missing else 0)
     merged["log_tail"] = _join(p.get("log_tail") for _, p in stopped)
     if missing:
         merged.update(status=Status.PARTIAL, cases_missing=missing, reason=(

@@ -143,9 +143,10 @@ for step in $steps; do
             # BENCH_ARGS="--case bfloat16:1 --peer eager --peer numba --rounds 20 --iters 1000":
             # run-to-run spread of a small-N verdict (issue 14); one archive comes back
             for i in $(seq "${BENCH_RUNS:-4}"); do
-              python3 -m ops.gate_residual.bench ${BENCH_ARGS:-} --out "$out/bench-runs/run-$i" > "$out/bench-runs-$i.log" 2>&1 || rc=1
-              mv "$out/bench-runs-$i.log" "$out/bench-runs/run-$i/bench.log"
-              grep "^| [a-z0-9]* | [0-9]* | " "$out/bench-runs/run-$i"/bench-*.md | sed "s/^/run $i: /"
+              mkdir -p "$out/bench-runs/run-$i"
+              python3 -m ops.gate_residual.bench ${BENCH_ARGS:-} --out "$out/bench-runs/run-$i" > "$out/bench-runs/run-$i/bench.log" 2>&1 \
+                || { rc=1; echo "run $i failed:"; tail -n 5 "$out/bench-runs/run-$i/bench.log"; continue; }
+              grep -h "^| [a-z0-9]* | [0-9]* | " "$out/bench-runs/run-$i"/bench-*.md | sed "s/^/run $i: /"
             done
             tar czf "$out/bench-runs.tgz" -C "$out" bench-runs && rm -rf "$out/bench-runs" ;;
     profile) python3 scripts/profile_host.py 1 > "$out/profile-host.txt" 2>&1 || rc=1; grep "us/call" "$out/profile-host.txt" ;;

@@ -159,7 +159,8 @@ def test_case_and_peer_restrict_the_run_and_unknown_ones_are_refused(tmp_path):
         ("bfloat16", 1, "eager"), ("bfloat16", 1, "numba"),
         ("bfloat16", 1, "numba backward alone")}
     assert [peer["name"] for peer in doc["peers"]] == ["eager", "numba"]
-    for bad in (["--case", "bf16:1"], ["--case", "float32:0"], ["--peer", "nope"]):
+    for bad in (["--case", "bf16:1"], ["--case", "float32:0"], ["--peer", "nope"],
+                ["--case", "bfloat16:99999999999999999999"]):
         with pytest.raises(SystemExit) as stop:
             bench.main(["--smoke", "--out", str(tmp_path), *bad])
         assert stop.value.code == 2

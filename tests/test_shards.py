@@ -9,6 +9,7 @@ a runner killed mid-cell leaves shards the next run combines and resumes.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -65,14 +66,27 @@ def test_how_many_shards(monkeypatch, env, target, cpus, want):
     assert shards.count(m, m.cases, target, cpus) == want
 
 
-@pytest.mark.parametrize("bad", ["0", "-1", "two", "1.5"])
+WHY = "expected a positive integer (at most 6 digits) or 'auto'"
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "two", "1.5", "", " 2", "\u00b2", "1234567"])
 def test_a_bad_shard_count_is_one_line_and_exit_2(tmp_path, bad):
     got = subprocess.run([sys.executable, "-m", "runner", "matrix", "--matrix", str(MATRIX),
-                          "--reports", str(tmp_path), "--shards", bad],
+                          "--reports", str(tmp_path / "r"), "--shards", bad],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert got.returncode == 2
     assert got.stderr.strip().splitlines() == [
-        f"error: --shards: GATE_RESIDUAL_SHARDS={bad!r}: expected a positive integer or 'auto'"]
+        f"error: --shards: GATE_RESIDUAL_SHARDS={bad!r}: {WHY}"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_bad_shard_count_in_the_environment_names_the_variable(tmp_path):
+    got = subprocess.run([sys.executable, "-m", "runner", "matrix", "--matrix", str(MATRIX),
+                          "--reports", str(tmp_path / "r")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120,
+                         env={**os.environ, shards.ENV: "abc"})
+    assert got.returncode == 2
+    assert got.stderr.strip().splitlines() == [f"error: GATE_RESIDUAL_SHARDS='abc': {WHY}"]
     assert list(tmp_path.iterdir()) == []
 
 
@@ -129,6 +143,7 @@ def test_a_killed_shard_costs_only_its_missing_cases(tmp_path, sharded):
     assert partial["reason"].startswith("2 of 4 cases done; shard 1 stopped: partial: ")
     assert "shard 2 stopped: error: " in partial["reason"] and "SIGKILL" in partial["reason"]
     assert partial["reason"].count("the next run of this cell runs only the missing") == 1
+    assert partial["exit_code"] == -9  # the killed shards' (SIGKILL), not 0
     parts = partial["environment"]["shards"]["parts"]
     assert [p["done"] for p in parts] == [["5"], [], ["6-float16-int64"]]
     resumed = matrix_cli(tmp_path, *SHARDED)
@@ -137,6 +152,9 @@ def test_a_killed_shard_costs_only_its_missing_cases(tmp_path, sharded):
     final = report(tmp_path)
     assert final["status"] == "ok" and bits(final) == bits(plain)
     assert not list(tmp_path.glob(".run-*"))
+    # the first run's shards describe only its own cases: not kept beside another run's
+    assert "shards" not in final["environment"]
+    assert set(final["environment"]["case_runs"]) == {str(c) for c in final["cases"]}
 
 
 def test_a_dead_runners_shards_are_combined_and_resumed(tmp_path, monkeypatch):

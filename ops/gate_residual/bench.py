@@ -35,6 +35,7 @@ import argparse
 import contextlib
 import json
 import math
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -190,7 +191,7 @@ def run(args, checkpoint=None) -> dict:
     by a deadline keeps the cases it finished)."""
     device = "cpu" if args.smoke else "cuda"
     d, g = (64, 3) if args.smoke else (5376, 9)
-    plan = args.case or (SMOKE_PLAN if args.smoke else PLAN)
+    plan = list(dict.fromkeys(args.case)) if args.case else (SMOKE_PLAN if args.smoke else PLAN)
     iters, warmup = (3, 1) if args.smoke else (args.iters, args.warmup)
     rounds = min(args.rounds, iters) if args.smoke else args.rounds
     copy = copy_bandwidth(device, (8 << 20) if args.smoke else (2 << 30), iters)
@@ -263,12 +264,13 @@ def _case(text: str) -> tuple[str, int]:
     """``DTYPE:N`` of ``--case`` as ``(dtype, N)``; argparse turns the ValueError into a
     one-line usage error."""
     dtype, _, n = text.partition(":")
-    if dtype not in ("bfloat16", "float16", "float32") or not n.isdigit() or int(n) < 1:
+    if (dtype not in ("bfloat16", "float16", "float32") or not re.fullmatch(r"[0-9]{1,9}", n)
+            or int(n) < 1):
         raise ValueError(text)
     return dtype, int(n)
 
 
-_case.__name__ = "DTYPE:N (bfloat16, float16 or float32, N >= 1)"
+_case.__name__ = "DTYPE:N (bfloat16, float16 or float32, 1 <= N < 10**9)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                         "the full plan), e.g. bfloat16:1")
     parser.add_argument("--peer", action="append", default=None, metavar="NAME",
                         help="time only this peer (repeatable: eager, compiled, numba, "
-                             "rl_kernel_h3 or a library row; default: all)")
+                             "rl_kernel_h3 or a library row; default: all). Our backward-"
+                             "alone row and host breakdown are measured in every run")
     parser.add_argument("--precompile", action="store_true",
                         help="only compile torch.compile's graphs into inductor's cache")
     parser.add_argument("--host", action="store_true",
@@ -304,8 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--peer: no peer {unknown[0]!r} (known: {', '.join(known)})")
     if args.rounds < 1 or (not args.smoke and args.rounds > args.iters):
-        parser.error(f"--rounds: expected 1 <= rounds <= --iters ({args.iters}), "
-                     f"got {args.rounds}")
+        parser.error(f"--rounds {args.rounds} with --iters {args.iters}: expected 1 <= "
+                     "--rounds <= --iters (each round times at least one call per peer)")
     if not args.smoke and not args.host and not torch.cuda.is_available():
         parser.error("no CUDA device: the benchmark needs a GPU (--smoke runs its code path "
                      "on tiny CPU shapes, and its figures mean nothing; --host times the "
