@@ -38,7 +38,8 @@ KIND = "gate_residual_matrix"
 __all__ = ["fingerprint", "out_of_memory", "run_cell", "skeleton"]
 
 
-def _now() -> str:
+def now_utc() -> str:
+    """Now in UTC, as reports write their times (``2026-12-01T18:05:30Z``)."""
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -98,8 +99,8 @@ def skeleton(matrix, cell, cases, *, backend: str, run_id: str, status: str,
         "log_tail": None,
         "exit_code": None,
         "fingerprint": fingerprint(matrix, cell, cases, project),
-        "started_at": _now(),
-        "finished_at": _now(),
+        "started_at": now_utc(),
+        "finished_at": now_utc(),
         "duration_s": 0.0,
         "problem": p.as_report(),
         "cases": [case_key(c) for c in cases_on(cases, cell.target)],
@@ -197,7 +198,7 @@ def partial_view(report: dict, done: list, missing: list, *, reason: str | None 
     return {**report, "status": Status.PARTIAL, "cases": list(done), "cases_missing": list(missing),
             "reason": reason or (f"{len(done)} of {len(done) + len(missing)} cases done; the "
                                  "next run of this cell runs only the missing ones"),
-            "finished_at": _now()}
+            "finished_at": now_utc()}
 
 
 def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
@@ -311,7 +312,7 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
             elif on_case is not None:
                 last_progress = progress
     _finish_status(report, matrix, ctx.broken if cases else [], ctx.no_baseline if cases else [])
-    report["finished_at"] = _now()
+    report["finished_at"] = now_utc()
     report["duration_s"] = round(time.perf_counter() - t0, 3)
     report["phases"] = {**clock.as_report(total_s=report["duration_s"]), "cases": per_case}
     report["exit_code"] = 0

@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+import time
 from typing import IO
 
 PREFIX = "[progress] "
@@ -145,9 +147,6 @@ class ShardTally:
     """
 
     def __init__(self, cell_id: str, sizes: list[int]) -> None:
-        import threading
-        import time
-
         self.cell_id, self.sizes = cell_id, sizes
         self.done = [0] * len(sizes)
         self.eta: list[float | None] = [None] * len(sizes)
@@ -157,8 +156,6 @@ class ShardTally:
     def line(self, shard: int, text: str) -> str:
         """The cell's progress line for shard ``shard``'s line ``text``; any other line
         unchanged."""
-        import time
-
         p = parse(text)
         if p is None:
             return text

@@ -49,7 +49,8 @@ MAX_SHARDS = 8
 
 PLAN_FILE = "shards.json"
 """In a sharded cell's stage: ``{"cell": id, "shards": [[case ids], ...]}`` (so that a run
-after a dead runner can combine what the shards wrote: :mod:`runner.staging`)."""
+after a dead runner can combine what the shards wrote: :mod:`runner.staging`, which names
+the same file)."""
 
 NOTHING_WRITTEN = {"status": Status.ERROR, "reason": "the shard wrote no report"}
 """The stand-in for a shard that wrote nothing, for :func:`combine`."""

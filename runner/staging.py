@@ -29,6 +29,8 @@ from runner.errors import ReportError
 from runner.merge import MACHINE_KEYS, merge_reports
 
 OWNER = "owner.json"
+PLAN_FILE = "shards.json"
+"""A sharded cell's plan in its stage (written by the host backend: :mod:`runner.shards`)."""
 _FAILED_WITH_DATA = ("ok", "mismatch", "error", "oom", "partial")
 
 
@@ -121,7 +123,7 @@ def _shard_reports(stage: Path, matrix) -> list[dict]:
     from runner import shards
 
     try:
-        plan = json.loads((stage / shards.PLAN_FILE).read_text(encoding="utf-8"))
+        plan = json.loads((stage / PLAN_FILE).read_text(encoding="utf-8"))
         cell_id, planned = plan["cell"], plan["shards"]
     except (OSError, ValueError, KeyError, TypeError):
         return []
@@ -152,7 +154,7 @@ def clean_stale(reports_dir: Path, matrix=None) -> list[tuple[Path, list[dict]]]
         found = []
         reports: list[dict | None] = [report_io.read_report(path).data
                                       for path in sorted(stage.glob("*.json"))
-                                      if path.name not in (OWNER, "shards.json")]
+                                      if path.name not in (OWNER, PLAN_FILE)]
         if not any(_with_cases(d) for d in reports) and matrix is not None:
             reports = list(_shard_reports(stage, matrix))
         for data in reports:

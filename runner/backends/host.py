@@ -15,7 +15,6 @@ before CUDA initialises.
 
 from __future__ import annotations
 
-import datetime
 import functools
 import json
 import os
@@ -33,7 +32,7 @@ from runner import report as report_io
 from runner.backends.base import cell_argv, failed_report
 from runner.backends.failure import Ending, classify, explain, log_tail, oom_kill_count
 from runner.backends.interrupts import deferred
-from runner.cell import case_key
+from runner.cell import case_key, now_utc
 from runner.cells import Cell, cases_on
 from runner.config import Case, Matrix
 from runner.environment import PROJECT_ROOT, available_cpus
@@ -101,7 +100,8 @@ class HostBackend:
         own cases only.
         """
         on_target = cases_on(cases, cell.target)
-        n = shards.count(matrix, on_target, cell.target, available_cpus()) if on_target else 1
+        cpus = available_cpus()
+        n = shards.count(matrix, on_target, cell.target, cpus) if on_target else 1
         parts = shards.split(matrix, on_target, n) if n > 1 else [list(cases)]
         env = {**os.environ, **dict(matrix.modes[cell.mode].env), "PYTHONUNBUFFERED": "1",
                **lifetime.child_environment(timeout_s)}
@@ -110,7 +110,7 @@ class HostBackend:
         dirs = [reports_dir]
         if len(parts) > 1:
             env.setdefault(gpu_lock.ENV, str(reports_dir / "gpu.lock"))
-            share = str(max((available_cpus() or 1) // len(parts), 1))
+            share = str(max((cpus or 1) // len(parts), 1))
             for var in ("OMP_NUM_THREADS", "GATE_RESIDUAL_PRECOMPILE"):
                 env.setdefault(var, share)
             dirs = [reports_dir / f"shard-{i + 1}" for i in range(len(parts))]
@@ -120,7 +120,7 @@ class HostBackend:
         if len(parts) > 1:  # for a later run, should this runner die (runner/staging.py)
             (reports_dir / shards.PLAN_FILE).write_text(
                 json.dumps({"cell": cell.id, "shards": planned}), encoding="utf-8")
-        started, started_at = time.perf_counter(), _now()
+        started, started_at = time.perf_counter(), now_utc()
         kills_before = oom_kill_count()
         children: list[_Child] = []
         tally = ShardTally(cell.id, [len(p) for p in parts]) if len(parts) > 1 else None
@@ -154,7 +154,7 @@ class HostBackend:
             return reports[0]
         combined = shards.combine(reports, planned, matrix,
                                   wall_s=time.perf_counter() - started, started_at=started_at,
-                                  finished_at=_now())
+                                  finished_at=now_utc())
         report_io.write_report(combined, reports_dir)
         return combined
 
@@ -176,11 +176,6 @@ class HostBackend:
         return failed_report(matrix, cell, cases, backend=self.name, run_id=run_id,
                              reports_dir=reports_dir, status=status, reason=reason,
                              started=started, exit_code=code, log_tail=log_tail(log))
-
-
-def _now() -> str:
-    """Now in UTC, as reports write times (runner/cell.py)."""
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _written(reports_dir: Path, cell_id: str, run_id: str) -> dict[str, Any] | None:
