@@ -2,7 +2,8 @@
 # Make sure a Docker engine answers, for the docker-marked tests (tests/test_docker_integration.py).
 # Idempotent: installs Debian's docker.io and debootstrap (for the local base image, made by the
 # tests or `nox -s base_image`) when missing, starts dockerd in the background when no engine
-# answers, then waits for it (up to 60 s). Needs root or sudo. dockerd's log: /var/log/dockerd.log.
+# answers (after removing pid files a killed dockerd left), then waits for it (up to 60 s).
+# Needs root or sudo. dockerd's log: /var/log/dockerd.log.
 set -euo pipefail
 sudo=""
 if [ "$(id -u)" != 0 ]; then
@@ -23,6 +24,24 @@ if $sudo docker info >/dev/null 2>&1; then
   echo "[install-docker] engine answers: $($sudo docker version --format '{{.Server.Version}}')"
   exit 0
 fi
+# A dockerd that was killed (a machine reused between CI runs) leaves its pid files behind, and a
+# new dockerd refuses to start while they name a pid: remove any whose pid is not a live (not
+# zombie) dockerd/containerd; a pid can also have been reused by an unrelated process.
+for pidfile in /var/run/docker.pid /var/run/docker/containerd/containerd.pid; do
+  if $sudo test -f "$pidfile"; then
+    pid="$($sudo cat "$pidfile" 2>/dev/null || true)"
+    state="$(ps -p "${pid:-0}" -o stat=,comm= 2>/dev/null || true)"
+    case "$state" in
+      Z*|"") stale=1 ;;
+      *dockerd|*containerd) stale=0 ;;
+      *) stale=1 ;;
+    esac
+    if [ "$stale" = 1 ]; then
+      echo "[install-docker] removing stale $pidfile (pid ${pid:-none}: ${state:-not running})"
+      $sudo rm -f "$pidfile"
+    fi
+  fi
+done
 echo "[install-docker] starting dockerd (log: /var/log/dockerd.log)"
 $sudo sh -c 'setsid nohup dockerd >/var/log/dockerd.log 2>&1 </dev/null &'
 for _ in $(seq 60); do
