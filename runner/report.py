@@ -18,9 +18,7 @@ time by :func:`upgrade`.
 from __future__ import annotations
 
 import json
-import math
 import os
-import re
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -32,7 +30,7 @@ from jsonschema.exceptions import best_match
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
-from runner import files, report_tensors
+from runner import report_json, report_tensors
 from runner.errors import ReportError
 from runner.files import remove_stale_temp_files, write_text_atomic
 from runner.report_checks import (
@@ -45,7 +43,7 @@ from runner.report_checks import (
 from runner.report_tensors import PairRow, iter_pairs
 
 __all__ = ["SCHEMA_PATH", "SCHEMA_VERSION", "UPGRADES", "LoadedReport", "PairRow",
-           "ReadResult", "iter_pairs", "read_report", "read_reports", "remove_stale_temp_files",
+           "iter_pairs", "read_report", "read_reports", "remove_stale_temp_files",
            "upgrade", "validate", "write_report", "write_text_atomic"]
 
 SCHEMA_VERSION = 2
@@ -245,10 +243,6 @@ class LoadedReport:
         return self.problem is None
 
 
-ReadResult = LoadedReport
-"""Alias: the result of reading one report file."""
-
-
 def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
     """Version 1 -> 2: the tensors of the first op's spec, the only op version 1 had
     (:func:`runner.report_tensors.upgrade_v1`)."""
@@ -289,35 +283,6 @@ OUR_KIND = "gate_residual_matrix"
 """The ``kind`` of every report this runner writes (``runner.cell.KIND``)."""
 _OUR_KEYS = ("cell", "fingerprint")
 """Top-level keys that only our reports have (the reference layout has neither)."""
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-_CONSTANTS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-
-
-def _parse(text: str) -> tuple[Any, bool]:
-    """The JSON value of ``text``, and whether every number in it is finite (then the walk
-    over every value, :func:`~runner.report_checks.json_problems`, has nothing to find:
-    parsed JSON has string keys and JSON types only).
-
-    Raises:
-        json.JSONDecodeError, RecursionError, ValueError: as :func:`json.loads`.
-    """
-    finite = True
-
-    def constant(name: str) -> float:
-        nonlocal finite
-        finite = False
-        return _CONSTANTS[name]
-
-    def number(literal: str) -> float:
-        nonlocal finite
-        value = float(literal)
-        if finite and not math.isfinite(value):  # 1e999
-            finite = False
-        return value
-
-    return json.loads(text, parse_constant=constant, parse_float=number), finite
-
-
 def _ours_without_version(data: Mapping[str, Any]) -> str | None:
     """The problem of a report of ours that lost its ``schema_version``, or None when
     ``data`` is not one (its ``kind`` is ours, or it has our ``cell`` and ``fingerprint``):
@@ -340,36 +305,6 @@ def _is_foreign_layout(data: Mapping[str, Any]) -> bool:
     return has_vs and "environment" in data and "cases" in data
 
 
-def _decode_problem(text: str, err: json.JSONDecodeError) -> str:
-    if not text.strip():
-        return "truncated: the file is empty"
-    msg = err.msg.removesuffix(" at")  # json's "Invalid control character at"
-    if err.pos >= len(text.rstrip()) or err.msg.startswith("Unterminated string"):
-        return f"truncated JSON: {msg} at line {err.lineno} column {err.colno}"
-    return f"corrupt JSON: {msg} at line {err.lineno} column {err.colno}"
-
-
-MAX_REPORT_BYTES = 256 * 2**20
-"""The largest report file read (a report of today's matrix is about 340 KB)."""
-
-def _read_regular_file(path: Path) -> bytes:
-    """The bytes of a report file: a regular file of at most :data:`MAX_REPORT_BYTES`,
-    never blocking on a FIFO or device (:func:`runner.files.read_bounded`).
-
-    Raises:
-        ReportError: not a regular file, or too large (one line).
-        OSError: cannot be opened or read (a symlink loop: ``ELOOP``).
-    """
-    try:
-        return files.read_bounded(path, MAX_REPORT_BYTES)
-    except files.NotRegular as err:
-        raise ReportError(f"not a report: {err.kind}, not a regular file") from err
-    except files.TooLarge as err:
-        got = "more" if err.size is None else err.size
-        raise ReportError(f"not read: {got} bytes, more than the {MAX_REPORT_BYTES} a report "
-                          "may have") from err
-
-
 def read_report(path: Path) -> LoadedReport:
     """Read one report file; never raises for a bad file (see :class:`LoadedReport`).
 
@@ -383,28 +318,9 @@ def read_report(path: Path) -> LoadedReport:
     """
     path = Path(path)
     try:
-        text = _read_regular_file(path).decode("utf-8")
-    except UnicodeDecodeError as err:
-        return LoadedReport(path, None, None, f"corrupt: not UTF-8 text ({err.reason})")
+        data, json_checked = report_json.load(path)
     except ReportError as err:
         return LoadedReport(path, None, None, str(err))
-    except OSError as err:
-        return LoadedReport(path, None, None, f"cannot read: {err.strerror or err}")
-    try:
-        data, json_checked = _parse(text)
-    except json.JSONDecodeError as err:
-        return LoadedReport(path, None, None, _decode_problem(text, err))
-    except RecursionError:
-        return LoadedReport(path, None, None, "corrupt JSON: nested too deeply")
-    except ValueError as err:  # e.g. an integer of more digits than Python converts
-        return LoadedReport(path, None, None, _one_line(f"corrupt JSON: {err}"))
-    if _SURROGATE_ESCAPE.search(text):  # a lone surrogate escape cannot be written out again
-        try:
-            json.dumps(data, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:
-            return LoadedReport(path, None, None,
-                                "corrupt: a string holds a lone UTF-16 surrogate (\\ud800-"
-                                "\\udfff), which no UTF-8 text can carry")
     if not isinstance(data, dict):
         return LoadedReport(
             path, None, None, f"not a report: the JSON is a {type(data).__name__}, not an object"

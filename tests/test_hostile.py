@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from runner import report as report_mod
+from runner import report_json
 from runner.report import read_report, read_reports
 
 ROOT = Path(__file__).parent.parent
@@ -286,7 +287,7 @@ def test_report_command_writes_tables_beside_every_bad_file(tmp_path: Path) -> N
 
 
 def test_oversized_report_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(report_mod, "MAX_REPORT_BYTES", 1000)
+    monkeypatch.setattr(report_json, "MAX_REPORT_BYTES", 1000)
     (tmp_path / "big.json").write_text(GOOD.read_text())
     problem = read_report(tmp_path / "big.json").problem
     assert problem is not None and problem.startswith("not read: ") and "1000" in problem
