@@ -53,6 +53,8 @@ __all__ = ["CANCEL_WAIT_S", "Cluster", "Job", "backend_choice", "decode", "needs
 
 TOKEN = 0.001
 """The share of a presence resource (``docker``, a ``cpu`` cell's ``gpu:<model>``) a cell takes."""
+RECHECK_S = 2.0
+"""Seconds between checks that every pending cell still has a live node that can run it."""
 CANCEL_WAIT_S = 10.0
 """After Ctrl-C: how long cancelled tasks get to stop their cells before they are killed."""
 def backend_choice(backend: str, abba: str | None = None) -> str:
@@ -234,9 +236,13 @@ class Cluster:
         try:
             for job in jobs:
                 submit(job, 0)
+            recheck = time.monotonic() + RECHECK_S
             while pending:
                 ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
                 progress.drain()
+                if not ready and time.monotonic() >= recheck:
+                    recheck = time.monotonic() + RECHECK_S
+                    self._drop_unrunnable(pending, progress, matrix, on_report)
                 for ref in ready:
                     job, attempt = pending.pop(ref)
                     report = self._collect(ref, job, attempt, progress, matrix)
@@ -281,6 +287,25 @@ class Cluster:
         except ReportError as err:
             return self._failed(matrix, job, Status.ERROR, f"{self.label(node)} returned a report "
                                 f"that is not valid: {err}")
+
+    def _drop_unrunnable(self, pending: dict, progress: Any, matrix: Matrix,
+                         on_report: Callable[[Job, dict[str, Any]], None]) -> None:
+        """End the pending tasks that no live node can run any more (``error``, naming what
+        is missing and the deaths so far). Ray keeps such a task queued for ever: a cell
+        whose last node of its GPU model died is run again only while the cluster still
+        listed that node alive (its death is noticed after a heartbeat timeout)."""
+        self.refresh()
+        for ref, (job, attempt) in list(pending.items()):
+            gone = self.unoffered(job.wanted)
+            if gone is None:
+                continue
+            del pending[ref]
+            self._cancel([ref])
+            died = (f"the cluster task died {len(job.died)} time(s): " + "; ".join(job.died)
+                    + "; ") if job.died else ""
+            report = self._failed(matrix, job, Status.ERROR, f"{died}{gone}")
+            progress.finished(job, attempt, report)
+            on_report(job, report)
 
     def _failed(self, matrix: Matrix, job: Job, status: str, reason: str) -> dict[str, Any]:
         return skeleton(matrix, job.cell, job.cases, backend=job.backend, run_id=job.run_id,

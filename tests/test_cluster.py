@@ -370,3 +370,30 @@ def test_a_dying_task_runs_again_a_bounded_number_of_times(error, status):
     cluster.refresh()
     report = cluster._collect(None, job, 0, progress, m)
     assert report is not None and "no node of the cluster offers gpu:X" in report["reason"]
+
+
+def test_a_retry_queued_for_a_node_that_is_gone_ends_as_an_error(monkeypatch):
+    """The race CI hit under load: the task died, but the cluster still listed its node
+    alive, so the cell was queued again, for a node that never comes back. The wait loop's
+    recheck ends it (``error``, naming the death and the missing resource) instead of
+    waiting for ever."""
+    ray = FakeRay(FakeRay.NodeDiedError("gone"))
+    cluster = cluster_mod.Cluster(ray, "x:1", gpu_model="X", retries=2, build=False,
+                                  matrix_dir=ROOT)
+    m = load_matrix(ROOT / "matrix.yaml")
+    cell = Cell("host", "plain", "cpu")
+    job = cluster_mod.Job(0, cell, m.cases[:1], "r" * 32, "host", cluster_mod.needs(m, cell, "X"))
+    job.died.append("node aaaaaaaa (gpu:X): NodeDiedError: gone")
+    cancelled, reports, ended = [], [], []
+    monkeypatch.setattr(cluster, "_cancel", cancelled.extend)
+    progress = SimpleNamespace(finished=lambda j, attempt, r: ended.append(attempt))
+    pending = {"queued": (job, 1)}
+    cluster._drop_unrunnable(pending, progress, m, lambda j, r: reports.append(r))
+    assert pending and not reports  # both nodes listed alive: it may still run
+    ray.nodes = lambda: [{"NodeID": "b" * 56, "Alive": True, "Resources": {"CPU": 1.0}}]
+    cluster._drop_unrunnable(pending, progress, m, lambda j, r: reports.append(r))
+    assert not pending and cancelled == ["queued"] and ended == [1]
+    (report,) = reports
+    assert report["status"] == "error"
+    assert report["reason"].startswith("the cluster task died 1 time(s): node aaaaaaaa (gpu:X)")
+    assert "no node of the cluster offers gpu:X" in report["reason"]
