@@ -28,6 +28,7 @@ import torch
 from runner import batch_invariance, compare, gpu_lock, timing
 from runner.implementations import Implementation
 from runner.phases import PhaseClock
+from runner.row_blocks import RowBlocks
 from runner.status import Status
 
 if TYPE_CHECKING:
@@ -55,8 +56,28 @@ def call(impl: Implementation, inputs: dict, *, backward: bool, inference: bool 
             got = impl.run(clones, backward=False)
     else:
         got = impl.run(clones, backward=backward)
-    return ({k: v.detach() for k, v in got.items() if outputs is None or k in outputs},
-            changed_inputs(inputs, clones))
+    changed = changed_inputs(inputs, clones)
+    kept = {k: v for k, v in got.items() if outputs is None or k in outputs}
+    return ({k: _own(v, inputs, clones, changed) for k, v in kept.items()}, changed)
+
+
+def _own(value, inputs: dict, clones: dict, changed: list[str]):
+    """An output of :func:`call`, detached. A :class:`~runner.row_blocks.RowBlocks` whose
+    inputs are the call's clones (the same storage, shape, strides and dtype) reads
+    ``inputs`` instead when no clone changed (the same bits: :func:`changed_inputs` just
+    compared them), so the clones are freed with the call."""
+    if not isinstance(value, RowBlocks):
+        return value.detach()
+    if changed or not all(k in clones and _same_tensor(t, clones[k])
+                          for k, t in value.inputs.items()):
+        return value
+    return value.reading({k: inputs[k] for k in value.inputs})
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` is ``b`` or a view of all of it (detach, alias)."""
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.dtype == b.dtype and a.device == b.device)
 
 
 def run_repeats(impl: Implementation, inputs: dict, repeats: int, inference: bool = False,

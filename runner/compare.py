@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from runner.row_blocks import RowBlocks
+
 _INT_VIEW = {
     torch.bfloat16: torch.int16,
     torch.float16: torch.int16,
@@ -81,16 +83,27 @@ def _sha256_cuda(t: torch.Tensor) -> str:
     return digest.hexdigest()
 
 
-def tensor_sha256(t: torch.Tensor) -> str:
+def tensor_sha256(t: torch.Tensor | RowBlocks) -> str:
     """sha256 hex digest of a tensor's bytes (contiguous, row-major; a CUDA tensor's copied
-    to the host piece by piece: :func:`_sha256_cuda`)."""
+    to the host piece by piece: :func:`_sha256_cuda`; a :class:`~runner.row_blocks.RowBlocks`
+    hashed block after block, the digest of the whole tensor's bytes)."""
+    if isinstance(t, RowBlocks):
+        digest = hashlib.sha256()
+        for _, block in t.blocks():
+            digest.update(_host_bytes(block))
+        return digest.hexdigest()
     t = t.detach()
     if t.is_cuda:
         return _sha256_cuda(t)
-    t = t.contiguous()
+    return hashlib.sha256(_host_bytes(t)).hexdigest()
+
+
+def _host_bytes(t: torch.Tensor):
+    """A CPU tensor's bytes, row-major, as a numpy uint8 array (no copy when contiguous)."""
+    t = t.detach().cpu().contiguous()
     if t.dtype == torch.bfloat16:
         t = t.view(torch.int16)
-    return hashlib.sha256(t.numpy().reshape(-1).view("u1")).hexdigest()
+    return t.numpy().reshape(-1).view("u1")
 
 
 def ordered(t: torch.Tensor) -> torch.Tensor:
@@ -178,7 +191,27 @@ _BLOCK = 1 << 22
 allocates 1.4 GB per temporary, and the CPU cell spent half its time there."""
 
 
-def accuracy(a: torch.Tensor, ref: torch.Tensor) -> dict:
+def _block_pairs(got: torch.Tensor, ref: torch.Tensor | RowBlocks, block: int):
+    """``(got, ref)`` pieces, flat, in order: elements ``[i, i + block)`` of both, ``got``
+    moved to the reference's device. A :class:`~runner.row_blocks.RowBlocks` reference
+    computes the rows that hold each piece (the pieces, and so the figures' sums, are the
+    same as a whole tensor's)."""
+    flat_got = got.to(ref.device).reshape(-1)
+    if isinstance(ref, RowBlocks):
+        width = max(ref.numel() // max(ref.shape[0], 1), 1)  # elements per row
+        for start in range(0, ref.numel(), block):
+            stop = min(start + block, ref.numel())
+            first, last = start // width, -(-stop // width)
+            rows = ref.rows(first, last).reshape(-1)
+            yield (flat_got[start:stop],
+                   rows[start - first * width:stop - first * width])
+        return
+    flat_ref = ref.detach().reshape(-1)
+    for start in range(0, flat_ref.numel(), block):
+        yield flat_got[start:start + block], flat_ref[start:start + block]
+
+
+def accuracy(a: torch.Tensor, ref: torch.Tensor | RowBlocks) -> dict:
     """Error of ``a`` (any float dtype) against a float64 reference of the same shape.
 
     Over elements where ``ref`` is finite and within the range of ``a``'s dtype (an overflow
@@ -187,31 +220,39 @@ def accuracy(a: torch.Tensor, ref: torch.Tensor) -> dict:
     ``max_abs_ulps`` (max_abs over one ULP of ``a``'s dtype at max |ref|). Non-finite ``a``
     where ``ref`` is finite makes the figures ``"inf"``. ``finite`` counts the elements compared.
     Computed on ``ref``'s device (a GPU reference: on the GPU), in blocks of :data:`_BLOCK`
-    elements (16 times that on a GPU). Elements left out are zeroed rather than gathered, and
+    elements (16 times that on a GPU); a :class:`~runner.row_blocks.RowBlocks` reference
+    computes the rows of each block when it is reached (the same blocks, the same figures).
+    Elements left out are zeroed rather than gathered, and
     each block's figures stay on the device until one transfer at the end: on the H200 a
     synchronisation per figure waited behind the hashing threads' device-to-host copies
     (py-spy at 5a2246c: 21.6 s of a cell in this function). The sums of squares add up per
     block, in float64.
+
+    Raises:
+        ValueError: ``a`` and ``ref`` differ in shape.
     """
-    ref = ref.detach().reshape(-1)
-    got = a.detach().to(ref.device).reshape(-1)
+    if a.numel() != ref.numel() or (isinstance(ref, RowBlocks)
+                                     and tuple(a.shape) != tuple(ref.shape)):
+        raise ValueError(f"accuracy: shapes differ, {tuple(a.shape)} against the reference's "
+                         f"{tuple(ref.shape)}")
+    got = a.detach()
     dtype = got.dtype
     limit = torch.finfo(dtype).max
     on_gpu = ref.device.type != "cpu"
-    block = _BLOCK * 16 if on_gpu else _BLOCK
     per_block = []
-    for start in range(0, ref.numel(), block):
-        r = ref[start:start + block].to(torch.float64)
-        g = got[start:start + block].to(torch.float64)
+    for g, r in _block_pairs(got, ref, _BLOCK * 16 if on_gpu else _BLOCK):
+        r = r.to(torch.float64)
+        g = g.to(torch.float64)
         magnitude = r.abs()
         keep = torch.isfinite(r) & (magnitude <= limit)
         if on_gpu or not bool(keep.all()):  # on the CPU a check is free, three passes not
             r, g, magnitude = (torch.where(keep, t, 0.0) for t in (r, g, magnitude))
         err = (g - r).abs_()  # 0 where left out: adds nothing to a max or a sum
         rel = torch.where(magnitude != 0, err / magnitude, 0.0)  # 0 stands in for ref == 0
-        per_block.append(torch.stack([
-            keep.sum().to(torch.float64), (~torch.isfinite(err)).any().to(torch.float64),
-            err.max(), magnitude.max(), rel.max(), torch.dot(r, r), torch.dot(err, err)]))
+        err_max = err.max()  # NaN if any is (max propagates NaN), +inf if any is: a non-
+        per_block.append(torch.stack([  # finite error shows in the max, one pass fewer
+            keep.sum().to(torch.float64), (~torch.isfinite(err_max)).to(torch.float64),
+            err_max, magnitude.max(), rel.max(), torch.dot(r, r), torch.dot(err, err)]))
     out = {"max_abs": 0.0, "max_rel": 0.0, "rel_l2": 0.0, "max_abs_ulps": 0.0, "finite": 0}
     if not per_block:
         return out

@@ -34,7 +34,8 @@ def oracle(a: torch.Tensor, ref: torch.Tensor) -> dict:
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("plant", ["none", "zeros", "nonfinite_ref", "overflow", "nan_got"])
+@pytest.mark.parametrize("plant", ["none", "zeros", "nonfinite_ref", "overflow", "nan_got",
+                                   "inf_got"])
 @pytest.mark.parametrize("block", [None, 7])
 def test_accuracy_matches_a_numpy_oracle(fresh_seed: int, dtype: torch.dtype, plant: str,
                                          block: int | None, monkeypatch: pytest.MonkeyPatch):
@@ -54,6 +55,8 @@ def test_accuracy_matches_a_numpy_oracle(fresh_seed: int, dtype: torch.dtype, pl
     got = ref.to(dtype)
     if plant == "nan_got":
         got[pick] = float("nan")
+    elif plant == "inf_got":  # one element, in whichever block it falls
+        got[pick[0]] = -float("inf")
     want, have = oracle(got, ref), accuracy(got, ref)
     assert have.keys() == want.keys()
     for key, value in want.items():

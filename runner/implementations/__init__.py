@@ -11,7 +11,10 @@ names (:attr:`ops.spec.OpSpec.inputs` and its ``index``) to tensors already on t
 target device (the runner clones them for every call and checks that no input changed: see
 :mod:`runner.cell`). It returns the forward output (:attr:`ops.spec.OpSpec.forward`) and,
 with ``backward=True`` and ``has_backward``, the gradients (:attr:`ops.spec.OpSpec.grads`)
-for the upstream gradient (:attr:`ops.spec.OpSpec.upstream`).
+for the upstream gradient (:attr:`ops.spec.OpSpec.upstream`). An accuracy reference may
+return a :class:`runner.row_blocks.RowBlocks` for an output whose rows each depend on the
+same rows of the inputs alone: the runner reads it block by block (accuracy figures, sha256)
+and never holds it whole.
 """
 
 from __future__ import annotations
