@@ -45,11 +45,12 @@ def _make_loops(rnd):
                 out[i, c] = rnd(add_rn(residual[i, c], product))
 
     @njit(cache=False)
-    def backward(grad_y, grad_gate, grad_out, gate, y, index, chunk_rows):
+    def backward(grad_y, total, grad_out, gate, y, index, chunk_rows):
+        # rows of one block (a whole number of chunks, but the last block's last chunk);
+        # each chunk's partial sums add into ``total`` in chunk order, as the GPU's
+        # reduction adds the chunk partials
         n_rows, width = grad_out.shape
-        n_gate = gate.shape[0]
-        total = np.zeros((n_gate, width), dtype=np.float32)
-        acc = np.zeros((n_gate, width), dtype=np.float32)
+        acc = np.zeros(total.shape, dtype=np.float32)
         for start in range(0, n_rows, chunk_rows):
             acc[:, :] = np.float32(0.0)
             for i in range(start, min(start + chunk_rows, n_rows)):
@@ -58,14 +59,17 @@ def _make_loops(rnd):
                     go = grad_out[i, c]
                     grad_y[i, c] = rnd(mul_rn(go, gate[k, c]))
                     acc[k, c] = add_rn(acc[k, c], mul_rn(go, y[i, c]))
-            for k in range(n_gate):
+            for k in range(total.shape[0]):
                 for c in range(width):
                     total[k, c] = add_rn(total[k, c], acc[k, c])
-        for k in range(n_gate):
-            for c in range(width):
+
+    @njit(cache=False)
+    def finish(grad_gate, total):
+        for k in range(total.shape[0]):
+            for c in range(total.shape[1]):
                 grad_gate[k, c] = rnd(total[k, c])
 
-    return forward, backward
+    return forward, backward, finish
 
 
 _LOOPS = {
@@ -74,35 +78,56 @@ _LOOPS = {
     torch.float32: _make_loops(round_f32),
 }
 
+BLOCK_ROWS = 8 * CHUNK_ROWS
+"""Rows decoded to float32 at a time (1024: 22 MB per float32 tensor at D = 5376), a whole
+number of the backward's chunks, so the chunks add in the same order as over all rows. Whole,
+the float32 copies and their conversions took about 3 GB at N = 32768, the CPU cell's peak
+(issue 11)."""
+
 
 def gate_residual_cpu(residual, gate, y, index):
     """Forward on CPU tensors: the GPU kernel's result, bit for bit.
 
     Shapes and dtypes as in :mod:`kernels.gate_residual`; returns a new (N, D) tensor.
-    Raises :class:`kernels.errors.OpInputError` for bad input.
+    Computed by blocks of :data:`BLOCK_ROWS` rows. Raises :class:`kernels.errors.OpInputError`
+    for bad input.
     """
     residual, gate, y, index = check_inputs(residual, gate, y, index, device="cpu")
-    forward, _ = _LOOPS[residual.dtype]
-    out = np.empty(tuple(residual.shape), dtype=np.float32)
-    forward(out, _as_f32(residual), _as_f32(gate), _as_f32(y), index.detach().numpy())
-    return _from_f32(out, residual.dtype)
+    forward = _LOOPS[residual.dtype][0]
+    out = torch.empty(residual.shape, dtype=residual.dtype)
+    gate32, index_np = _as_f32(gate), index.detach().numpy()
+    for start in range(0, residual.shape[0], BLOCK_ROWS):
+        rows = slice(start, start + BLOCK_ROWS)
+        part = np.empty((len(index_np[rows]), residual.shape[1]), dtype=np.float32)
+        forward(part, _as_f32(residual[rows]), gate32, _as_f32(y[rows]), index_np[rows])
+        out[rows] = _from_f32(part, residual.dtype)
+    return out
 
 
 def gate_residual_backward_cpu(grad_out, gate, y, index, *, check_index: bool = True):
     """(grad_y, grad_gate) on CPU tensors, in SUMMATION_ORDER; the GPU kernels' bits.
 
     ``grad_out`` (N, D) of ``y``'s dtype, ``gate`` (G, D), ``y`` (N, D), ``index`` (N,).
-    Raises :class:`kernels.errors.OpInputError` for bad input (``check_index=False`` skips
-    the index range, for callers that checked it, as the autograd Function's forward did).
+    Computed by blocks of :data:`BLOCK_ROWS` rows (whole chunks: the same order of
+    additions). Raises :class:`kernels.errors.OpInputError` for bad input
+    (``check_index=False`` skips the index range, for callers that checked it, as the
+    autograd Function's forward did).
     """
     grad_out, gate, y, index = check_backward_inputs(grad_out, gate, y, index, device="cpu",
                                                      check_index=check_index)
-    _, backward = _LOOPS[grad_out.dtype]
-    grad_y = np.empty(tuple(grad_out.shape), dtype=np.float32)
+    _, backward, finish = _LOOPS[grad_out.dtype]
+    grad_y = torch.empty(grad_out.shape, dtype=grad_out.dtype)
+    total = np.zeros(tuple(gate.shape), dtype=np.float32)
+    gate32, index_np = _as_f32(gate), index.detach().numpy()
+    for start in range(0, grad_out.shape[0], BLOCK_ROWS):
+        rows = slice(start, start + BLOCK_ROWS)
+        part = np.empty((len(index_np[rows]), grad_out.shape[1]), dtype=np.float32)
+        backward(part, total, _as_f32(grad_out[rows]), gate32, _as_f32(y[rows]),
+                 index_np[rows], CHUNK_ROWS)
+        grad_y[rows] = _from_f32(part, grad_out.dtype)
     grad_gate = np.empty(tuple(gate.shape), dtype=np.float32)
-    backward(grad_y, grad_gate, _as_f32(grad_out), _as_f32(gate), _as_f32(y),
-             index.detach().numpy(), CHUNK_ROWS)
-    return _from_f32(grad_y, grad_out.dtype), _from_f32(grad_gate, gate.dtype)
+    finish(grad_gate, total)
+    return grad_y, _from_f32(grad_gate, gate.dtype)
 
 
 class GateResidualCPU(torch.autograd.Function):

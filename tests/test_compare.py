@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from runner import compare
 from runner.compare import accuracy, ulp_at
 
 
@@ -73,3 +74,61 @@ def test_accuracy_leaves_its_arguments_alone() -> None:
     figures = accuracy(got, ref)
     assert torch.equal(got, before[0]) and torch.equal(ref, before[1])
     assert figures["max_abs"] == 0.25 and figures["finite"] == 4
+
+
+def bitwise_oracle(a: torch.Tensor, b: torch.Tensor) -> dict:
+    """runner.compare.bitwise's figures, element by element in numpy over the whole tensor."""
+    width = {torch.bfloat16: 16, torch.float16: 16, torch.float32: 32, torch.float64: 64}
+    ia = a.reshape(-1).view(getattr(torch, f"int{width[a.dtype]}")).numpy().astype(np.int64)
+    ib = b.reshape(-1).view(getattr(torch, f"int{width[a.dtype]}")).numpy().astype(np.int64)
+    fa, fb = a.reshape(-1).double().numpy(), b.reshape(-1).double().numpy()
+    idx = np.flatnonzero(ia != ib)
+    nan = np.isnan(fa[idx]) | np.isnan(fb[idx])
+    both = np.isnan(fa[idx]) & np.isnan(fb[idx])
+    rest = idx[~nan]
+
+    def order(i: np.ndarray) -> np.ndarray:
+        magnitude = i & ((1 << (width[a.dtype] - 1)) - 1)
+        return np.where(i < 0, -magnitude - 1, magnitude)
+
+    with np.errstate(all="ignore"):
+        diff = np.abs(fa[rest] - fb[rest])
+    diff[np.isnan(diff)] = np.inf
+    max_abs = float(diff.max()) if rest.size else 0.0
+    return {"equal": idx.size == 0, "differ": int(idx.size), "numel": int(ia.size),
+            "max_abs": "inf" if np.isinf(max_abs) else max_abs,
+            "max_ulp": 0 if idx.size == 0 else (
+                int(np.abs(order(ia[rest]) - order(ib[rest])).max()) if rest.size else None),
+            "nan_differ": int(nan.sum()), "nan_payload_differ": int(both.sum()),
+            "first_differ": int(idx[0]) if idx.size else None}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("block", [None, 5])
+@pytest.mark.parametrize("plant", ["none", "specials", "equal", "only_nan"])
+def test_bitwise_matches_a_numpy_oracle(fresh_seed: int, dtype: torch.dtype, block, plant,
+                                        monkeypatch: pytest.MonkeyPatch):
+    """Blocks of 5 elements (many, with odd boundaries) or the default: the same figures as
+    the whole tensor's, with NaN payloads, +-Inf, +-0.0, subnormals and extremes planted."""
+    if block is not None:
+        monkeypatch.setattr("runner.compare._CMP_BLOCK", block)
+    gen = torch.Generator().manual_seed(fresh_seed)
+    n = int(torch.randint(1, 3000, (1,), generator=gen))
+    a = torch.randn(n, generator=gen, dtype=torch.float64).to(dtype)
+    b = a.clone()
+    pick = torch.randint(0, n, (max(1, n // 20),), generator=gen)
+    if plant != "equal":
+        b[pick] = (a[pick].double() * (1 + 2 ** -6)).to(dtype)
+    if plant == "specials":
+        info = torch.finfo(dtype)
+        values = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, info.tiny / 4,
+                  info.max, -info.max]
+        for k, v in enumerate(values):
+            a[pick[k % len(pick)]] = v
+            b[pick[(k + 1) % len(pick)]] = v
+        ints = b.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[b.element_size()])
+        ints[pick[-1]] = ints[pick[-1]] | 1  # whatever it holds, another bit pattern
+        a[pick[-1]] = float("nan")
+    if plant == "only_nan":
+        a[pick] = float("nan")
+    assert compare.bitwise(a, b) == bitwise_oracle(a, b)

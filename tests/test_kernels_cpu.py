@@ -8,10 +8,11 @@ import torch
 from conftest import DTYPES, INDEX_DTYPES, assert_bitwise, inputs
 
 from kernels.gate_residual import CHUNK_ROWS
-from kernels.gate_residual_cpu import gate_residual_backward_cpu, gate_residual_cpu
+from kernels.gate_residual_cpu import BLOCK_ROWS, gate_residual_backward_cpu, gate_residual_cpu
 from runner.inputs import TORCH_DTYPES
 
-SHAPES = [(0, 5, 3), (1, 1, 1), (7, 33, 3), (130, 5, 9), (CHUNK_ROWS * 2 + 1, 17, 4)]
+SHAPES = [(0, 5, 3), (1, 1, 1), (7, 33, 3), (130, 5, 9), (CHUNK_ROWS * 2 + 1, 17, 4),
+          (BLOCK_ROWS * 2 + CHUNK_ROWS + 3, 7, 4)]  # three blocks of rows, the last short
 
 
 def eager(r, g, y, idx, go):
@@ -67,7 +68,8 @@ def oracle_grad_gate(go, y, idx, g):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(1, 3, 2), (CHUNK_ROWS * 3 + 5, 11, 5)],
+@pytest.mark.parametrize("shape", [(1, 3, 2), (CHUNK_ROWS * 3 + 5, 11, 5),
+                                   (BLOCK_ROWS * 2 + CHUNK_ROWS + 3, 11, 5)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("specials", [False, True])
 def test_grad_gate_follows_documented_order(dtype, shape, specials, fresh_seed):
