@@ -54,6 +54,11 @@ from runner.batch_invariance import row_counts
 from runner.lifetime import die_with_parent
 
 MAX_WORKERS = 12
+TIMEOUT_S = 900.0
+"""The longest a precompile waits for its workers. On the 2-CPU machine one CPU cell's
+precompile from an empty cache takes 280-310 s (2026-12-01): a cap of 300 s cut it short
+there (the cell then compiled the rest itself, one graph at a time). Bounded by the cell's
+own timeout anyway; this cap only keeps a hung worker from holding a cell for ever."""
 
 
 def plan(matrix, cases, impls, *, target: str, inference: bool) -> list[dict]:
@@ -187,7 +192,7 @@ def leave_stamp(key: str, items: list[dict], record: dict) -> None:
 
 
 def run(items: list[dict], *, torch_settings: dict, op: str, sizes: dict, target: str,
-        workers: int, timeout_s: float = 300.0, env: dict | None = None) -> dict:
+        workers: int, timeout_s: float = TIMEOUT_S, env: dict | None = None) -> dict:
     """Run the calls of ``items`` in ``workers`` processes (round robin, so each starts with
     the first cases) and wait for them, at most ``timeout_s``; returns the record for
     ``environment.precompile``: workers, calls, seconds, and the workers that failed.
@@ -197,7 +202,7 @@ def run(items: list[dict], *, torch_settings: dict, op: str, sizes: dict, target
 
 
 def run_groups(groups: list[tuple], *, op: str, sizes: dict, target: str, workers: int,
-               timeout_s: float = 300.0) -> dict:
+               timeout_s: float = TIMEOUT_S) -> dict:
     """:func:`run` for several modes at once: ``groups`` is ``[(items, torch_settings, env or
     None), ...]``; the ``workers`` processes are shared out in proportion to the calls (at
     least one per group with calls), so one pool compiles every mode's graphs."""
@@ -344,7 +349,7 @@ def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
             if not wave:
                 continue
             record = run_groups([groups[gi] for gi in wave], op=matrix.op, sizes=p.sizes,
-                                target=target, workers=n, timeout_s=900)
+                                target=target, workers=n, timeout_s=TIMEOUT_S)
             for gi in wave:
                 mode, key = keys[gi]
                 if record["failed"]:
