@@ -30,14 +30,18 @@ fi
 for pidfile in /var/run/docker.pid /var/run/docker/containerd/containerd.pid; do
   if $sudo test -f "$pidfile"; then
     pid="$($sudo cat "$pidfile" 2>/dev/null || true)"
-    state="$(ps -p "${pid:-0}" -o stat=,comm= 2>/dev/null || true)"
-    case "$state" in
-      Z*|"") stale=1 ;;
-      *dockerd|*containerd) stale=0 ;;
+    # /proc/PID/stat is "PID (COMM) STATE ...": read as root, no procps needed
+    stat="$($sudo cat "/proc/${pid:-0}/stat" 2>/dev/null || true)"
+    comm="${stat#*(}"; comm="${comm%%)*}"
+    state="${stat##*) }"; state="${state%% *}"
+    case "$state:$comm" in
+      Z:*|:*) stale=1 ;;
+      *:dockerd|*:containerd) stale=0 ;;
       *) stale=1 ;;
     esac
     if [ "$stale" = 1 ]; then
-      echo "[install-docker] removing stale $pidfile (pid ${pid:-none}: ${state:-not running})"
+      what="not running"; [ -n "$stat" ] && what="$comm, state $state"
+      echo "[install-docker] removing stale $pidfile (pid ${pid:-none}: $what)"
       $sudo rm -f "$pidfile"
     fi
   fi

@@ -24,9 +24,11 @@ def case_bytes_at_least(matrix: Matrix, case: Case) -> tuple[int, str, int]:
     """A lower bound on the host memory of ``case``, and the key to blame when it is too big.
 
     Counts every tensor the case must hold at once, by the op's spec: its floating-point
-    inputs (the upstream gradient among them) in the case's dtype, the float64 reference's
-    forward output (8 bytes an element, when the matrix has an accuracy reference) and the
-    index (N in the index dtype). Tensors of one shape add up into one term; returns
+    inputs (the upstream gradient among them) in the case's dtype, 8 bytes per element of the
+    forward output when the matrix has an accuracy reference (the float64 reference's forward
+    output on a GPU; on the CPU, where the reference is read by blocks of rows, the call's
+    clones of the inputs and the baseline's outputs, held at once, weigh at least as much)
+    and the index (N in the index dtype). Tensors of one shape add up into one term; returns
     ``(bytes, key, value)``: the key is the largest size of the term that dominates (``"n"``
     for the case's N, else ``"problem.<size>"``; the first of equal sizes).
 

@@ -290,22 +290,31 @@ class Cluster:
 
     def _drop_unrunnable(self, pending: dict, progress: Any, matrix: Matrix,
                          on_report: Callable[[Job, dict[str, Any]], None]) -> None:
-        """End the pending tasks that no live node can run any more (``error``, naming what
-        is missing and the deaths so far). Ray keeps such a task queued for ever: a cell
-        whose last node of its GPU model died is run again only while the cluster still
-        listed that node alive (its death is noticed after a heartbeat timeout)."""
-        self.refresh()
+        """End the pending tasks that have not started and that no live node can run any
+        more (``error``, naming what is missing and the deaths so far). Ray keeps such a task
+        queued for ever: a cell whose last node of its GPU model died is run again only while
+        the cluster still listed that node alive (its death is noticed after a heartbeat
+        timeout). A task that started is left to :meth:`_collect`, which records how it
+        ended; a cluster that does not answer the node list this time is asked again at the
+        next check."""
+        try:
+            self.refresh()
+        except Exception:  # the GCS busy or restarting: nothing learnt, nothing dropped
+            return
+        dropped = []
         for ref, (job, attempt) in list(pending.items()):
             gone = self.unoffered(job.wanted)
-            if gone is None:
+            if gone is None or progress.node_of(job.key, attempt) is not None:
                 continue
             del pending[ref]
-            self._cancel([ref])
+            dropped.append(ref)
             died = (f"the cluster task died {len(job.died)} time(s): " + "; ".join(job.died)
                     + "; ") if job.died else ""
             report = self._failed(matrix, job, Status.ERROR, f"{died}{gone}")
             progress.finished(job, attempt, report)
             on_report(job, report)
+        if dropped:
+            self._cancel(dropped)
 
     def _failed(self, matrix: Matrix, job: Job, status: str, reason: str) -> dict[str, Any]:
         return skeleton(matrix, job.cell, job.cases, backend=job.backend, run_id=job.run_id,

@@ -232,6 +232,28 @@ def _block_pairs(got: torch.Tensor, ref: torch.Tensor | RowBlocks, block: int):
         yield flat_got[start:start + block], flat_ref[start:start + block]
 
 
+def _block_figures(g: torch.Tensor, r: torch.Tensor, limit: float,
+                   on_gpu: bool) -> torch.Tensor:
+    """One block's figures for :func:`accuracy`, as a float64 tensor on the block's device:
+    elements compared, any non-finite error, max error, max ``|ref|``, max relative error, and
+    the sums of squares of ``ref`` and of the error (over fresh tensors: MKL's dot gives other
+    last bits on data that is not 16-byte aligned, and a block of rows of a
+    :class:`~runner.row_blocks.RowBlocks` starts mid-row)."""
+    r = r.to(torch.float64)
+    g = g.to(torch.float64)
+    magnitude = r.abs()
+    keep = torch.isfinite(r) & (magnitude <= limit)
+    if on_gpu or not bool(keep.all()):  # on the CPU a check is free, three passes not
+        r, g, magnitude = (torch.where(keep, t, 0.0) for t in (r, g, magnitude))
+    err = (g - r).abs_()  # 0 where left out: adds nothing to a max or a sum
+    rel = torch.where(magnitude != 0, err / magnitude, 0.0)  # 0 stands in for ref == 0
+    err_max = err.max()  # NaN if any is (max propagates NaN), +inf if any is: a non-finite
+    return torch.stack([  # error shows in the max, one pass fewer
+        keep.sum().to(torch.float64), (~torch.isfinite(err_max)).to(torch.float64),
+        err_max, magnitude.max(), rel.max(), torch.dot(magnitude, magnitude),
+        torch.dot(err, err)])
+
+
 def accuracy(a: torch.Tensor, ref: torch.Tensor | RowBlocks) -> dict:
     """Error of ``a`` (any float dtype) against a float64 reference of the same shape.
 
@@ -247,7 +269,7 @@ def accuracy(a: torch.Tensor, ref: torch.Tensor | RowBlocks) -> dict:
     each block's figures stay on the device until one transfer at the end: on the H200 a
     synchronisation per figure waited behind the hashing threads' device-to-host copies
     (py-spy at 5a2246c: 21.6 s of a cell in this function). The sums of squares add up per
-    block, in float64.
+    block, in float64 (:func:`_block_figures`).
 
     Raises:
         ValueError: ``a`` and ``ref`` differ in shape.
@@ -262,18 +284,7 @@ def accuracy(a: torch.Tensor, ref: torch.Tensor | RowBlocks) -> dict:
     on_gpu = ref.device.type != "cpu"
     per_block = []
     for g, r in _block_pairs(got, ref, _BLOCK * 16 if on_gpu else _BLOCK):
-        r = r.to(torch.float64)
-        g = g.to(torch.float64)
-        magnitude = r.abs()
-        keep = torch.isfinite(r) & (magnitude <= limit)
-        if on_gpu or not bool(keep.all()):  # on the CPU a check is free, three passes not
-            r, g, magnitude = (torch.where(keep, t, 0.0) for t in (r, g, magnitude))
-        err = (g - r).abs_()  # 0 where left out: adds nothing to a max or a sum
-        rel = torch.where(magnitude != 0, err / magnitude, 0.0)  # 0 stands in for ref == 0
-        err_max = err.max()  # NaN if any is (max propagates NaN), +inf if any is: a non-
-        per_block.append(torch.stack([  # finite error shows in the max, one pass fewer
-            keep.sum().to(torch.float64), (~torch.isfinite(err_max)).to(torch.float64),
-            err_max, magnitude.max(), rel.max(), torch.dot(r, r), torch.dot(err, err)]))
+        per_block.append(_block_figures(g, r, limit, on_gpu))
     out = {"max_abs": 0.0, "max_rel": 0.0, "rel_l2": 0.0, "max_abs_ulps": 0.0, "finite": 0}
     if not per_block:
         return out

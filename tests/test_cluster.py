@@ -386,11 +386,24 @@ def test_a_retry_queued_for_a_node_that_is_gone_ends_as_an_error(monkeypatch):
     job.died.append("node aaaaaaaa (gpu:X): NodeDiedError: gone")
     cancelled, reports, ended = [], [], []
     monkeypatch.setattr(cluster, "_cancel", cancelled.extend)
-    progress = SimpleNamespace(finished=lambda j, attempt, r: ended.append(attempt))
+    started = {(0, 2)}  # job 0's attempt 2 said where it runs; attempt 1 never started
+    progress = SimpleNamespace(finished=lambda j, attempt, r: ended.append(attempt),
+                               node_of=lambda key, attempt: "b" * 56 if (key, attempt) in
+                               started else None)
     pending = {"queued": (job, 1)}
     cluster._drop_unrunnable(pending, progress, m, lambda j, r: reports.append(r))
     assert pending and not reports  # both nodes listed alive: it may still run
+
+    def no_answer():
+        raise ConnectionError("GCS restarting")
+
+    ray.nodes = no_answer
+    cluster._drop_unrunnable(pending, progress, m, lambda j, r: reports.append(r))
+    assert pending and not reports  # no node list this time: asked again at the next check
     ray.nodes = lambda: [{"NodeID": "b" * 56, "Alive": True, "Resources": {"CPU": 1.0}}]
+    running = {"running": (job, 2)}
+    cluster._drop_unrunnable(running, progress, m, lambda j, r: reports.append(r))
+    assert running and not reports  # it started: _collect will say how it ended
     cluster._drop_unrunnable(pending, progress, m, lambda j, r: reports.append(r))
     assert not pending and cancelled == ["queued"] and ended == [1]
     (report,) = reports
