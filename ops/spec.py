@@ -63,14 +63,19 @@ class OpSpec:
     whose versions ``libraries.versions`` may expand (their rows run per version).
     ``reference_names``: implementation names in foreign reference reports -> ours, for the
     seed comparison table (runner/tables/model/seed.py).
+
+    An op without an integer input (a norm) has ``index`` and ``groups`` None. An op with
+    several forward outputs (``add_rms_norm``: ``out`` and ``h``) lists them first, each with
+    ``grad_of`` None; ``upstreams`` then maps each forward output to the input that holds its
+    upstream gradient (default: the first forward output to ``upstream``).
     """
 
     name: str
     formula: str
     sizes: tuple[str, ...]
     inputs: Mapping[str, tuple[str, ...]]
-    index: str
-    groups: str
+    index: str | None
+    groups: str | None
     upstream: str
     outputs: Mapping[str, Output]
     zero_rows: tuple[str, ...]
@@ -82,42 +87,59 @@ class OpSpec:
     library_distributions: tuple[str, ...] = ()
     reference_names: Mapping[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    upstreams: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def forward(self) -> str:
-        """The forward output's key (the first of :attr:`outputs`)."""
+        """The first forward output's key (the first of :attr:`outputs`)."""
         return next(iter(self.outputs))
+
+    @property
+    def forwards(self) -> tuple[str, ...]:
+        """Every forward output's key (those with no ``grad_of``), in order."""
+        return tuple(k for k, o in self.outputs.items() if o.grad_of is None)
 
     @property
     def grads(self) -> tuple[str, ...]:
         """The gradient outputs' keys, in order."""
-        return tuple(self.outputs)[1:]
+        return tuple(k for k, o in self.outputs.items() if o.grad_of is not None)
+
+    def upstream_of(self) -> dict[str, str]:
+        """Forward output -> the input holding its upstream gradient, in forward order."""
+        return dict(self.upstreams) or {self.forward: self.upstream}
+
+    def gradient_inputs(self) -> tuple[str, ...]:
+        """The inputs that are upstream gradients (never differentiated)."""
+        return tuple(self.upstream_of().values())
 
     def labels(self) -> dict[str, str]:
         """Output key -> table label, in order."""
         return {k: o.label for k, o in self.outputs.items()}
 
     def row_inputs(self) -> tuple[str, ...]:
-        """Inputs with N rows (the index included), in build order."""
-        return (*(k for k, s in self.inputs.items() if s[0] == ROWS), self.index)
+        """Inputs with N rows (the index included, where the op has one), in build order."""
+        rows = tuple(k for k, s in self.inputs.items() if s[0] == ROWS)
+        return (*rows, self.index) if self.index else rows
 
     def row_outputs(self) -> tuple[str, ...]:
         """Outputs with N rows: each row depends on that row of the inputs alone."""
         return tuple(k for k, o in self.outputs.items() if o.shape[0] == ROWS)
 
     def group_outputs(self) -> tuple[str, ...]:
-        """Outputs with ``groups`` rows: sums over the rows that share an index value."""
-        return tuple(k for k, o in self.outputs.items() if o.shape[0] == self.groups)
+        """Outputs without N rows: sums over rows (those that share an index value, for
+        ``groups`` rows; every row, for a parameter's gradient such as ``grad_weight``)."""
+        return tuple(k for k, o in self.outputs.items() if o.shape[0] != ROWS)
 
     def shape(self, tensor: str, *, n: int, sizes: Mapping[str, int]) -> tuple[int, ...]:
         """The shape of an input or output for ``n`` rows and the problem's ``sizes``;
         ``KeyError`` names the known tensors."""
         symbols = self.inputs.get(tensor) or (self.outputs[tensor].shape
                                               if tensor in self.outputs else None)
-        if tensor == self.index:
+        if self.index and tensor == self.index:
             symbols = (ROWS,)
         if symbols is None:
-            known = ", ".join([*self.inputs, self.index, *self.outputs])
+            known = ", ".join([*self.inputs, *([self.index] if self.index else []),
+                               *self.outputs])
             raise KeyError(f"{self.name} has no tensor {tensor!r}; choose from {known}")
         return tuple(n if s == ROWS else int(sizes[s]) for s in symbols)
 

@@ -62,8 +62,8 @@ class Compiled:
     """``torch.compile(dynamic=False)`` of an op's eager ``expression`` (and of
     ``expression_emulate``, a second code object with graphs of its own, compiled under
     ``emulate_precision_casts``), called as the op's spec says: the expression takes the
-    spec's floating inputs but the upstream gradient, in order, then the index; the backward
-    is autograd's on ``grad_out`` = the spec's ``upstream``. Each function is compiled once
+    spec's floating inputs but the upstream gradients, in order, then the index (where the op
+    has one); the backward is autograd's on the spec's upstream gradients. Each function is compiled once
     per process (lazily: the graphs per shape come with the calls)."""
 
     def __init__(self, op: str, expression, expression_emulate) -> None:
@@ -78,19 +78,29 @@ class Compiled:
         return self._compiled[emulate]
 
     def run(self, inputs, *, backward: bool, emulate: bool) -> dict[str, torch.Tensor]:
-        """The forward output (and, with ``backward``, each gradient of the spec's outputs),
-        keyed as the spec's ``outputs``."""
+        """The forward outputs (and, with ``backward``, each gradient of the spec's outputs),
+        keyed as the spec's ``outputs``. An op with several forward outputs has an expression
+        that returns them as a tuple, in the spec's order; each gets its own upstream
+        gradient (:meth:`ops.spec.OpSpec.upstream_of`)."""
         import ops
 
         spec = ops.get(self.op)
-        names = [k for k in spec.inputs if k != spec.upstream]
-        fn, index = self._fn(emulate), inputs[spec.index]
+        upstream = spec.upstream_of()
+        names = [k for k in spec.inputs if k not in upstream.values()]
+        index = (inputs[spec.index],) if spec.index else ()
+        fn = self._fn(emulate)
+
+        def outputs(values) -> dict[str, torch.Tensor]:
+            values = values if isinstance(values, tuple) else (values,)
+            return dict(zip(spec.forwards, values))
+
         with settings(emulate):
             if not backward:
                 with torch.no_grad():
-                    return {spec.forward: fn(*(inputs[k] for k in names), index)}
+                    return outputs(fn(*(inputs[k] for k in names), *index))
             leaves = {k: inputs[k].detach().requires_grad_() for k in names}
-            out = fn(*leaves.values(), index)
-            out.backward(inputs[spec.upstream])
-        return {spec.forward: out.detach(),
+            out = outputs(fn(*leaves.values(), *index))
+            torch.autograd.backward([out[k] for k in upstream],
+                                    [inputs[g] for g in upstream.values()])
+        return {**{k: v.detach() for k, v in out.items()},
                 **{k: leaves[o.grad_of].grad for k, o in spec.outputs.items() if o.grad_of}}

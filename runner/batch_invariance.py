@@ -35,9 +35,10 @@ import torch
 from runner import compare, gpu_lock
 
 
-def sweep_sizes(limit: int) -> list[int]:
-    """1..9, then 2^k - 1 and 2^k + 1 for k >= 4, all <= ``limit``, ascending."""
-    sizes = set(range(1, 10))
+def sweep_sizes(limit: int, extra: tuple[int, ...] = ()) -> list[int]:
+    """1..9, then 2^k - 1 and 2^k + 1 for k >= 4, and the ``extra`` sizes, all <= ``limit``,
+    ascending."""
+    sizes = set(range(1, 10)) | set(extra)
     k = 4
     while (1 << k) - 1 <= limit:
         sizes.update({(1 << k) - 1, (1 << k) + 1})
@@ -50,12 +51,12 @@ def _cuts(n: int) -> list[int]:
     return sorted({0, min(1, n), min(8, n), n // 2 + 1 if n > 1 else n, n})
 
 
-def row_counts(n: int, max_size: int) -> set[int]:
+def row_counts(n: int, max_size: int, extra: tuple[int, ...] = ()) -> set[int]:
     """Every batch size (rows) :func:`check` calls the implementation with on an N-row case:
     what a compiler that specialises on shapes compiles for it (runner/precompile.py)."""
     m = min(n, max_size)
     parts = {b - a for a, b in itertools.pairwise(_cuts(n)) if b > a}
-    return {s for s in ({1} | parts | {m} | set(sweep_sizes(m))) if s > 0}
+    return {s for s in ({1} | parts | {m} | set(sweep_sizes(m, extra))) if s > 0}
 
 
 def _rows(inputs: dict, start: int, stop: int, spec) -> dict:
@@ -66,7 +67,7 @@ def _rows(inputs: dict, start: int, stop: int, spec) -> dict:
 
 
 def _run(impl, inputs: dict) -> dict:
-    got = impl.run({k: v.clone() for k, v in inputs.items()}, backward=True)
+    got = impl.run({k: v.clone() for k, v in inputs.items()}, backward=impl.has_backward)
     return {k: v.detach() for k, v in got.items()}
 
 
@@ -79,8 +80,9 @@ def _rows_equal(part: dict, whole: dict, start: int, stop: int, spec) -> bool:
 
 
 def _n(inputs: dict, spec) -> int:
-    """The case's rows: the length of the op's index input."""
-    return inputs[spec.index].shape[0]
+    """The case's rows: the length of the op's first row input (its index, else its first
+    floating input with N rows)."""
+    return inputs[spec.index or spec.row_inputs()[0]].shape[0]
 
 
 # Each call with its comparison is one stretch of shared GPU work (runner/gpu_lock.py): a
@@ -109,13 +111,14 @@ def sub_batches(impl, inputs: dict, full: dict, spec) -> bool:
                    for k in spec.row_outputs() if k in full)
 
 
-def size_sweep(impl, inputs: dict, max_size: int, spec) -> int | None:
+def size_sweep(impl, inputs: dict, max_size: int, spec,
+               extra: tuple[int, ...] = ()) -> int | None:
     """The smallest sweep size that breaks the size sweep (see module), or None."""
     m = min(_n(inputs, spec), max_size)
     with gpu_lock.shared():
         top = _rows(inputs, 0, m, spec)
         whole = _run(impl, top)
-    for s in sweep_sizes(m):
+    for s in sweep_sizes(m, extra):
         with gpu_lock.shared():
             prefix = _run(impl, _rows(inputs, 0, s, spec))
             if not _rows_equal(prefix, whole, 0, s, spec):
@@ -133,11 +136,14 @@ def size_sweep(impl, inputs: dict, max_size: int, spec) -> int | None:
     return None
 
 
-def check(impl, inputs: dict, spec, *, max_size: int = 1025, full: dict | None = None) -> dict:
+def check(impl, inputs: dict, spec, *, max_size: int = 1025, full: dict | None = None,
+          extra: tuple[int, ...] = ()) -> dict:
     """The three checks for one case: ``{"row_alone": bool, "sub_batches": bool,
     "size_sweep": bool, "first_failing_size": int | None, "max_size": M}``.
 
-    ``impl`` must have a backward; ``inputs`` as :meth:`Implementation.run` takes them;
+    ``impl`` is called with its backward when it has one (else its forward outputs alone are
+    compared); ``inputs`` as :meth:`Implementation.run` takes them; ``extra``: sweep sizes
+    besides :func:`sweep_sizes`' own;
     ``spec``: the op's :class:`ops.spec.OpSpec`.
     ``full``: the outputs of one forward+backward call of ``impl`` on the whole of
     ``inputs`` (fresh clones) when the caller has them already (the cell's first repeat);
@@ -146,7 +152,7 @@ def check(impl, inputs: dict, spec, *, max_size: int = 1025, full: dict | None =
     if full is None:
         with gpu_lock.shared():
             full = _run(impl, inputs)
-    first = size_sweep(impl, inputs, max_size, spec)
+    first = size_sweep(impl, inputs, max_size, spec, extra)
     return {"row_alone": row_alone(impl, inputs, full, spec),
             "sub_batches": sub_batches(impl, inputs, full, spec),
             "size_sweep": first is None, "first_failing_size": first,

@@ -104,10 +104,10 @@ def run_repeats(impl: Implementation, inputs: dict, repeats: int, inference: boo
 
 def layout(tensors: dict, fn, spec, *, out_list: bool = True) -> dict:
     """``{<forward>: [fn(<forward>)], "grads": {<grad>: ..., ...}}`` for the tensors present,
-    in the order of op ``spec``'s outputs (the forward output is a list in the reference
-    report's comparisons, an object elsewhere)."""
-    fwd = spec.forward
-    entry = {fwd: [fn(fwd)] if out_list else fn(fwd)} if fwd in tensors else {}
+    in the order of op ``spec``'s outputs (each forward output is a list in the reference
+    report's comparisons, an object elsewhere; an op with two forward outputs has two such
+    keys, e.g. ``out`` and ``h``)."""
+    entry = {fwd: [fn(fwd)] if out_list else fn(fwd) for fwd in spec.forwards if fwd in tensors}
     grads = {k: fn(k) for k in spec.grads if k in tensors}
     if grads:
         entry["grads"] = grads
@@ -217,12 +217,13 @@ def _run_one(ctx: CaseContext, impl: Implementation, x, on_device: dict, key: st
             first, same, mutated = run_repeats(impl, inputs, repeats, ctx.inference,
                                                tuple(ctx.spec.outputs))
         entry["mutated_inputs"][key] = mutated
-        if (ctx.matrix.batch_invariance is not None and impl.has_backward
+        bi = ctx.matrix.batch_invariance
+        if (bi is not None and (impl.has_backward or bi.forward_only)
                 and not ctx.inference and not is_reference):
             with ctx.clock("batch_invariance"):  # it takes the shared lock per call
                 entry.setdefault("batch_invariant", {})[key] = batch_invariance.check(
-                    impl, inputs, ctx.spec, max_size=ctx.matrix.batch_invariance.max_size,
-                    full=first)
+                    impl, inputs, ctx.spec, max_size=bi.max_size, full=first,
+                    extra=bi.sizes)
     except Exception as err:  # an implementation's failure is data, not a crash
         _failed(ctx, entry, key, err)
         return None

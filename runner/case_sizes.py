@@ -49,10 +49,12 @@ def case_bytes_at_least(matrix: Matrix, case: Case) -> tuple[int, str, int]:
     for shape in spec.inputs.values():
         add(tuple(shape), _ITEMSIZE[dtype])
     if matrix.accuracy_reference:
-        add(tuple(spec.outputs[spec.forward].shape), 8)
+        for forward in spec.forwards:
+            add(tuple(spec.outputs[forward].shape), 8)
     rows = next(iter(s for s in spec.inputs.values() if s[0] == "N"), ("N",))
     add(tuple(rows), 0)
-    terms[tuple(rows)] += case.n * _ITEMSIZE[index_dtype]
+    if spec.index:
+        terms[tuple(rows)] += case.n * _ITEMSIZE[index_dtype]
     shape = max(terms, key=terms.__getitem__)
     symbol = max(shape, key=lambda s: (sizes[s], -shape.index(s)))
     key = "n" if symbol == "N" else f"problem.{symbol}"

@@ -90,7 +90,7 @@ def skeleton(matrix, cell, cases, *, backend: str, run_id: str, status: str,
         "kind": KIND,
         "op": matrix.op,
         "tensors": spec.table(),
-        "index_groups": spec.groups,
+        **({"index_groups": spec.groups} if spec.groups else {}),
         "run_id": run_id,
         "cell": {"id": cell.id, "stack": cell.stack, "mode": cell.mode, "target": cell.target,
                  "backend": backend},
@@ -286,7 +286,9 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
                 report["inputs"][key] = {"n": case.n, "specials": case.specials,
                                          "dtype": dtype, "index_dtype": index_dtype,
                                          "sha256": None,
-                                         "index_counts": x.index_counts(p.sizes[spec.groups])}
+                                         **({"index_counts":
+                                             x.index_counts(p.sizes[spec.groups])}
+                                            if spec.groups else {})}
             run_case(ctx, case, x, key, dtype)
             with clock("hashing"):
                 report["inputs"][key]["sha256"] = {k: f.result()

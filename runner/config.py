@@ -159,9 +159,15 @@ class Timing(_Frozen):
 
 class BatchInvariance(_Frozen):
     """Batch-invariance checks (:mod:`runner.batch_invariance`), run when the key is given:
-    ``max_size`` caps the size sweep and the padded batch (CPU run time)."""
+    ``max_size`` caps the size sweep and the padded batch (CPU run time); ``sizes``: row
+    counts the sweep takes besides its own (e.g. 256, where a library switches kernels);
+    ``forward_only``: check implementations without a backward too, on their forward
+    outputs (default: only those with a backward)."""
 
     max_size: Annotated[StrictInt, Field(ge=1, le=MAX_SWEEP_SIZE)] = 1025
+    sizes: Annotated[tuple[Annotated[StrictInt, Field(ge=1, le=MAX_SWEEP_SIZE)], ...],
+                     Field(strict=False, max_length=64)] = ()
+    forward_only: StrictBool = False
 
 
 class Matrix(_Frozen):

@@ -143,13 +143,13 @@ def special_values(dtype: str) -> np.ndarray:
 @dataclass(frozen=True)
 class CaseInputs:
     """One case's inputs as CPU tensors, by the op's input names (``index``: the name of its
-    integer index input, shape (N,))."""
+    integer index input, shape (N,); None for an op without one)."""
 
     case_id: str
     n: int
     specials: bool
     tensors: dict[str, torch.Tensor]
-    index: str = "index"
+    index: str | None = "index"
 
     def sha256(self) -> dict[str, str]:
         """sha256 of each tensor's bytes (row-major, little-endian storage)."""
@@ -157,7 +157,10 @@ class CaseInputs:
 
     def index_counts(self, g: int) -> list[int]:
         """Rows per index value, length ``g`` (a sum over the rows that share an index value
-        has an error that grows with the count)."""
+        has an error that grows with the count); ``[n]`` for an op without an index (its
+        parameter gradients sum every row)."""
+        if self.index is None:
+            return [self.n]
         return torch.bincount(self.tensors[self.index].long(), minlength=g).tolist()
 
 
@@ -267,14 +270,15 @@ def _values32(key: int, pick_key: int, count: int, table: np.ndarray | None) -> 
     return np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.float32)
 
 
-def make_tensors(*, shapes: dict[str, tuple[int, ...]], index: str, n: int, groups: int,
+def make_tensors(*, shapes: dict[str, tuple[int, ...]], index: str | None, n: int,
+                 groups: int | None,
                  dtype: str, index_dtype: str, seed: int, specials: bool = False,
                  case_id: str | None = None) -> CaseInputs:
     """Build one case's inputs (CPU tensors); bits depend only on the arguments.
 
     ``shapes``: floating-point input name -> shape, built in this order from the stream
     keyed by (seed, case_id, name); ``index``: the name of the (n,) index input, values in
-    [0, ``groups``). ``dtype`` one of bfloat16/float16/float32, ``index_dtype`` int64/int32,
+    [0, ``groups``) (None: the op has no index, ``groups`` is ignored). ``dtype`` one of bfloat16/float16/float32, ``index_dtype`` int64/int32,
     ``seed`` >= 0. ``case_id`` defaults to ``str(n)`` (``f"{n}-specials"`` with specials) and
     keys the streams; the runner passes the case id without its dtypes, so one N has the same
     float64 values (each rounded to its dtype) and the same index in every dtype.
@@ -290,6 +294,10 @@ def make_tensors(*, shapes: dict[str, tuple[int, ...]], index: str, n: int, grou
         pick_key = stream_key(seed, case_id, name + "/specials")
         values32 = _values32(key, pick_key, count, special_values(dtype) if specials else None)
         tensors[name] = to_storage(values32, dtype).reshape(shape)
+    if index is None:
+        return CaseInputs(case_id=case_id, n=n, specials=specials, tensors=tensors, index=None)
+    if not groups:
+        raise ValueError(f"index {index!r} needs groups >= 1, got {groups!r}")
     index_words = splitmix64(stream_key(seed, case_id, index), n)
     values = ((index_words >> np.uint64(32)) % np.uint64(groups)).astype(np.int64)
     tensors[index] = torch.from_numpy(values).to(INDEX_DTYPES[index_dtype])
@@ -301,6 +309,7 @@ def build(spec, *, n: int, sizes: dict[str, int], dtype: str, index_dtype: str, 
     """One case's inputs for op ``spec`` (:class:`ops.spec.OpSpec`) with the problem's
     ``sizes``: :func:`make_tensors` of the spec's inputs and index."""
     shapes = {name: spec.shape(name, n=n, sizes=sizes) for name in spec.inputs}
-    return make_tensors(shapes=shapes, index=spec.index, n=n, groups=sizes[spec.groups],
+    groups = sizes[spec.groups] if spec.groups else None
+    return make_tensors(shapes=shapes, index=spec.index, n=n, groups=groups,
                         dtype=dtype, index_dtype=index_dtype, seed=seed, specials=specials,
                         case_id=case_id)

@@ -76,7 +76,8 @@ def plan(matrix, cases, impls, *, target: str, inference: bool) -> list[dict]:
         else:
             rows = {case.n}
             if matrix.batch_invariance is not None:
-                rows |= row_counts(case.n, matrix.batch_invariance.max_size)
+                rows |= row_counts(case.n, matrix.batch_invariance.max_size,
+                                   matrix.batch_invariance.sizes)
             wanted = [(r, "train") for r in sorted(rows)] + [(case.n, "no_grad")]
         once = [(case.n, "inference" if inference else "train")]
         for impl in impls:
@@ -261,7 +262,8 @@ def _inputs(call: dict, op: str, sizes: dict, device: str) -> dict:
     dt, n = TORCH_DTYPES[call["dtype"]], call["rows"]
     x = {name: torch.zeros(spec.shape(name, n=n, sizes=sizes), dtype=dt, device=device)
          for name in spec.inputs}
-    x[spec.index] = torch.zeros(n, dtype=INDEX_DTYPES[call["index_dtype"]], device=device)
+    if spec.index:
+        x[spec.index] = torch.zeros(n, dtype=INDEX_DTYPES[call["index_dtype"]], device=device)
     return x
 
 

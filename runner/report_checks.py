@@ -100,8 +100,10 @@ def _cmp_problems(cmp: Mapping[str, Any], path: tuple[Any, ...]) -> Iterator[str
 
 def _comparison_tensors(comparison: Mapping[str, Any]) -> Iterator[tuple[tuple[Any, ...], Any]]:
     """``(path below the case, CMP)`` for every CMP of one ``results[a]["vs b"][case]``."""
-    for i, cmp in enumerate(comparison.get("out", [])):
-        yield ("out", i), cmp
+    for key, value in comparison.items():
+        if isinstance(value, list):
+            for i, cmp in enumerate(value):
+                yield (key, i), cmp
     for name, cmp in comparison.get("grads", {}).items():
         yield ("grads", name), cmp
 

@@ -36,14 +36,33 @@ def table(data: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return ops.get(op).table() if op in ops.OPS else _first_op_table()
 
 
-def index_groups(data: Mapping[str, Any]) -> str:
+def index_groups(data: Mapping[str, Any]) -> str | None:
     """The problem size the report's index ranges over (its ``index_groups``, else its
-    op's, else the first op's)."""
+    op's, else the first op's); None for a known op without an index."""
     found = data.get("index_groups")
     if isinstance(found, str) and found:
         return found
     op = data.get("op")
     return ops.get(op if op in ops.OPS else ops.OPS[0]).groups
+
+
+def flat(entry: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One case's entry in the report's per-tensor layout (``{"out": [cmp], "grads": {...}}``
+    in comparisons, ``{"out": figures, "grads": {...}}`` in accuracy) as tensor key -> value:
+    every forward output (a list's first element) and every gradient.
+
+    Example:
+        >>> flat({"out": [1], "h": [2], "grads": {"x": 3}})
+        {'out': 1, 'h': 2, 'x': 3}
+    """
+    if not isinstance(entry, Mapping):
+        return {}
+    found = {str(k): (v or [None])[0] if isinstance(v, list) else v
+             for k, v in entry.items() if k != "grads"}
+    grads = entry.get("grads")
+    if isinstance(grads, Mapping):
+        found.update(grads)
+    return found
 
 
 def labels(data: Mapping[str, Any]) -> dict[str, str]:

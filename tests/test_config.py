@@ -341,7 +341,7 @@ BAD: list[tuple[str, Callable[[dict[str, Any]], Any], str, str]] = [
     ("schema_version missing", lambda d: d.pop("schema_version"), "schema_version",
      "the key is missing"),
     ("op other", lambda d: d.update(op="gate_norm"), "op",
-     'one of gate_residual, indexed_scale_shift, got "gate_norm"'),
+     f'one of {", ".join(ops.OPS)}, got "gate_norm"'),
     ("top level a list", lambda d: Whole([d]), "top level", "a mapping, got a list"),
     ("top level a string", lambda d: Whole("gate_residual"), "top level", 'a mapping, got "gate_'),
     ("top level empty", lambda d: Whole(None), "top level", "a mapping, got an empty document"),

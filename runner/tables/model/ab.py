@@ -43,7 +43,7 @@ def default_ab(cells: Sequence[CellReport]) -> tuple[CellReport, CellReport] | N
 
 def _acc(cell: CellReport, impl: str, case: str, tensor: str) -> Mapping[str, Any] | None:
     acc = cell.per_case(impl, "accuracy", case) or {}
-    return acc.get("out") if tensor == "out" else (acc.get("grads") or {}).get(tensor)
+    return report_tensors.flat(acc).get(tensor)
 
 
 def _inputs_differ(a: CellReport, b: CellReport, case: str) -> bool:

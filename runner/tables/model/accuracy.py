@@ -86,8 +86,7 @@ def accuracy_table(cells: Sequence[CellReport], filters: Filters | None = None) 
             keys = list(dict.fromkeys([*acc, *rep, *across]))
             cases = cell.in_order(keys)
             for case in by_dtype.cases(cell, cases):
-                figures = {"out": (acc.get(case) or {}).get("out"),
-                           **((acc.get(case) or {}).get("grads") or {})}
+                figures = report_tensors.flat(acc.get(case))
                 for tensor in names:
                     fig = figures.get(tensor) or {}
                     verdicts = [_yes_no((rep.get(case) or {}).get(tensor)),

@@ -62,9 +62,9 @@ def _cell_rows(cell: CellReport, keeps_impl: Callable[..., bool],
             per_case = {**base, "dtype": dtype, "index_dtype": index_dtype,
                         "index_rows_min": rows[0], "index_rows_max": rows[1]}
             acc = _case_of(entry, "accuracy", case)
-            figures = {"out": acc.get("out"), **(acc.get("grads") or {})}
+            figures = report_tensors.flat(acc)
             cmp_case = compared.get(case) or {}
-            cmps = {"out": (cmp_case.get("out") or [None])[0], **(cmp_case.get("grads") or {})}
+            cmps = report_tensors.flat(cmp_case)
             timing = _case_of(entry, "timings", case)
             for tensor in report_tensors.labels(cell.data):
                 sha = _case_of(entry, "sha256", case).get(tensor)

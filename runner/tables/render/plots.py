@@ -114,7 +114,7 @@ def accuracy_series(
                 n = _n_of(cell, case)
                 if n is None or not isinstance(acc, Mapping) or case_dtypes(cell, case)[0] is None:
                     continue
-                figures = {"out": acc.get("out"), **(acc.get("grads") or {})}
+                figures = report_tensors.flat(acc)
                 for tensor, name in names.items():
                     ulps = _ulps((figures.get(tensor) or {}).get("max_abs_ulps"))
                     if ulps is None:
