@@ -63,8 +63,8 @@ class Compiled:
     ``expression_emulate``, a second code object with graphs of its own, compiled under
     ``emulate_precision_casts``), called as the op's spec says: the expression takes the
     spec's floating inputs but the upstream gradients, in order, then the index (where the op
-    has one); the backward is autograd's on the spec's upstream gradients. Each function is compiled once
-    per process (lazily: the graphs per shape come with the calls)."""
+    has one); the backward is autograd's on the spec's upstream gradients. Each function is
+    compiled once per process (lazily: the graphs per shape come with the calls)."""
 
     def __init__(self, op: str, expression, expression_emulate) -> None:
         self.op = op
@@ -92,7 +92,7 @@ class Compiled:
 
         def outputs(values) -> dict[str, torch.Tensor]:
             values = values if isinstance(values, tuple) else (values,)
-            return dict(zip(spec.forwards, values))
+            return dict(zip(spec.forwards, values, strict=True))
 
         with settings(emulate):
             if not backward:

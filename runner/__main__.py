@@ -53,8 +53,14 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m runner", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    def selection(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--matrix", type=Path, default=DEFAULT_MATRIX, help="matrix.yaml path")
+    def selection(p: argparse.ArgumentParser, several: bool = False) -> None:
+        if several:
+            p.add_argument("--matrix", type=Path, action="append", help="a matrix file "
+                           "(repeatable; default: every op's, runner/matrices.py)")
+            p.add_argument("--op", action="append", help="run only this op (repeatable)")
+        else:
+            p.add_argument("--matrix", type=Path, default=DEFAULT_MATRIX,
+                           help="matrix.yaml path")
         p.add_argument("--reports", type=Path, default=DEFAULT_REPORTS, help="report directory")
         p.add_argument("--stack", action="append", help="run only this stack (repeatable)")
         p.add_argument("--mode", action="append", help="run only this mode (repeatable)")
@@ -62,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--case", action="append", help='case id, e.g. 257 or "257-specials"')
 
     m = sub.add_parser("matrix", help="run the selected cells, write reports and tables")
-    selection(m)
+    selection(m, several=True)
     m.add_argument("--backend", default="auto", help="docker, host or auto (default: docker "
                    "when an engine answers, else host; docker stacks are skipped on host)")
     m.add_argument("--gpus", default="all", help='GPUs for docker cuda cells: "all" or ids "0,1"')
@@ -118,8 +124,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
     from runner import shards
+    from runner.matrices import DEFAULT_MATRICES, plan
     from runner.outcome import failed, summary
-    from runner.pipeline import run_matrix
+    from runner.pipeline import render_tables, run_matrix
 
     if args.shards is not None:
         os.environ[shards.ENV] = args.shards
@@ -127,11 +134,22 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         shards.requested()
     except ValueError as err:
         raise ConfigError(f"--shards: {err}" if args.shards is not None else str(err)) from None
-    outcomes = run_matrix(args.matrix, reports_dir=args.reports, stacks=args.stack,
-                          modes=args.mode, targets=args.target, cases=args.case,
-                          backend=args.backend, force=args.force, timeout_s=args.timeout,
-                          gpus=args.gpus, abba=args.abba, build=args.build,
-                          cluster=args.cluster, gpu_model=args.gpu_model, retries=args.retries)
+    runs = plan(args.matrix or DEFAULT_MATRICES, ops=args.op, stacks=args.stack,
+                modes=args.mode, cases=args.case)
+    outcomes = []
+    try:
+        for run in runs:
+            outcomes += run_matrix(
+                run.path, reports_dir=args.reports, stacks=run.stacks, modes=run.modes,
+                targets=args.target, cases=run.cases, backend=args.backend, force=args.force,
+                timeout_s=args.timeout, gpus=args.gpus, abba=args.abba, build=args.build,
+                cluster=args.cluster, gpu_model=args.gpu_model, retries=args.retries,
+                render=False)
+    except MatrixError:
+        if outcomes:  # the tables of the files that ran, then the error
+            render_tables(args.reports)
+        raise
+    render_tables(args.reports)
     print(summary(outcomes))
     from runner.tables import OUTPUTS
 

@@ -269,6 +269,38 @@ def _same_bits(cmp_entry: dict, name: str) -> bool:
     return cmp is not None and cmp["differ"] == 0
 
 
+def _pair_name(row: str, names: set[str]) -> str | None:
+    """The matrix name a result row stands for: itself, or a versioned library row's base
+    (``vllm_rms_norm_batch_invariant-0.30.0`` -> ``vllm_rms_norm_batch_invariant``)."""
+    if row in names:
+        return row
+    base = row.rsplit("-", 1)[0]
+    return base if base in names else None
+
+
+def _compare_pairs(ctx: CaseContext, name: str, outputs: dict, kept: dict, key: str) -> None:
+    """Compare ``name``'s outputs with those of every implementation it is paired with in
+    ``matrix.pairs`` that ran before it on this case (not the baseline: that comparison is
+    made anyway), then keep them if a later one pairs with it."""
+    pairs = ctx.matrix.pairs
+    sides = {n for p in pairs for n in p}
+    mine = _pair_name(name, sides)
+    if mine is None:
+        return
+    for other, theirs in kept.items():
+        base = _pair_name(other, sides)
+        if other == ctx.matrix.baseline or ((mine, base) not in pairs
+                                            and (base, mine) not in pairs):
+            continue
+        common = {k: v for k, v in outputs.items() if k in theirs}
+        with ctx.clock("comparisons"), gpu_lock.shared():
+            cmp_entry = layout(common, lambda k, a=common, b=theirs: compare.bitwise(a[k], b[k]),
+                               ctx.spec)
+        ctx.results[name].setdefault(f"vs {other}", {})[key] = cmp_entry
+        ctx.results[other].setdefault(f"vs {name}", {})[key] = cmp_entry
+    kept[name] = outputs
+
+
 def run_case(ctx: CaseContext, case, x, key: str, dtype: str) -> None:
     """Run every implementation on one case's inputs ``x`` (:class:`runner.inputs.
     CaseInputs`) and record it under ``key`` in ``ctx.results`` (and the hashes' futures
@@ -285,6 +317,7 @@ def run_case(ctx: CaseContext, case, x, key: str, dtype: str) -> None:
         on_device = {k: v.to(ctx.device) for k, v in x.tensors.items()}
     pending: dict[str, dict] = {}
     ran: list = []
+    kept: dict[str, dict] = {}  # outputs of the implementations named in matrix.pairs
     ref = base = None
     base_hashes: dict = {}
     base_accuracy: dict = {}
@@ -320,10 +353,11 @@ def run_case(ctx: CaseContext, case, x, key: str, dtype: str) -> None:
         if impl.name == matrix.baseline:
             base, base_hashes = first, pending[impl.name]
             base_accuracy = figures if ref is not None else {}
+        _compare_pairs(ctx, impl.name, first, kept, key)
         del first
     if base is None:
         ctx.no_baseline.append(key)
-    del base, ref
+    del base, ref, kept
     _time_all(ctx, ran, x, on_device, key)
     with ctx.clock("hashing"):
         for name, hashes in pending.items():

@@ -176,7 +176,9 @@ class Matrix(_Frozen):
     Fields: ``schema_version`` (1), ``op``, ``problem``, ``cases``, ``implementations``,
     ``baseline`` (compared bitwise with all), ``accuracy_reference`` (or None), ``repeats``,
     ``timing``, ``modes`` and ``stacks`` (name -> Mode / Stack, file order), ``targets``,
-    ``pip`` (image build options every docker stack starts from).
+    ``pip`` (image build options every docker stack starts from), ``pairs``: implementation
+    pairs compared bitwise besides each one against the baseline (a versioned library row's
+    name stands for each of its versions), e.g. a trainer's row against a rollout engine's.
     Lists are tuples, mappings are read-only :class:`FrozenMap`. Build one with
     :func:`load_matrix` or :func:`parse_matrix`, which raise ConfigError.
 
@@ -200,7 +202,9 @@ class Matrix(_Frozen):
     stacks: NonEmptyMapOf[Name, Stack]
     targets: ListOf[Target]
     pip: PipOptions = PipOptions()  # defaults for every docker stack's image build
-    libraries: Libraries | None = None  # library versions as rows (issue 13)
+    libraries: Libraries | None = None  # library versions as rows
+    pairs: Annotated[tuple[Annotated[tuple[StrictStr, StrictStr], Field(strict=False)], ...],
+                     Field(strict=False, max_length=64)] = ()
 
     @field_validator("op")
     @classmethod
@@ -276,6 +280,14 @@ class Matrix(_Frozen):
             data.pop("batch_invariance", None)
         if data.get("libraries") is None:
             data.pop("libraries", None)
+        if not data.get("pairs"):
+            data.pop("pairs", None)
+        found = data.get("batch_invariance")
+        if isinstance(found, dict):  # defaults left out: hashes as before the keys existed
+            if not found.get("sizes"):
+                found.pop("sizes", None)
+            if not found.get("forward_only"):
+                found.pop("forward_only", None)
         return data
 
     @field_validator("schema_version")
@@ -338,6 +350,13 @@ def _cross_checks(m: Matrix, known: tuple[str, ...]) -> Iterator[tuple[str, str,
             yield key, f"one of implementations ({', '.join(m.implementations)})", _show(name)
     if m.baseline == m.accuracy_reference:
         yield "baseline", "an implementation other than accuracy_reference", _show(m.baseline)
+    for i, pair in enumerate(m.pairs):
+        for j, name in enumerate(pair):
+            if name not in m.implementations or name == m.accuracy_reference:
+                yield (f"pairs[{i}][{j}]", "one of implementations other than the accuracy "
+                       f"reference ({', '.join(m.implementations)})", _show(name))
+        if pair[0] == pair[1]:
+            yield f"pairs[{i}]", "two different implementations", _show(list(pair))
     yield from _duplicates("targets", m.targets, "unique targets")
     named = [(f"cases[{i}]", c.targets) for i, c in enumerate(m.cases)]
     named += [(f"modes.{name}", mode.targets) for name, mode in m.modes.items()]

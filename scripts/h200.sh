@@ -90,8 +90,12 @@ for step in $steps; do
             t0=$(date +%s)
             PYTHONPATH=$PWD/.carry/rl-kernel-h3:$PYTHONPATH python3 -c "import time; t = time.time(); from rl_engine.kernels.ops import base; print('rl_engine._C built:', base._EXT_AVAILABLE, getattr(base, '_EXT_ERROR', None), f'{time.time() - t:.0f} s')" > "$out/rlbuild.log" 2>&1 &
             build=$!
-            timeout -s TERM $(( deadline - $(date +%s) )) python3 -m runner.precompile --target "${MODE_TARGET:-cuda}" $(printf -- '--mode %s ' $modes) ${PRECOMPILE_ARGS:-} > "$out/matrix-precompile.log" 2>&1
-            echo "precompile: exit $? after $(( $(date +%s) - t0 )) s: $(tail -c 600 "$out/matrix-precompile.log")"
+            # MATRICES: the matrix files (default matrix.yaml), each precompiled in turn
+            matrices=${MATRICES:-matrix.yaml}
+            for mx in $matrices; do
+              timeout -s TERM $(( deadline - $(date +%s) )) python3 -m runner.precompile --matrix "$mx" --target "${MODE_TARGET:-cuda}" $(printf -- '--mode %s ' $modes) ${PRECOMPILE_ARGS:-} >> "$out/matrix-precompile.log" 2>&1
+              echo "precompile $mx: exit $? after $(( $(date +%s) - t0 )) s: $(tail -c 300 "$out/matrix-precompile.log")"
+            done
             wait $build; echo "rlbuild: done after $(( $(date +%s) - t0 )) s: $(tail -n 1 "$out/rlbuild.log")"
             jobs=${MODE_JOBS:-1}
             if [ "$jobs" -gt 1 ]; then
@@ -102,7 +106,7 @@ for step in $steps; do
             fi
             left=$(( deadline - $(date +%s) ))
             printf '%s\n' $modes | xargs -P "$jobs" -I{} \
-              sh -c "timeout -s TERM $left python3 -m runner matrix --stack host --target ${MODE_TARGET:-cuda} --mode {} --reports '$reports' ${MATRIX_ARGS:-} > '$out/matrix-{}.log' 2>&1; echo '{}: exit' \$? after \$(( \$(date +%s) - $t0 )) s; flock '$PWD/build/tar.lock' sh -c 'cd \"$reports\" && tar czf \"$out/.modes-reports.tgz\" \$(ls *.json | grep -v ^summary) && mv \"$out/.modes-reports.tgz\" \"$out/modes-reports.tgz\"'"
+              sh -c "timeout -s TERM $left python3 -m runner matrix $(printf -- '--matrix %s ' $matrices) --stack host --target ${MODE_TARGET:-cuda} --mode {} --reports '$reports' ${MATRIX_ARGS:-} > '$out/matrix-{}.log' 2>&1; echo '{}: exit' \$? after \$(( \$(date +%s) - $t0 )) s; flock '$PWD/build/tar.lock' sh -c 'cd \"$reports\" && tar czf \"$out/.modes-reports.tgz\" \$(ls *.json | grep -v ^summary) && mv \"$out/.modes-reports.tgz\" \"$out/modes-reports.tgz\"'"
             echo "all modes: $(( $(date +%s) - t0 )) s wall"
             # (the tables are rendered where the reports are committed: python -m runner report)
             python3 -c "import json, glob; [print(r['cell']['id'], r['status'], r['duration_s'], 's', len(r['cases']), 'cases', {k: v for k, v in r.get('phases', {}).items() if not isinstance(v, dict)}) for r in (json.load(open(p)) for p in sorted(glob.glob('$reports/*.json'))) if 'cell' in r]" 2>&1 || true
