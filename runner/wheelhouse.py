@@ -10,8 +10,13 @@ runs ``pip download --no-deps`` and keeps, from the wheel:
 * the wheel's own ``RECORD`` (gzip, deterministic), against which every file is checked
   before it is loaded (:mod:`runner.implementations.kernel_only`);
 * a manifest: distribution, version, wheel file name, size and sha256, each kept file and
-  its sha256, the modules found and those ``not in this version``, and every import of
-  another distribution (``foreign``).
+  its sha256, the modules found and those ``not in this version``, every import of another
+  distribution (``foreign``; also the distribution's own modules that :data:`CUT_MODULES`
+  cuts off, served by a substitute or a stand-in) and, where there are some, the imports
+  under a ``try:`` that catches ImportError (``optional``);
+* on request only (``--extensions``; tens of MB each), the compiled :data:`EXTENSIONS`
+  (vllm's ``_C_stable_libtorch.abi3.so``) with the torch their wheel requires
+  (:mod:`runner.extension_files`), in ``<root>/<distribution>-<version>/``.
 
 Layout, content-addressed (identical files across versions are stored once)::
 
