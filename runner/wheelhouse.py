@@ -10,8 +10,13 @@ runs ``pip download --no-deps`` and keeps, from the wheel:
 * the wheel's own ``RECORD`` (gzip, deterministic), against which every file is checked
   before it is loaded (:mod:`runner.implementations.kernel_only`);
 * a manifest: distribution, version, wheel file name, size and sha256, each kept file and
-  its sha256, the modules found and those ``not in this version``, and every import of
-  another distribution (``foreign``).
+  its sha256, the modules found and those ``not in this version``, every import of another
+  distribution (``foreign``; also the distribution's own modules that :data:`CUT_MODULES`
+  cuts off, served by a substitute or a stand-in) and, where there are some, the imports
+  under a ``try:`` that catches ImportError (``optional``);
+* on request only (``--extensions``; tens of MB each), the compiled :data:`EXTENSIONS`
+  (vllm's ``_C_stable_libtorch.abi3.so``) with the torch their wheel requires
+  (:mod:`runner.extension_files`), in ``<root>/<distribution>-<version>/``.
 
 Layout, content-addressed (identical files across versions are stored once)::
 
@@ -37,8 +42,9 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +59,26 @@ KERNEL_MODULES: dict[str, tuple[str, ...]] = {
                "sglang.kernels.kda_kernels.residual_gate_add_jit"),
     "vllm-omni": ("vllm_omni.diffusion.layers.indexed_modulation",            # 0.30.0
                   "vllm_omni.diffusion.attention.ops.minimax_h3_modulation"),  # 0.28.0
+    "liger-kernel": ("liger_kernel.ops.rms_norm", "liger_kernel.ops.fused_add_rms_norm",
+                     "liger_kernel.ops.modulated_rms_norm"),
+    "vllm": ("vllm.model_executor.determinism.batch_invariant",),
+}
+
+#: Modules of a distribution that its kernel modules import but that kernel-only loading
+#: never takes from the wheel (their closure is the serving stack): recorded like imports of
+#: another distribution, and served by a substitute or a stand-in
+#: (runner.implementations.kernel_only.SUBSTITUTES, STAND_INS) or the load fails naming them.
+CUT_MODULES: dict[str, tuple[str, ...]] = {
+    "vllm": ("vllm.envs", "vllm.platforms", "vllm.platforms.interface",
+             "vllm.triton_utils", "vllm.utils.mem_utils", "vllm.utils.nccl",
+             "vllm.utils.platform_utils", "vllm.utils.torch_utils"),
+}
+
+#: Compiled extensions a wheel may contribute, by distribution (path inside the wheel): kept
+#: only on request (``--extensions``: tens of MB each), beside the wheelhouse's objects
+#: (runner.implementations.extension).
+EXTENSIONS: dict[str, tuple[str, ...]] = {
+    "vllm": ("vllm/_C_stable_libtorch.abi3.so",),
 }
 
 
@@ -120,23 +146,60 @@ def imports_of(source: str, module: str) -> list[tuple[str, tuple[str, ...], boo
     return found
 
 
+_IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
+
+
+def _catches_import_error(handler: ast.ExceptHandler) -> bool:
+    if handler.type is None:
+        return True
+    kinds = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return any(isinstance(k, ast.Name) and k.id in _IMPORT_ERRORS for k in kinds)
+
+
+def guarded_imports(source: str, module: str) -> set[str]:
+    """The modules ``source`` imports only inside a ``try:`` whose handler catches ImportError
+    (or a base of it), or inside that handler (the fallback): optional, the module runs
+    without them (``try: import peft``) or with one of them."""
+    every = Counter(target for target, _, _ in imports_of(source, module))
+    guarded: Counter[str] = Counter()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Try) and any(_catches_import_error(h) for h in node.handlers):
+            parts = [*node.body, *(s for h in node.handlers if _catches_import_error(h)
+                                   for s in h.body)]
+            body = ast.Module(body=parts, type_ignores=[])
+            guarded.update(target for target, _, _ in imports_of(ast.unparse(body), module))
+    return {target for target, n in guarded.items() if n >= every[target]}
+
+
 @dataclass
 class Closure:
     """What :func:`closure` found: ``files`` (wheel path -> module), ``foreign`` (module of
     another distribution -> names imported from it, for eager imports), ``problems`` (one
-    line each: an eager import the wheel's files cannot serve without a package __init__)."""
+    line each: an eager import the wheel's files cannot serve without a package __init__),
+    ``optional`` (modules of another distribution imported under a ``try:`` that catches
+    ImportError: the module loads without them)."""
 
     files: dict[str, str]
     foreign: dict[str, list[str]]
     problems: list[str]
+    optional: list[str] = field(default_factory=list)
 
 
-def closure(entry: str, read: Mapping[str, bytes], tops: Iterable[str]) -> Closure:
+def _cut(target: str, cut: Iterable[str]) -> bool:
+    return any(target == c or target.startswith(c + ".") for c in cut)
+
+
+def closure(entry: str, read: Mapping[str, bytes], tops: Iterable[str],
+            cut: Iterable[str] = ()) -> Closure:
     """The files ``entry`` needs from a wheel whose ``.py`` files are ``read`` (path ->
     bytes), whose top-level packages are ``tops``: the entry module, and transitively each
     module of the same distribution it imports when it loads (imports inside functions are
-    not followed; the standard library is not listed as foreign)."""
-    tops = set(tops)
+    not followed; the standard library is not listed as foreign). Modules in ``cut``
+    (:data:`CUT_MODULES`) are not followed: they are listed as foreign. An import under a
+    ``try:`` that catches ImportError is optional: listed in ``optional`` when it is of
+    another distribution, skipped without a problem when the wheel lacks it."""
+    tops, cut = set(tops), tuple(cut)
+    optional: set[str] = set()
     stdlib = set(getattr(sys, "stdlib_module_names", ()))
     files: dict[str, str] = {}
     foreign: dict[str, list[str]] = {}
@@ -152,11 +215,18 @@ def closure(entry: str, read: Mapping[str, bytes], tops: Iterable[str]) -> Closu
                 problems.append(f"{module} is not a module file of the wheel")
             continue
         files[path] = module
-        for target, names, is_lazy in imports_of(read[path].decode("utf-8"), module):
+        text = read[path].decode("utf-8")
+        guarded = guarded_imports(text, module)
+        for target, names, is_lazy in imports_of(text, module):
             lazy_here = lazy or is_lazy
             if lazy_here:
                 continue  # runs only if that function is called: not followed, not required
-            if target.split(".")[0] not in tops:
+            outside = target.split(".")[0] not in tops
+            if target in guarded and (outside or module_path(target) not in read):
+                if outside and target.split(".")[0] not in stdlib:
+                    optional.add(target)
+                continue
+            if outside or _cut(target, cut):
                 if target.split(".")[0] not in stdlib:
                     foreign.setdefault(target, [])
                     foreign[target] = sorted({*foreign[target], *names})
@@ -177,7 +247,7 @@ def closure(entry: str, read: Mapping[str, bytes], tops: Iterable[str]) -> Closu
             if not names and not lazy_here and module_path(target) not in read:
                 problems.append(f"{module} imports {target}, a package whose __init__ "
                                 "kernel-only loading does not run")
-    return Closure(files, foreign, sorted(set(problems)))
+    return Closure(files, foreign, sorted(set(problems)), sorted(optional - set(foreign)))
 
 
 def manifest_path(root: Path, distribution: str, version: str) -> Path:
@@ -195,12 +265,22 @@ def _write_object(root: Path, name: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def extract(wheel: Path, distribution: str, version: str, root: Path) -> dict:
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of the file at ``path``, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def extract(wheel: Path, distribution: str, version: str, root: Path,
+            extensions: bool = False) -> dict:
     """Keep the kernel files and RECORD of ``wheel`` under ``root``; write and return its
-    manifest. Raises :class:`WheelhouseError` for a wheel without RECORD or a kept file
-    whose bytes do not match RECORD."""
-    data = wheel.read_bytes()
-    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+    manifest. With ``extensions``, also keep the distribution's :data:`EXTENSIONS`
+    (runner.implementations.extension.keep). Raises :class:`WheelhouseError` for a wheel
+    without RECORD or a kept file whose bytes do not match RECORD."""
+    with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
         records = [n for n in names if re.fullmatch(r"[^/]+\.dist-info/RECORD", n)]
         if len(records) != 1:
@@ -217,7 +297,7 @@ def extract(wheel: Path, distribution: str, version: str, root: Path) -> dict:
         if module_path(entry) not in read:
             modules[entry] = {"status": "not in this version"}
             continue
-        found = closure(entry, read, tops)
+        found = closure(entry, read, tops, CUT_MODULES.get(distribution, ()))
         if found.problems:  # keep nothing of it: it cannot load without its package __init__
             modules[entry] = {"status": "not kernel-only loadable", "files": [],
                               "foreign": found.foreign, "problems": found.problems[:3],
@@ -231,18 +311,26 @@ def extract(wheel: Path, distribution: str, version: str, root: Path) -> dict:
             _write_object(root, f"{digest}.py", read[path])
         modules[entry] = {"status": "found", "files": sorted(found.files),
                           "foreign": found.foreign, "problems": found.problems}
+        if found.optional:  # only where there are some: older manifests stay as they were
+            modules[entry]["optional"] = found.optional
     record_gz = gzip.compress(record_text.encode("utf-8"), mtime=0)
     record_sha = sha256_bytes(record_text.encode("utf-8"))
     _write_object(root, f"{record_sha}.RECORD.gz", record_gz)
     manifest = {
         "schema": MANIFEST_SCHEMA, "distribution": distribution, "version": version,
-        "wheel": {"filename": wheel.name, "sha256": sha256_bytes(data), "size": len(data)},
+        "wheel": {"filename": wheel.name, "sha256": sha256_file(wheel),
+                  "size": wheel.stat().st_size},
         "record": {"path": records[0], "sha256": record_sha},
         "packages": sorted(tops), "files": dict(sorted(kept.items())), "modules": modules,
     }
     out = manifest_path(root, distribution, version)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    if extensions and EXTENSIONS.get(distribution):
+        from runner import extension_files  # a wheel's compiled files: only when asked
+
+        for path in EXTENSIONS[distribution]:
+            extension_files.keep(wheel, manifest, path, root)
     return manifest
 
 
@@ -267,16 +355,17 @@ def download(distribution: str, version: str, dest: Path) -> Path:
 
 
 def build(versions: Mapping[str, Iterable[str]], root: Path,
-          cache: Path | None = None) -> list[dict]:
+          cache: Path | None = None, extensions: bool = False) -> list[dict]:
     """Download each ``{distribution: [version, ...]}`` and :func:`extract` it into ``root``;
-    the manifests. ``cache`` keeps the wheels (default: a temporary directory, removed)."""
+    the manifests. ``cache`` keeps the wheels (default: a temporary directory, removed);
+    ``extensions`` keeps the compiled :data:`EXTENSIONS` too."""
     manifests = []
     with tempfile.TemporaryDirectory(prefix="kernel-wheels-") as tmp:
         where = Path(cache) if cache else Path(tmp)
         for distribution, vs in versions.items():
             for version in vs:
                 wheel = download(distribution, version, where)
-                manifests.append(extract(wheel, distribution, version, root))
+                manifests.append(extract(wheel, distribution, version, root, extensions))
     return manifests
 
 
@@ -309,27 +398,39 @@ def summary(manifest: Mapping) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m runner.wheelhouse [--matrix matrix.yaml] [--out DIR] [--cache DIR]``:
-    build the wheelhouse for matrix.yaml's ``libraries.versions``; one line per module."""
+    """``python -m runner.wheelhouse [--matrix FILE ...] [--out DIR] [--cache DIR]
+    [--extensions]``: build the wheelhouse for the matrix files' ``libraries.versions``
+    (their union; default matrix.yaml); one line per module, and per extension kept."""
     import argparse
 
     import yaml
 
     parser = argparse.ArgumentParser(prog="python -m runner.wheelhouse",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--matrix", type=Path, default=PROJECT_ROOT / "matrix.yaml")
+    parser.add_argument("--matrix", type=Path, action="append", default=None,
+                        help="a matrix file (repeat for several; default: matrix.yaml)")
     parser.add_argument("--out", type=Path, default=None,
                         help="wheelhouse root (default: libraries.wheelhouse of the matrix)")
     parser.add_argument("--cache", type=Path, default=None, help="keep the wheels here")
+    parser.add_argument("--extensions", action="store_true",
+                        help="also keep the compiled extensions the library rows load "
+                             f"({', '.join(p for ps in EXTENSIONS.values() for p in ps)}: "
+                             "tens of MB each; off by default)")
     args = parser.parse_args(argv)
+    matrices = args.matrix or [PROJECT_ROOT / "matrix.yaml"]
     try:
-        data = yaml.safe_load(args.matrix.read_text()) or {}
-        libraries = data.get("libraries") or {}
-        versions = libraries.get("versions") or {}
+        versions: dict[str, list[str]] = {}
+        configured = None
+        for matrix in matrices:
+            libraries = (yaml.safe_load(matrix.read_text()) or {}).get("libraries") or {}
+            configured = configured or libraries.get("wheelhouse")
+            for dist, listed in (libraries.get("versions") or {}).items():
+                versions[dist] = list(dict.fromkeys([*versions.get(dist, []), *listed]))
         if not versions:
-            raise WheelhouseError(f"{args.matrix}: no libraries.versions to fetch")
-        root = args.out or resolve_root(libraries.get("wheelhouse"))
-        manifests = build(versions, root, args.cache)
+            raise WheelhouseError(f"{', '.join(map(str, matrices))}: no libraries.versions "
+                                  "to fetch")
+        root = args.out or resolve_root(configured)
+        manifests = build(versions, root, args.cache, args.extensions)
     except (OSError, WheelhouseError, yaml.YAMLError) as err:
         print(f"kernel wheelhouse: {err}".splitlines()[0], file=sys.stderr)
         return 1

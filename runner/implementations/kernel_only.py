@@ -14,7 +14,13 @@ library itself cannot be installed (issue 13). Never a re-implementation.
 3. an import of another distribution that is not installed is served by a
    :data:`SUBSTITUTES` entry only where the substitute does exactly what that module does
    (``vllm.triton_utils``: triton's own modules), and recorded as a substitute; otherwise the
-   load fails naming it.
+   load fails naming it;
+4. a module of the same distribution that the wheelhouse cuts off
+   (:data:`runner.wheelhouse.CUT_MODULES`: its closure is the serving stack) is served by its
+   substitute, else by a :data:`STAND_INS` entry: inert names that raise
+   :class:`StandInTouched` when used (attribute, call, instance), recorded as stand-ins, so a
+   call that reaches one fails instead of running something the library never ran
+   (:data:`TOUCHED` keeps every use for the caller to check).
 
 Versions of one distribution coexist in a process: a loaded version's modules are kept apart
 and put into ``sys.modules`` only while it loads or is called (:meth:`Loaded.active`).
@@ -81,6 +87,95 @@ SUBSTITUTES: dict[str, Substitute] = {
 }
 
 
+class StandInTouched(RuntimeError):
+    """Library code used a kernel-only stand-in: the code path is not the one recorded."""
+
+
+#: Every stand-in name used in this process (``module.name``), in order.
+TOUCHED: list[str] = []
+
+
+def _touched(what: str) -> StandInTouched:
+    TOUCHED.append(what)
+    return StandInTouched(f"{what} is a kernel-only stand-in (runner.implementations."
+                          "kernel_only.STAND_INS): the library's code path used it")
+
+
+class _InertMeta(type):
+    """Classes that stand for a name: usable in annotations (``X | None``), raising on any
+    attribute, call or instantiation."""
+
+    def __getattr__(cls, attr):
+        if attr.startswith("__") and attr.endswith("__"):
+            raise AttributeError(attr)
+        raise _touched(f"{cls.__qualname__}.{attr}")
+
+    def __call__(cls, *args, **kwargs):
+        raise _touched(cls.__qualname__)
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """A module of the loaded distribution that the kernel module imports but whose closure
+    is the serving stack: each of ``names`` is an inert placeholder, and any other attribute
+    of the module raises (``import vllm.envs as envs``). ``evidence``: why the called code
+    path never uses it (checked at run time: a use raises :class:`StandInTouched`)."""
+
+    module: str
+    distribution: str
+    names: tuple[str, ...]
+    evidence: str
+
+    def build(self) -> types.ModuleType:
+        """The stand-in module."""
+        mod = types.ModuleType(self.module, f"kernel-only stand-in for {self.module} "
+                                            f"({self.evidence})")
+        for name in self.names:
+            setattr(mod, name, _InertMeta(f"{self.module}.{name}", (), {}))
+
+        def missing(attr: str):
+            if attr.startswith("__") and attr.endswith("__"):
+                raise AttributeError(attr)
+            raise _touched(f"{self.module}.{attr}")
+
+        mod.__getattr__ = missing  # type: ignore[method-assign]  # PEP 562
+        mod.__path__ = []  # a parent of other stand-ins (vllm.platforms.interface)
+        setattr(mod, "__kernel_only_stand_in__", True)  # noqa: B010 - not a ModuleType field
+        return mod
+
+
+_BI = "vllm/model_executor/determinism/batch_invariant.py"
+_RMS = "rms_norm_batch_invariant"
+
+#: vllm 0.30.0 and 0.33.0 ``batch_invariant.py`` (and ``batch_invariant_configs.py``) import
+#: these at module level; ``rms_norm_batch_invariant`` without a residual (its only call
+#: here) reaches none of them: it reshapes, allocates and launches ``_rms_norm_kernel``.
+STAND_INS: dict[str, StandIn] = {
+    "vllm.envs": StandIn(
+        "vllm.envs", "vllm", (),
+        f"{_BI} reads envs.* in init_batch_invariance only, never in {_RMS}"),
+    "vllm.platforms": StandIn(
+        "vllm.platforms", "vllm", ("current_platform",),
+        f"{_BI} and batch_invariant_configs.py use current_platform in "
+        f"enable_batch_invariant_mode and the matmul config lookup, never in {_RMS}"),
+    "vllm.platforms.interface": StandIn(
+        "vllm.platforms.interface", "vllm", ("DeviceCapability",),
+        "batch_invariant_configs.py uses DeviceCapability as an annotation only"),
+    "vllm.utils.mem_utils": StandIn(
+        "vllm.utils.mem_utils", "vllm", ("get_max_shared_memory_bytes",),
+        f"{_BI} calls it in enable_batch_invariant_mode, never in {_RMS}"),
+    "vllm.utils.platform_utils": StandIn(
+        "vllm.utils.platform_utils", "vllm", ("num_compute_units",),
+        f"{_BI} calls it in the matmul paths and enable_batch_invariant_mode, never in {_RMS}"),
+    "vllm.utils.torch_utils": StandIn(
+        "vllm.utils.torch_utils", "vllm", ("is_torch_equal_or_newer",),
+        f"{_BI} calls it in enable_batch_invariant_mode, never in {_RMS}"),
+    "vllm.utils.nccl": StandIn(
+        "vllm.utils.nccl", "vllm", ("pin_nccl_env",),
+        f"{_BI} (0.33.0) calls it in enable_batch_invariant_mode, never in {_RMS}"),
+}
+
+
 @dataclass
 class Loaded:
     """One distribution version loaded kernel-only: its manifest (``wheel``, ``files``), the
@@ -93,6 +188,7 @@ class Loaded:
     substitutes: dict[str, str] = field(default_factory=dict)
     modules: dict[str, types.ModuleType] = field(default_factory=dict)
     tops: tuple[str, ...] = ()
+    stand_ins: dict[str, str] = field(default_factory=dict)
 
     @contextlib.contextmanager
     def active(self, full: bool = False) -> Iterator[None]:
@@ -101,7 +197,8 @@ class Loaded:
         distribution (another version, an installed copy); without it (each call) only this
         version's own names are swapped, which costs microseconds."""
         if full:
-            with _LOCK, _swapped(self.tops, tuple(self.substitutes), self.modules):
+            extra = (*self.substitutes, *self.stand_ins)
+            with _LOCK, _swapped(self.tops, extra, self.modules):
                 yield
             return
         with _LOCK:
@@ -116,20 +213,27 @@ class Loaded:
 
     def describe(self) -> str:
         """``kernel-only sglang 0.5.23, wheel NAME sha256 H; files: P sha256 H, ...;
-        substitutes: M (why)``: what the report's code_path records."""
+        substitutes: M (why); stand-ins: M: names (why)``: what the report's code_path
+        records (each part only where there is one)."""
         files = ", ".join(f"{p} sha256 {h}" for p, h in self.files.items())
         text = (f"kernel-only {self.distribution} {self.version}, wheel "
                 f"{self.wheel['filename']} sha256 {self.wheel['sha256']}; files: {files}")
         if self.substitutes:
             text += "; substitutes: " + ", ".join(f"{m} ({why})"
                                                   for m, why in self.substitutes.items())
+        if self.stand_ins:
+            text += "; stand-ins: " + ", ".join(f"{m} ({why})"
+                                                for m, why in self.stand_ins.items())
         return text
 
     def record(self) -> dict:
         """The same as JSON-ready data (report environment)."""
-        return {"mode": "kernel-only", "distribution": self.distribution,
-                "version": self.version, "wheel": dict(self.wheel), "files": dict(self.files),
-                "substitutes": dict(self.substitutes)}
+        out = {"mode": "kernel-only", "distribution": self.distribution,
+               "version": self.version, "wheel": dict(self.wheel), "files": dict(self.files),
+               "substitutes": dict(self.substitutes)}
+        if self.stand_ins:
+            out["stand_ins"] = dict(self.stand_ins)
+        return out
 
 
 @contextlib.contextmanager
@@ -277,13 +381,20 @@ def load(root: Path, distribution: str, version: str, module: str) -> tuple[Load
         if loaded is None:
             loaded = Loaded(distribution, version, dict(manifest["wheel"]),
                             tops=tuple(manifest["packages"]))
-        subs = {}
+        subs: dict[str, Substitute | StandIn] = {}
         for foreign in info["foreign"]:
-            if foreign in loaded.substitutes or _available(foreign):
+            own = foreign.split(".")[0] in loaded.tops  # cut off by the wheelhouse
+            if foreign in loaded.substitutes or foreign in loaded.stand_ins or (
+                    not own and _available(foreign)):
                 continue
-            sub = SUBSTITUTES.get(foreign)
+            sub = SUBSTITUTES.get(foreign) or (STAND_INS.get(foreign) if own else None)
             names = set(info["foreign"][foreign])
             if sub is None or not names <= set(sub.names):
+                if own:
+                    raise KernelOnlyError(f"{module} ({label}) imports {foreign}, a module "
+                                          "that kernel-only loading does not take from the "
+                                          "wheel, and no substitute or stand-in covers "
+                                          f"{', '.join(sorted(names)) or 'it'}")
                 raise KernelOnlyError(f"{module} ({label}) imports {foreign}, of a "
                                       "distribution that is not installed here, and no exact "
                                       "substitute exists")
@@ -298,7 +409,11 @@ def load(root: Path, distribution: str, version: str, module: str) -> tuple[Load
             except ImportError as err:
                 raise KernelOnlyError(f"{module} ({label}): substitute for {name} cannot be "
                                       f"built: {err}".splitlines()[0]) from None
-            loaded.substitutes[name] = sub.evidence
+            if isinstance(sub, StandIn):
+                loaded.stand_ins[name] = (f"{', '.join(sub.names) or 'any attribute'}: "
+                                          f"{sub.evidence}")
+            else:
+                loaded.substitutes[name] = sub.evidence
             parts = name.split(".")
             for i in range(1, len(parts)):  # stand-in parents of the substitute
                 parent = ".".join(parts[:i])

@@ -56,6 +56,16 @@ def installed_version(distribution: str) -> str:
         return "version unknown"
 
 
+def attribute(module: ModuleType, path: str):
+    """``module``'s attribute at the dotted ``path`` (``"Cls.apply"``), or None."""
+    value = module
+    for part in path.split("."):
+        value = getattr(value, part, None)
+        if value is None:
+            return None
+    return value
+
+
 @contextlib.contextmanager
 def watching(module: ModuleType, names: tuple[str, ...]) -> Iterator[list[str]]:
     """Replace ``module``'s functions ``names`` by wrappers that append their name to the
@@ -95,6 +105,7 @@ class LibraryImplementation(Implementation):
     every dtype), for a cell runner that skips other cases; :meth:`refuse_dtype` raises.
     ``tree_entries``: the ``"module:function"`` candidates inside a source tree (RL-Kernel's
     layouts), which a row bound to a tree tries instead of ``entries`` (versioned.on_tree).
+    A function may be an attribute path (``"module:LigerRMSNormFunction.apply"``).
     """
 
     distribution: str = ""
@@ -116,7 +127,7 @@ class LibraryImplementation(Implementation):
             except Exception as err:  # ImportError, or a package that fails as it loads
                 failures.append(f"import {module_name} failed: {_one_line(err)}")
                 continue
-            fn = getattr(module, attr, None)
+            fn = attribute(module, attr)
             if fn is None:
                 failures.append(f"{module_name} has no {attr!r}")
                 continue
@@ -146,8 +157,12 @@ class LibraryImplementation(Implementation):
             module, fn = self.entry()
         except LibraryMissing:
             return " | ".join(self.entries)
-        path = (f"{getattr(fn, '__module__', module.__name__)}:"
-                f"{getattr(fn, '__qualname__', self.entries[0].partition(':')[2])}")
+        owner = getattr(fn, "__self__", None)  # a classmethod (Function.apply): its class
+        if isinstance(owner, type):
+            path = f"{owner.__module__}:{owner.__qualname__}.{fn.__name__}"
+        else:
+            path = (f"{getattr(fn, '__module__', module.__name__)}:"
+                    f"{getattr(fn, '__qualname__', self.entries[0].partition(':')[2])}")
         backend = OBSERVED.get(self.name) or self._expected(module)
         labels = dict(self.watch)
         if backend in labels:

@@ -31,7 +31,12 @@ from typing import Any, TypeVar
 
 import runner.implementations.kernel_only as kernel_only
 import runner.implementations.rl_kernel_tree as rl_kernel_tree
-from runner.implementations.library import LibraryImplementation, LibraryMissing, installed_version
+from runner.implementations.library import (
+    LibraryImplementation,
+    LibraryMissing,
+    attribute,
+    installed_version,
+)
 from runner.wheelhouse import resolve_root
 
 KERNEL_ONLY_MARK = "kernel-only"
@@ -77,7 +82,7 @@ class VersionedImplementation(LibraryImplementation):
             except kernel_only.KernelOnlyError as err:
                 failures.append(str(err))
                 continue
-            fn = getattr(module, attr, None)
+            fn = attribute(module, attr)
             if not callable(fn):
                 failures.append(f"{module_name} ({self.distribution} {self.version}) has no "
                                 f"{attr!r}")
@@ -118,8 +123,14 @@ class VersionedImplementation(LibraryImplementation):
         if self.installed():
             return super().call(*args, **kwargs)
         self.entry()
+        touched = len(kernel_only.TOUCHED)
         with _USED[self.name].active():
-            return super().call(*args, **kwargs)
+            result = super().call(*args, **kwargs)
+        if len(kernel_only.TOUCHED) > touched:  # the library caught a StandInTouched
+            raise kernel_only.StandInTouched(
+                f"{self.name} used the kernel-only stand-in(s) "
+                f"{', '.join(kernel_only.TOUCHED[touched:])}: the recorded path did not run")
+        return result
 
 
 @dataclass(frozen=True)
@@ -185,7 +196,9 @@ def versioned(impl: LibraryImplementation, version: str,
                   wheelhouse=str(resolve_root(wheelhouse)),
                   source=f"{impl.source}; version {version} ({KERNEL_ONLY_MARK} where not "
                          "installed)")
-    return _bound(VersionedImplementation(**fields))
+    # a row that is already a versioned kind (runner.implementations.extension) keeps it
+    kind = type(impl) if isinstance(impl, VersionedImplementation) else VersionedImplementation
+    return _bound(kind(**fields))
 
 
 def on_tree(impl: LibraryImplementation, tree: str | Path | None = None) -> TreeImplementation:
