@@ -19,11 +19,20 @@ uint32 word views (vector mode) or element views (bfloat16 as int16), 2-D; ``wei
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from numba import cuda, float32
 
 from kernels.rms_norm_order import Layout, omni_layout, vector_elements, vllm_layout
-from kernels.rms_norm_ptx import div_full, fma_rn, rsqrt_approx, sqrt_approx
+from kernels.rms_norm_ptx import (
+    div_full,
+    div_rn,
+    fma_rn,
+    rsqrt_approx,
+    sqrt_approx,
+    sqrt_rn,
+)
 from kernels.rms_norm_rows import make_row_functions, vector_mode
 from kernels.rounding import add_rn, mul_rn
 
@@ -41,8 +50,22 @@ def layout_for(op: str, d: int, dtype: str) -> Layout:
     return omni_layout(d, itemsize) if op == "rms_norm_scale_shift" else vllm_layout(d, itemsize)
 
 
-def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
+#: Variants of the forward: the libraries' instructions ("triton"), IEEE division and square
+#: root instead of the approximate ones ("ieee"), or no FMA in the sums of squares ("nofma").
+#: Only "triton" is the op; the others exist to show that the probe and the tests can tell.
+VARIANTS = ("triton", "ieee", "nofma")
+
+
+@cuda.jit(device=True, inline="always")
+def _rsqrt_rn(a):
+    return div_rn(_ONE, sqrt_rn(a))
+
+
+def _build(op: str, d: int, dtype: str, eps: float, vector: bool, variant: str):
     layout = layout_for(op, d, dtype)
+    if variant == "nofma":
+        layout = dataclasses.replace(layout, fused=0)
+    div_full, sqrt_approx, rsqrt_approx = _MATH[variant == "ieee"]
     fetch, emit, rnd, sum_squares, _ = make_row_functions(layout, dtype, vector)
     n_vals = layout.slots * layout.size
     n_part = layout.blocks * layout.warps
@@ -128,14 +151,16 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
     return forward
 
 
+_MATH = {False: (div_full, sqrt_approx, rsqrt_approx), True: (div_rn, sqrt_rn, _rsqrt_rn)}
 _KERNELS: dict[tuple, object] = {}
 
 
-def forward_kernel(op: str, d: int, dtype: str, eps: float, vector: bool | None = None):
+def forward_kernel(op: str, d: int, dtype: str, eps: float, vector: bool | None = None,
+                   variant: str = "triton"):
     """The forward kernel of ``op`` for D columns of ``dtype`` ("bfloat16", "float16",
-    "float32") and ``eps``, built once per process. ``vector``: 16-byte vector loads
-    (default: whenever D * itemsize is a multiple of 16; ``True`` there raises
-    ``ValueError`` otherwise)."""
+    "float32") and ``eps``, built once per process; ``variant``: one of :data:`VARIANTS`.
+    ``vector``: 16-byte vector loads (default: whenever D * itemsize is a multiple of 16;
+    ``True`` there raises ``ValueError`` otherwise)."""
     layout = layout_for(op, d, dtype)
     possible = vector_mode(layout, ITEMSIZE[dtype])
     if vector is None:
@@ -143,10 +168,12 @@ def forward_kernel(op: str, d: int, dtype: str, eps: float, vector: bool | None 
     elif vector and not possible:
         raise ValueError(f"{op}: 16-byte vectors need D * itemsize % 16 == 0 and "
                          f"{vector_elements(ITEMSIZE[dtype])} elements per thread, got D={d}")
-    key = (op, d, dtype, float(eps), vector)
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown forward variant {variant!r}: expected one of {VARIANTS}")
+    key = (op, d, dtype, float(eps), vector, variant)
     if key not in _KERNELS:
-        _KERNELS[key] = _build(op, d, dtype, eps, vector)
+        _KERNELS[key] = _build(op, d, dtype, eps, vector, variant)
     return _KERNELS[key]
 
 
-__all__ = ["ITEMSIZE", "OPS", "forward_kernel", "layout_for"]
+__all__ = ["ITEMSIZE", "OPS", "VARIANTS", "forward_kernel", "layout_for"]

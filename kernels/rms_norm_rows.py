@@ -113,7 +113,10 @@ def make_row_functions(layout: Layout, dtype: str, vector: bool):
         n = min(reps * size, slots * size - first)
         if n == 1:
             return mul_rn(vals[first], vals[first])
-        acc = fma_rn(vals[first], vals[first], mul_rn(vals[first + 1], vals[first + 1]))
+        if fused > 0:
+            acc = fma_rn(vals[first], vals[first], mul_rn(vals[first + 1], vals[first + 1]))
+        else:
+            acc = add_rn(mul_rn(vals[first], vals[first]), mul_rn(vals[first + 1], vals[first + 1]))
         for m in range(2, n):
             e = vals[first + m]
             if m < fused:
