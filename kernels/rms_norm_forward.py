@@ -1,0 +1,179 @@
+"""The RMSNorm forward kernels (numba.cuda), one thread block per row, the row in registers.
+
+Three kernels, built per (storage dtype, D, eps, vector or element loads) by
+:func:`forward_kernel`; their orders and instructions are ``kernels/rms_norm_order.py``'s:
+
+* ``rms_norm``: vLLM's batch-invariant order (``vllm_layout``); ``out = round((x * inv) * w)``
+  with ``inv = div.full(1, sqrt.approx(div.full(sum_sq, D) + eps))``.
+* ``add_rms_norm``: ``h = round(x + residual)`` (one ``add.rn.f32``, rounded to the storage
+  dtype, written out), then ``rms_norm``'s forward on ``h``.
+* ``rms_norm_scale_shift``: vllm-omni's order (``omni_layout``); ``r = rsqrt.approx(
+  div.full(sum, D) + eps)``, ``n = (x * r) * w``, ``out = round(fma(n, 1 + scale[k],
+  shift[k]))`` with ``k = index[row]``. An index outside [0, G) clears ``flag[0]`` and gives
+  a NaN row; no parameter row outside [0, G) is read.
+
+Launch: grid (rows,) (looped when N is larger), block T = ``layout.threads``. Arrays are
+uint32 word views (vector mode) or element views (bfloat16 as int16), 2-D; ``weight`` is
+(1, D), ``scale``/``shift`` (G, D).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from numba import cuda, float32
+
+from kernels.rms_norm_order import Layout, omni_layout, vector_elements, vllm_layout
+from kernels.rms_norm_ptx import (
+    div_full,
+    div_rn,
+    fma_rn,
+    rsqrt_approx,
+    sqrt_approx,
+    sqrt_rn,
+)
+from kernels.rms_norm_rows import make_row_functions, vector_mode
+from kernels.rounding import add_rn, mul_rn
+
+OPS = ("rms_norm", "add_rms_norm", "rms_norm_scale_shift")
+ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
+_ONE = np.float32(1.0)
+_NAN = np.float32(np.nan)
+
+
+def layout_for(op: str, d: int, dtype: str) -> Layout:
+    """The layout (threads, slots, order) of ``op``'s kernels for D columns of ``dtype``."""
+    if op not in OPS:
+        raise ValueError(f"unknown RMSNorm op {op!r}: expected one of {', '.join(OPS)}")
+    itemsize = ITEMSIZE[dtype]
+    return omni_layout(d, itemsize) if op == "rms_norm_scale_shift" else vllm_layout(d, itemsize)
+
+
+#: Variants of the forward: the libraries' instructions ("triton"), IEEE division and square
+#: root instead of the approximate ones ("ieee"), or no FMA in the sums of squares ("nofma").
+#: Only "triton" is the op; the others exist to show that the probe and the tests can tell.
+VARIANTS = ("triton", "ieee", "nofma")
+
+
+@cuda.jit(device=True, inline="always")
+def _rsqrt_rn(a):
+    return div_rn(_ONE, sqrt_rn(a))
+
+
+def _build(op: str, d: int, dtype: str, eps: float, vector: bool, variant: str):
+    layout = layout_for(op, d, dtype)
+    if variant == "nofma":
+        layout = dataclasses.replace(layout, fused=0)
+    div_full, sqrt_approx, rsqrt_approx = _MATH[variant == "ieee"]
+    fetch, emit, rnd, sum_squares, _ = make_row_functions(layout, dtype, vector)
+    n_vals = layout.slots * layout.size
+    n_part = layout.blocks * layout.warps
+    eps32 = np.float32(eps)
+    d32 = np.float32(d)
+
+    @cuda.jit(device=True, inline="always")
+    def vllm_scale(vals, t, part):
+        mean = div_full(sum_squares(vals, t, part), d32)
+        return div_full(_ONE, sqrt_approx(add_rn(mean, eps32)))
+
+    if op == "rms_norm":
+        @cuda.jit
+        def forward(out, x, weight):
+            t = cuda.threadIdx.x
+            vals = cuda.local.array(n_vals, float32)
+            wv = cuda.local.array(n_vals, float32)
+            part = cuda.shared.array(n_part, float32)
+            fetch(wv, weight, 0, t, 0)
+            row = cuda.blockIdx.x
+            while row < x.shape[0]:
+                fetch(vals, x, row, t, 0)
+                inv = vllm_scale(vals, t, part)
+                for i in range(n_vals):
+                    vals[i] = mul_rn(mul_rn(vals[i], inv), wv[i])
+                emit(out, row, t, vals)
+                row += cuda.gridDim.x
+
+        return forward
+
+    if op == "add_rms_norm":
+        @cuda.jit
+        def forward(out, h, x, residual, weight):
+            t = cuda.threadIdx.x
+            vals = cuda.local.array(n_vals, float32)
+            res = cuda.local.array(n_vals, float32)
+            wv = cuda.local.array(n_vals, float32)
+            part = cuda.shared.array(n_part, float32)
+            fetch(wv, weight, 0, t, 0)
+            row = cuda.blockIdx.x
+            while row < x.shape[0]:
+                fetch(vals, x, row, t, 0)
+                fetch(res, residual, row, t, 0)
+                for i in range(n_vals):
+                    vals[i] = rnd(add_rn(vals[i], res[i]))
+                emit(h, row, t, vals)
+                inv = vllm_scale(vals, t, part)
+                for i in range(n_vals):
+                    vals[i] = mul_rn(mul_rn(vals[i], inv), wv[i])
+                emit(out, row, t, vals)
+                row += cuda.gridDim.x
+
+        return forward
+
+    @cuda.jit
+    def forward(out, x, weight, scale, shift, index, flag):
+        t = cuda.threadIdx.x
+        vals = cuda.local.array(n_vals, float32)
+        wv = cuda.local.array(n_vals, float32)
+        sc = cuda.local.array(n_vals, float32)
+        sh = cuda.local.array(n_vals, float32)
+        part = cuda.shared.array(n_part, float32)
+        fetch(wv, weight, 0, t, 0)
+        row = cuda.blockIdx.x
+        while row < x.shape[0]:
+            k = index[row]
+            fetch(vals, x, row, t, 0)
+            r = rsqrt_approx(add_rn(div_full(sum_squares(vals, t, part), d32), eps32))
+            if k < 0 or k >= scale.shape[0]:
+                if t == 0:
+                    flag[0] = np.uint8(0)
+                for i in range(n_vals):
+                    vals[i] = add_rn(_NAN, np.float32(0.0))
+            else:
+                fetch(sc, scale, k, t, 0)
+                fetch(sh, shift, k, t, 0)
+                for i in range(n_vals):
+                    n = mul_rn(mul_rn(vals[i], r), wv[i])
+                    vals[i] = fma_rn(n, add_rn(_ONE, sc[i]), sh[i])
+            emit(out, row, t, vals)
+            row += cuda.gridDim.x
+
+    return forward
+
+
+_MATH = {False: (div_full, sqrt_approx, rsqrt_approx), True: (div_rn, sqrt_rn, _rsqrt_rn)}
+_KERNELS: dict[tuple, object] = {}
+
+
+def forward_kernel(op: str, d: int, dtype: str, eps: float, vector: bool | None = None,
+                   variant: str = "triton"):
+    """The forward kernel of ``op`` for D columns of ``dtype`` ("bfloat16", "float16",
+    "float32") and ``eps``, built once per process; ``variant``: one of :data:`VARIANTS`.
+    ``vector``: 16-byte vector loads (default: whenever D * itemsize is a multiple of 16;
+    ``True`` there raises ``ValueError`` otherwise)."""
+    layout = layout_for(op, d, dtype)
+    possible = vector_mode(layout, ITEMSIZE[dtype])
+    if vector is None:
+        vector = possible
+    elif vector and not possible:
+        raise ValueError(f"{op}: 16-byte vectors need D * itemsize % 16 == 0 and "
+                         f"{vector_elements(ITEMSIZE[dtype])} elements per thread, got D={d}")
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown forward variant {variant!r}: expected one of {VARIANTS}")
+    key = (op, d, dtype, float(eps), vector, variant)
+    if key not in _KERNELS:
+        _KERNELS[key] = _build(op, d, dtype, eps, vector, variant)
+    return _KERNELS[key]
+
+
+__all__ = ["ITEMSIZE", "OPS", "VARIANTS", "forward_kernel", "layout_for"]

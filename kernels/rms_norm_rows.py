@@ -1,0 +1,177 @@
+"""Device functions that move whole rows between memory and registers, and sum their squares
+in the order of ``kernels/rms_norm_order.py``; shared by the RMSNorm forward and backward.
+
+One thread block of T threads handles one row at a time. A thread holds the row's columns of
+the layout's slots in a local float32 array ``vals`` of ``slots * S`` elements (element
+``s * S + k`` is column ``s * S * T + t * S + k``; 0.0 beyond D); every loop over it has a
+compile-time trip count, so after unrolling it lives in registers.
+
+Two ways to fetch a slot, fixed per kernel when it is built (:func:`make_row_functions`):
+
+* *vector* (D * itemsize a multiple of 16 and S * itemsize == 16): a row is read as uint32
+  words, one 16-byte ``ld.global.v4`` per slot (``kernels/vector.py``), the lanes decoded with
+  the lane codecs of ``kernels/rounding.py``;
+* *element*: one element load per column from an array of the storage element type (bfloat16
+  as int16 bits), for any D.
+
+Both give the same float32 values, so the same bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from kernels.rms_norm_order import Layout
+from kernels.rms_norm_ptx import fma_rn
+from kernels.rounding import CODECS, LANE_CODECS, add_rn, mul_rn
+from kernels.vector import load_vec, store_vec
+
+FULL_MASK = np.uint32(0xFFFFFFFF)
+_ZERO = np.float32(0.0)
+
+
+def vector_mode(layout: Layout, itemsize: int) -> bool:
+    """Whether a kernel for ``layout`` reads rows as 16-byte vectors."""
+    return layout.size * itemsize == 16 and (layout.d * itemsize) % 16 == 0
+
+
+def make_row_functions(layout: Layout, dtype: str, vector: bool):
+    """(fetch, emit, rnd, sum_squares, block_sum) device functions for one layout and dtype.
+
+    * ``fetch(vals, arr, row, t, s0)``: slot values of ``row`` of ``arr`` into ``vals[s0 ..]``
+      (``s0`` = 0 for a row; ``arr`` a uint32 word view in vector mode, else the element view);
+    * ``emit(arr, row, t, vals)``: ``vals`` rounded to the storage dtype into ``row``;
+    * ``rnd(x)``: float32 rounded to the storage dtype, as float32;
+    * ``sum_squares(vals, t, part)``: the row's float32 sum of squares in the layout's order
+      (``part``: shared float32 scratch of ``blocks * warps``; two barriers);
+    * ``block_sum(value, t, part)``: a thread value summed over the block by the same warp
+      and cross-warp butterflies (``part``: at least ``warps`` floats; two barriers).
+    """
+    size, threads, span, reps = layout.size, layout.threads, layout.span, layout.reps
+    slots, blocks, fused, d, warps = layout.slots, layout.blocks, layout.fused, layout.d, \
+        layout.warps
+    get, put, rnd, word_lanes = LANE_CODECS[dtype]
+    load, store, _ = CODECS[dtype]
+
+    if vector:
+        @cuda.jit(device=True, inline="always")
+        def _unpack(vals, at, word):
+            for j in range(word_lanes):
+                vals[at + j] = get(word, j)
+
+        @cuda.jit(device=True, inline="always")
+        def fetch(vals, arr, row, t, s0):
+            for s in range(slots):
+                at = (s0 + s) * size
+                if s * span + t * size < d:
+                    w0, w1, w2, w3 = load_vec(arr, row, s * threads + t)
+                    _unpack(vals, at, w0)
+                    _unpack(vals, at + word_lanes, w1)
+                    _unpack(vals, at + 2 * word_lanes, w2)
+                    _unpack(vals, at + 3 * word_lanes, w3)
+                else:
+                    for k in range(size):
+                        vals[at + k] = _ZERO
+
+        @cuda.jit(device=True, inline="always")
+        def _pack(vals, at):
+            word = np.uint32(0)
+            for j in range(word_lanes):
+                word |= put(vals[at + j], j)
+            return word
+
+        @cuda.jit(device=True, inline="always")
+        def emit(arr, row, t, vals):
+            for s in range(slots):
+                if s * span + t * size < d:
+                    at = s * size
+                    store_vec(arr, row, s * threads + t, _pack(vals, at),
+                              _pack(vals, at + word_lanes), _pack(vals, at + 2 * word_lanes),
+                              _pack(vals, at + 3 * word_lanes))
+    else:
+        @cuda.jit(device=True, inline="always")
+        def fetch(vals, arr, row, t, s0):
+            for s in range(slots):
+                for k in range(size):
+                    col = s * span + t * size + k
+                    vals[(s0 + s) * size + k] = load(arr[row, col]) if col < d else _ZERO
+
+        @cuda.jit(device=True, inline="always")
+        def emit(arr, row, t, vals):
+            for s in range(slots):
+                for k in range(size):
+                    col = s * span + t * size + k
+                    if col < d:
+                        arr[row, col] = store(vals[s * size + k])
+
+    @cuda.jit(device=True, inline="always")
+    def chain(vals, c):
+        # one thread's squares of block c, in register order (module docstring of
+        # kernels/rms_norm_order.py): fma for the first ``fused``, then rounded square + add
+        first = c * reps * size
+        n = min(reps * size, slots * size - first)
+        if n == 1:
+            return mul_rn(vals[first], vals[first])
+        if fused > 0:
+            acc = fma_rn(vals[first], vals[first], mul_rn(vals[first + 1], vals[first + 1]))
+        else:
+            acc = add_rn(mul_rn(vals[first], vals[first]), mul_rn(vals[first + 1], vals[first + 1]))
+        for m in range(2, n):
+            e = vals[first + m]
+            if m < fused:
+                acc = fma_rn(e, e, acc)
+            else:
+                acc = add_rn(mul_rn(e, e), acc)
+        return acc
+
+    @cuda.jit(device=True, inline="always")
+    def warp_butterfly(acc):
+        offset = 16
+        while offset > 0:
+            acc = add_rn(acc, cuda.shfl_xor_sync(FULL_MASK, acc, offset))
+            offset >>= 1
+        return acc
+
+    if warps == 4:
+        @cuda.jit(device=True, inline="always")
+        def across(part, b):
+            return add_rn(add_rn(part[b], part[b + 2]), add_rn(part[b + 1], part[b + 3]))
+    elif warps == 8:
+        @cuda.jit(device=True, inline="always")
+        def across(part, b):
+            return add_rn(add_rn(add_rn(part[b], part[b + 4]), add_rn(part[b + 2], part[b + 6])),
+                          add_rn(add_rn(part[b + 1], part[b + 5]),
+                                 add_rn(part[b + 3], part[b + 7])))
+    else:
+        raise ValueError(f"a block of {warps} warps: the layouts use 4 or 8")
+
+    @cuda.jit(device=True, inline="always")
+    def sum_squares(vals, t, part):
+        lane = t & 31
+        warp = t >> 5
+        for c in range(blocks):
+            acc = warp_butterfly(chain(vals, c))
+            if lane == 0:
+                part[c * warps + warp] = acc
+        cuda.syncthreads()
+        total = _ZERO
+        for c in range(blocks):
+            total = add_rn(total, across(part, c * warps))
+        cuda.syncthreads()  # part is written again for the next row
+        return total
+
+    @cuda.jit(device=True, inline="always")
+    def block_sum(value, t, part):
+        acc = warp_butterfly(value)
+        if (t & 31) == 0:
+            part[t >> 5] = acc
+        cuda.syncthreads()
+        total = across(part, 0)
+        cuda.syncthreads()
+        return total
+
+    return fetch, emit, rnd, sum_squares, block_sum
+
+
+__all__ = ["FULL_MASK", "make_row_functions", "vector_mode"]

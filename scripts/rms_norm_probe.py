@@ -1,0 +1,348 @@
+"""Probe on one GPU: our RMSNorm kernels against vLLM's and vllm-omni's Triton kernels.
+
+Usage (from the repository root, on a CUDA machine with torch, triton and numba-cuda)::
+
+    python scripts/rms_norm_probe.py --libs .carry/norm-probe [--reps 50] [--no-variants]
+
+``--libs`` is a folder with the libraries' own files, copied from their wheels and renamed
+``<label>_<file>.py``: ``vllm-0.30.0_batch_invariant.py`` and ``vllm-0.33.0_batch_invariant.py``
+(``vllm/model_executor/determinism/batch_invariant.py``),
+``vllm-omni-0.30.0_indexed_modulation.py`` (``vllm_omni/diffusion/layers/``) and
+``vllm-omni-0.28.0_minimax_h3_modulation.py`` (``vllm_omni/diffusion/attention/ops/``).
+A stand-in loader (not the libraries' import path: their packages import whole serving
+stacks) copies the named top-level functions of each file, unchanged, into a module that
+imports only torch and triton, and calls the libraries' own launch functions
+(``rms_norm_batch_invariant``, ``rms_norm_indexed_scale_shift``).
+
+It prints, per op / dtype / candidate, how many output elements differ in their bits from
+the library kernel at N in {1, 255, 256, 257, 4097, 32768} (D = 5376, specials planted in
+rows 1-10 and in random rows), how many differ from the numpy oracle of
+``tests/rms_norm_oracle.py`` (with the GPU's approximate instructions evaluated on the GPU)
+and from the same rows of the N = 32768 run (batch invariance); then CUDA-event timings
+(median of ``--reps`` after warm-up) at N = 32768 bfloat16 of ours, theirs and a
+device-to-device copy. Candidates: ``ours`` (the op), ``ours-ieee`` (IEEE division and
+square root) and ``ours-nofma`` (no FMA in the sums of squares), which should differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+D, G, EPS = 5376, 9, 1e-6
+NS = (1, 255, 256, 257, 4097, 32768)
+ORACLE_MAX_N = 257
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+VLLM = ("_rms_norm_kernel", "rms_norm_batch_invariant")
+OMNI = ("_MAX_1D_GRID_SIZE", "_iter_row_chunks", "_launch_row_chunks",
+        "_rms_norm_indexed_scale_shift_kernel", "rms_norm_indexed_scale_shift")
+LIBS = {
+    "vllm-0.30.0": ("vllm-0.30.0_batch_invariant.py", VLLM),
+    "vllm-0.33.0": ("vllm-0.33.0_batch_invariant.py", VLLM),
+    "vllm-omni-0.30.0": ("vllm-omni-0.30.0_indexed_modulation.py", OMNI),
+    "vllm-omni-0.28.0": ("vllm-omni-0.28.0_minimax_h3_modulation.py", OMNI),
+}
+HEADER = "import torch\nimport triton\nimport triton.language as tl\n\n\n"
+
+
+def load_library(path: Path, names: tuple[str, ...], label: str):
+    """A module with the named top-level definitions of ``path`` (decorators kept)."""
+    source = path.read_text()
+    lines = source.splitlines()
+    parts = []
+    for node in ast.parse(source).body:
+        name = getattr(node, "name", None)
+        if name is None and isinstance(node, ast.Assign) and isinstance(node.targets[0],
+                                                                         ast.Name):
+            name = node.targets[0].id
+        if name in names:
+            start = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
+            parts.append("\n".join(lines[start - 1:node.end_lineno]))
+    folder = Path(tempfile.mkdtemp(prefix="norm-probe-"))
+    module_name = "probe_" + label.replace("-", "_").replace(".", "_")
+    file = folder / f"{module_name}.py"
+    file.write_text(HEADER + "\n\n\n".join(parts) + "\n")
+    spec = importlib.util.spec_from_file_location(module_name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def make_inputs(n: int, dtype: torch.dtype, seed: int) -> dict[str, torch.Tensor]:
+    """Random normal inputs with special values planted in rows 1-10 and 16 random rows."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    fi = torch.finfo(dtype)
+    x = torch.randn(n, D, generator=gen, device="cuda")
+    sign = torch.where(torch.rand(D, generator=gen, device="cuda") < 0.5, -1.0, 1.0)
+    x[1, 7] = float("nan")
+    x[2, 11] = float("inf")
+    x[3, 13] = float("-inf")
+    x[4] = 0.0
+    x[5] = sign * fi.smallest_normal * torch.rand(D, generator=gen, device="cuda")  # subnormal
+    x[6] = (x[6] * (fi.max / 8)).clamp(-fi.max, fi.max)
+    x[7] = x[7] * fi.smallest_normal * 16
+    x[8] = x[8] * (1e-20 if dtype != torch.float16 else 1e-3)
+    x[9, ::2] = -0.0
+    x[10] = sign * fi.max
+    rows = torch.randint(11, n, (16,), generator=gen, device="cuda")
+    cols = torch.randint(0, D, (16,), generator=gen, device="cuda")
+    specials = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0, fi.max, -fi.max,
+                             fi.smallest_normal / 2, fi.tiny] * 2, device="cuda")
+    x[rows, cols] = specials
+    return {
+        "x": x.to(dtype),
+        "residual": torch.randn(n, D, generator=gen, device="cuda").to(dtype),
+        "weight": torch.randn(D, generator=gen, device="cuda").to(dtype),
+        "scale": (0.5 * torch.randn(G, D, generator=gen, device="cuda")).to(dtype),
+        "shift": (0.5 * torch.randn(G, D, generator=gen, device="cuda")).to(dtype),
+        "index": torch.randint(0, G, (n,), generator=gen, device="cuda"),
+    }
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32 if t.element_size() == 4 else torch.int16)
+
+
+def ndiff(a: torch.Tensor, b: torch.Tensor) -> int:
+    return int((bits(a) != bits(b)).sum())
+
+
+def gpu_math():
+    """(div_full, sqrt_approx, rsqrt_approx) evaluated elementwise on the GPU, for the oracle."""
+    from numba import cuda
+
+    from kernels.rms_norm_ptx import div_full, rsqrt_approx, sqrt_approx
+
+    @cuda.jit
+    def k_div(out, a, b):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = div_full(a[i], b[i])
+
+    @cuda.jit
+    def k_unary(out, a, which):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = sqrt_approx(a[i]) if which == 0 else rsqrt_approx(a[i])
+
+    def run(kernel, *arrays, extra=()):
+        shape = np.broadcast_shapes(*(np.shape(a) for a in arrays))
+        ins = [torch.from_numpy(np.ascontiguousarray(np.broadcast_to(
+            np.asarray(a, np.float32), shape)).ravel()).cuda() for a in arrays]
+        out = torch.empty_like(ins[0])
+        kernel[max(1, -(-out.numel() // 256)), 256](out, *ins, *extra)
+        return out.cpu().numpy().reshape(shape)
+
+    return (lambda a, b: run(k_div, a, b), lambda a: run(k_unary, a, extra=(0,)),
+            lambda a: run(k_unary, a, extra=(1,)))
+
+
+def oracle_diffs(op: str, ins: dict, out: torch.Tensor, math) -> int:
+    import rms_norm_oracle as O
+
+    dtype = {torch.bfloat16: "bfloat16", torch.float16: "float16",
+             torch.float32: "float32"}[ins["x"].dtype]
+    itemsize = ins["x"].element_size()
+    f = {k: v.float().cpu().numpy() for k, v in ins.items() if k != "index"}
+    div, sqrt, rsqrt = math
+    if op == "rms_norm_scale_shift":
+        ref = O.rms_norm_scale_shift(f["x"], f["weight"], f["scale"], f["shift"],
+                                     ins["index"].cpu().numpy(), itemsize, EPS, div, rsqrt)
+    else:
+        x = f["x"]
+        if op == "add_rms_norm":
+            x = O.round_storage(O.add(f["x"], f["residual"]), dtype)
+        ref = O.rms_norm(x, f["weight"], itemsize, EPS, div, sqrt)
+    got = bits(out).cpu().numpy().view(np.uint32 if itemsize == 4 else np.uint16)
+    return int((O.storage_bits(ref, dtype) != got).sum())
+
+
+def ours(op: str, ins: dict, variant: str = "triton"):
+    from kernels.rms_norm import forward_variant
+
+    return forward_variant(op, variant, ins["x"], ins["weight"], residual=ins["residual"],
+                           scale=ins["scale"], shift=ins["shift"], index=ins["index"])
+
+
+def theirs(op: str, lib, ins: dict) -> torch.Tensor:
+    if op == "rms_norm_scale_shift":
+        return lib.rms_norm_indexed_scale_shift(ins["x"], ins["weight"], ins["shift"],
+                                                ins["scale"], ins["index"], EPS)
+    x = ins["x"] + ins["residual"] if op == "add_rms_norm" else ins["x"]
+    return lib.rms_norm_batch_invariant(x, ins["weight"], EPS)
+
+
+def compare(op: str, full: dict, variants: list[str], refs: dict, math) -> dict:
+    """(candidate, reference) -> differing elements per N of NS."""
+    big = {v: ours(op, full, v) for v in variants}
+    big_ref = {label: theirs(op, lib, full) for label, lib in refs.items()}
+    table: dict[tuple, list] = {}
+    for n in NS:
+        ins = {k: (v[:n] if v.dim() and v.shape[0] == max(NS) else v) for k, v in full.items()}
+        for v in variants:
+            got = ours(op, ins, v)
+            out, h = got if op == "add_rms_norm" else (got, None)
+            big_out = big[v][0] if op == "add_rms_norm" else big[v]
+            name = "ours" if v == "triton" else f"ours-{v}"
+            for label, lib in refs.items():
+                table.setdefault((name, label), []).append(ndiff(out, theirs(op, lib, ins)))
+            table.setdefault((name, "prefix of N=32768"), []).append(ndiff(out, big_out[:n]))
+            if op == "add_rms_norm":
+                table.setdefault((name + " h", "x + residual (eager)"), []).append(
+                    ndiff(h, ins["x"] + ins["residual"]))
+            if v == "triton" and n <= ORACLE_MAX_N:
+                table.setdefault((name, "numpy oracle"), []).append(
+                    oracle_diffs(op, ins, out, math))
+        for label, lib in refs.items():
+            table.setdefault((label, "prefix of N=32768"), []).append(
+                ndiff(theirs(op, lib, ins), big_ref[label][:n]))
+    return table
+
+
+def timed(fn, reps: int) -> float:
+    """Median milliseconds of ``fn`` over ``reps`` CUDA-event timings after 5 warm-ups."""
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--libs", type=Path, required=True)
+    parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--no-variants", action="store_true")
+    parser.add_argument("--seed", type=int, default=20261202)
+    args = parser.parse_args()
+    t_start = time.time()
+    from kernels.rms_norm import forward_variant
+
+    libs = {}
+    for label, (file, names) in LIBS.items():
+        path = args.libs / file
+        if path.exists():
+            libs[label] = load_library(path, names, label)
+        else:
+            print(f"missing {path}: {label} skipped")
+    vllm = {k: v for k, v in libs.items() if k.startswith("vllm-0")}
+    omni = {k: v for k, v in libs.items() if k.startswith("vllm-omni")}
+    math = gpu_math()
+    print(f"GPU {torch.cuda.get_device_name()}; torch {torch.__version__}; "
+          f"triton {__import__('triton').__version__}")
+
+    rows = []  # (op, dtype, candidate, reference, diffs per N...)
+    for dname, dtype in DTYPES.items():
+        full = make_inputs(max(NS), dtype, args.seed)
+        # FMA changes a sum of squares only where a square is inexact: float32 storage
+        variants = ["triton"] + ([] if args.no_variants else
+                                 {"bf16": ["ieee"], "fp16": [], "fp32": ["ieee", "nofma"]}[dname])
+        for op in ("rms_norm", "add_rms_norm", "rms_norm_scale_shift"):
+            refs = omni if op == "rms_norm_scale_shift" else vllm
+            for (cand, ref), counts in compare(op, full, variants, refs, math).items():
+                rows.append((op, dname, cand, ref, *counts, *["-"] * (len(NS) - len(counts))))
+            torch.cuda.synchronize()
+        print(f"{dname}: compared in {time.time() - t_start:.0f} s", flush=True)
+
+    timings = []
+    full = make_inputs(max(NS), torch.bfloat16, args.seed)
+    n_bytes = full["x"].numel() * 2
+    dst = torch.empty_like(full["x"])
+    copy_ms = timed(lambda: dst.copy_(full["x"]), args.reps)
+    copy_tbs = 2 * n_bytes / copy_ms / 1e9
+    timings.append(("copy", "torch copy_", copy_ms, copy_tbs, 100.0))
+    cases = [("rms_norm", "ours", 2, lambda: forward_variant("rms_norm", "triton", full["x"],
+                                                              full["weight"]))]
+    for label, lib in vllm.items():
+        cases.append(("rms_norm", label, 2,
+                      lambda lib=lib: lib.rms_norm_batch_invariant(full["x"], full["weight"],
+                                                                   EPS)))
+    cases.append(("add_rms_norm", "ours", 4, lambda: forward_variant(
+        "add_rms_norm", "triton", full["x"], full["weight"], residual=full["residual"])))
+    for label, lib in list(vllm.items())[:1]:
+        cases.append(("add_rms_norm", f"torch add + {label}", 4,
+                      lambda lib=lib: lib.rms_norm_batch_invariant(
+                          full["x"] + full["residual"], full["weight"], EPS)))
+    cases.append(("rms_norm_scale_shift", "ours", 2, lambda: forward_variant(
+        "rms_norm_scale_shift", "triton", full["x"], full["weight"], scale=full["scale"],
+        shift=full["shift"], index=full["index"])))
+    for label, lib in omni.items():
+        cases.append(("rms_norm_scale_shift", label, 2,
+                      lambda lib=lib: lib.rms_norm_indexed_scale_shift(
+                          full["x"], full["weight"], full["shift"], full["scale"],
+                          full["index"], EPS)))
+    cases += backward_cases(full)
+    for op, who, tensors, fn in cases:
+        ms = timed(fn, args.reps)
+        tbs = tensors * n_bytes / ms / 1e9
+        timings.append((op, who, ms, tbs, 100.0 * tbs / copy_tbs))
+
+    print(f"\nall done in {time.time() - t_start:.0f} s\n")
+    print("Elements whose bits differ (D = 5376; columns: N)")
+    header = ("op", "dtype", "candidate", "vs", *map(str, NS))
+    print(format_table(header, rows))
+    print("\nTimings at N = 32768 bfloat16 (median of CUDA events; TB/s over the op's "
+          "(N, D) tensors read + written)")
+    print(format_table(("op", "implementation", "ms", "TB/s", "% of copy"),
+                       [(a, b, f"{c:.4f}", f"{d:.2f}", f"{e:.0f}") for a, b, c, d, e in
+                        timings]))
+
+
+def backward_cases(full) -> list:
+    """Forward + backward timings of ours (skipped while kernels/rms_norm_backward.py is
+    absent)."""
+    try:
+        from kernels.rms_norm import add_rms_norm, rms_norm, rms_norm_scale_shift
+    except ImportError:
+        return []
+    go = torch.randn_like(full["x"], dtype=torch.float32).to(full["x"].dtype)
+
+    def fb(fn, *leaves):
+        def step():
+            ts = [t.detach().requires_grad_() for t in leaves]
+            out = fn(*ts)
+            (out[0] if isinstance(out, tuple) else out).backward(go)
+        return step
+
+    return [
+        ("rms_norm fwd+bwd", "ours", 5, fb(rms_norm, full["x"], full["weight"])),
+        ("add_rms_norm fwd+bwd", "ours", 8, fb(
+            lambda x, r, w: add_rms_norm(x, r, w), full["x"], full["residual"],
+            full["weight"])),
+        ("rms_norm_scale_shift fwd+bwd", "ours", 5, fb(
+            lambda x, w, s, h: rms_norm_scale_shift(x, w, s, h, full["index"]), full["x"],
+            full["weight"], full["scale"], full["shift"])),
+    ]
+
+
+def format_table(header, rows) -> str:
+    try:
+        from tabulate import tabulate
+        return tabulate(rows, headers=header)
+    except ImportError:
+        widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
+        return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True))
+                         for r in (header, *rows))
+
+
+if __name__ == "__main__":
+    main()
