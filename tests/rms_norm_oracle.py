@@ -7,7 +7,7 @@ operation rounds to nearest even and returns the GPU's canonical NaN. ``fma`` is
 float64 product and sum, rounded to odd, then to float32 (53 >= 2 * 24 + 2 bits, so the
 double rounding is exact).
 
-The approximate GPU instructions (``div.full``, ``sqrt.approx``, ``rsqrt.approx``) are
+The approximate GPU instructions (``MUFU.RCP``, ``MUFU.SQRT``, ``MUFU.RSQ``) are
 parameters: correctly rounded stand-ins by default (what the CPU twin computes); a GPU test
 passes functions that evaluate the real instructions on the GPU.
 
@@ -64,8 +64,13 @@ def sqrt_rn(a):
 
 
 def rsqrt_rn(a):
-    """1 / sqrt(a), two correct roundings (the CPU's stand-in for ``rsqrt.approx``)."""
+    """1 / sqrt(a), two correct roundings (the CPU's stand-in for ``MUFU.RSQ``)."""
     return div_rn(np.float32(1.0), sqrt_rn(a))
+
+
+def rcp_rn(a):
+    """1 / a correctly rounded (the CPU's stand-in for ``MUFU.RCP``)."""
+    return div_rn(np.float32(1.0), a)
 
 
 def _layout(kind: str, d: int, itemsize: int) -> tuple[int, int, int, int]:
@@ -113,20 +118,23 @@ def sum_squares(x: np.ndarray, kind: str, itemsize: int) -> np.ndarray:
     return total
 
 
-def rms_norm(x, w, itemsize, eps=1e-6, div=div_rn, sqrt=sqrt_rn):
-    """vLLM order: float32 ``(x * inv) * w`` before the storage rounding."""
+def rms_norm(x, w, itemsize, eps=1e-6, rcp=rcp_rn, sqrt=sqrt_rn):
+    """vLLM order: float32 ``(x * inv) * w`` before the storage rounding, with
+    ``inv = rcp(sqrt(fma(sum_sq, rcp(D), eps)))`` (the SASS of ``1.0 / tl.sqrt(sum_sq /
+    n_cols + eps)``)."""
     d = x.shape[1]
-    mean = div(sum_squares(x, "vllm", itemsize), np.float32(d))
-    inv = div(np.float32(1.0), sqrt(add(mean, np.float32(eps))))
+    ss = sum_squares(x, "vllm", itemsize)
+    inv = rcp(sqrt(fma(ss, rcp(np.full(ss.shape, d, np.float32)), np.float32(eps))))
     return mul(mul(x, inv[:, None]), w[None, :])
 
 
-def rms_norm_scale_shift(x, w, scale, shift, index, itemsize, eps=1e-6, div=div_rn,
-                         rsqrt=rsqrt_rn):
+def rms_norm_scale_shift(x, w, scale, shift, index, itemsize, eps=1e-6, rsqrt=rsqrt_rn):
     """vllm-omni order: float32 ``fma((x * r) * w, 1 + scale[k], shift[k])`` before the
-    storage rounding."""
+    storage rounding, ``r = rsqrt(fma(sum, RN(1 / D), eps))`` (ptxas folds the division by
+    the constexpr D into a multiply by its correctly rounded reciprocal)."""
     d = x.shape[1]
-    r = rsqrt(add(div(sum_squares(x, "omni", itemsize), np.float32(d)), np.float32(eps)))
+    inv_d = np.float32(1.0) / np.float32(max(d, 1))
+    r = rsqrt(fma(sum_squares(x, "omni", itemsize), inv_d, np.float32(eps)))
     n = mul(mul(x, r[:, None]), w[None, :])
     return fma(n, add(np.float32(1.0), scale[index]), shift[index])
 
