@@ -83,9 +83,9 @@ def _layout(kind: str, d: int, itemsize: int) -> tuple[int, int, int, int]:
     return 256, size, max(block, 256 * size), 10**9  # every square fused
 
 
-def sum_squares(x: np.ndarray, kind: str, itemsize: int) -> np.ndarray:
-    """(N,) float32 sums of squares of the rows of ``x`` (N, D) in ``kind``'s order
-    ("vllm" or "omni")."""
+def _per_thread(x: np.ndarray, kind: str, itemsize: int):
+    """``x`` (N, D) as (N, blocks, threads, registers) in ``kind``'s layout (0.0 beyond D),
+    and the number of fused registers."""
     n, d = x.shape
     threads, size, block, fused = _layout(kind, d, itemsize)
     blocks = max(1, -(-d // block))
@@ -94,15 +94,13 @@ def sum_squares(x: np.ndarray, kind: str, itemsize: int) -> np.ndarray:
     reps = block // (threads * size)
     # column b*block + j*size*threads + t*size + k -> thread t, register j*size + k
     e = padded.reshape(n, blocks, reps, threads, size).transpose(0, 1, 3, 2, 4)
-    e = e.reshape(n, blocks, threads, reps * size)
-    m = e.shape[-1]
-    if m == 1:
-        acc = mul(e[..., 0], e[..., 0])
-    else:
-        acc = fma(e[..., 0], e[..., 0], mul(e[..., 1], e[..., 1]))
-    for i in range(2, m):
-        ei = e[..., i]
-        acc = fma(ei, ei, acc) if i < fused else add(mul(ei, ei), acc)
+    return e.reshape(n, blocks, threads, reps * size), fused
+
+
+def _butterflies(acc: np.ndarray) -> np.ndarray:
+    """(N, blocks, threads) per-thread values -> (N,) block sums (lane and warp butterflies,
+    lane 0), the blocks added from +0.0 in order."""
+    n, blocks, threads = acc.shape
     warps = threads // 32
     lanes = acc.reshape(n, blocks, warps, 32)
     for o in (16, 8, 4, 2, 1):
@@ -116,6 +114,31 @@ def sum_squares(x: np.ndarray, kind: str, itemsize: int) -> np.ndarray:
     for b in range(blocks):
         total = add(total, ws[:, b, 0])
     return total
+
+
+def sum_squares(x: np.ndarray, kind: str, itemsize: int) -> np.ndarray:
+    """(N,) float32 sums of squares of the rows of ``x`` (N, D) in ``kind``'s order
+    ("vllm" or "omni")."""
+    e, fused = _per_thread(x, kind, itemsize)
+    m = e.shape[-1]
+    if m == 1:
+        acc = mul(e[..., 0], e[..., 0])
+    else:
+        acc = fma(e[..., 0], e[..., 0], mul(e[..., 1], e[..., 1]))
+    for i in range(2, m):
+        ei = e[..., i]
+        acc = fma(ei, ei, acc) if i < fused else add(mul(ei, ei), acc)
+    return _butterflies(acc)
+
+
+def row_dot(p: np.ndarray, itemsize: int) -> np.ndarray:
+    """(N,) sums of the rows of ``p`` (N, D) as the backward adds them: per thread of the
+    omni layout from +0.0 in register order, then the butterflies."""
+    e, _ = _per_thread(p, "omni", itemsize)
+    acc = np.zeros(e.shape[:-1], np.float32)
+    for i in range(e.shape[-1]):
+        acc = add(acc, e[..., i])
+    return _butterflies(acc)
 
 
 def rms_norm(x, w, itemsize, eps=1e-6, rcp=rcp_rn, sqrt=sqrt_rn):
@@ -168,3 +191,44 @@ def bits_to_f32(bits: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "float16":
         return bits.astype(np.uint16).view(np.float16).astype(np.float32)
     return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def backward(go, v, w, itemsize, chunk_rows, eps=1e-6, gh=None, scale=None, index=None):
+    """The backward of ``kernels/rms_norm_backward.py``'s BACKWARD_ORDER, float32.
+
+    ``go`` (N, D) upstream into ``out``; ``v`` (N, D) the normalized input (x, or h);
+    ``gh`` the upstream into h (add_rms_norm) or None; ``scale`` (G, D) and ``index`` (N,)
+    for rms_norm_scale_shift. Returns (dv or gh + dv (N, D) before the storage rounding,
+    parameter sums (P, D) before the storage rounding: row 0 weight, then scale rows, then
+    shift rows).
+    """
+    n, d = v.shape
+    inv_d = np.float32(1.0) / np.float32(max(d, 1))
+    r = div_rn(np.float32(1.0), sqrt_rn(fma(sum_squares(v, "omni", itemsize), inv_d,
+                                            np.float32(eps))))[:, None]
+    u = go if scale is None else mul(go, add(np.float32(1.0), scale[index]))
+    nn = mul(v, r)
+    gw = mul(u, w[None, :])
+    coef = div_rn(mul(mul(mul(r[:, 0], r[:, 0]), r[:, 0]), row_dot(mul(gw, v), itemsize)),
+                  np.float32(d))
+    dv = add(mul(gw, r), -mul(v, coef[:, None]))
+    if gh is not None:
+        dv = add(gh, dv)
+    groups = 0 if scale is None else scale.shape[0]
+    terms = [mul(u, nn)]
+    if groups:
+        terms += [mul(go, mul(nn, w[None, :])), go]
+    totals = np.zeros((1 + 2 * groups, d), np.float32)
+    for start in range(0, n, chunk_rows):
+        rows = np.arange(start, min(start + chunk_rows, n))
+        if groups:  # rows grouped by index, each group in increasing row order
+            rows = rows[np.argsort(index[rows], kind="stable")]
+        acc = np.zeros_like(totals)
+        for i in rows:
+            acc[0] = add(acc[0], terms[0][i])
+            if groups:
+                k = index[i]
+                acc[1 + k] = add(acc[1 + k], terms[1][i])
+                acc[1 + groups + k] = add(acc[1 + groups + k], terms[2][i])
+        totals = add(totals, acc)
+    return dv, totals
