@@ -29,80 +29,21 @@ Example::
 from __future__ import annotations
 
 import torch
-from numba.cuda import types
 
-from kernels.index_check import assert_index, device_flag, index_mode
-from kernels.launch import Launcher, array_params, array_type
+from kernels.index_check import assert_index, device_flag, flags, index_mode
 from kernels.rms_norm_checks import check_index_range, check_tensors, dense
-from kernels.rms_norm_forward import ITEMSIZE, forward_kernel, layout_for
+from kernels.rms_norm_launch import launch_backward, launch_forward
 from kernels.rms_norm_order import EPS
-from kernels.rms_norm_rows import vector_mode
 
-DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
-_ELEMENT_TYPES = {torch.bfloat16: types.int16, torch.float16: types.float16,
-                  torch.float32: types.float32}
-_INDEX_TYPES = {torch.int64: types.int64, torch.int32: types.int32}
-_LAUNCHERS: dict[tuple, Launcher] = {}
-#: Largest grid.x the launches use; kernels loop over rows beyond it.
-MAX_GRID = 1 << 20
+_SS = "rms_norm_scale_shift"
 
 
-def use_vectors(op: str, tensors, d: int, dtype: torch.dtype) -> bool:
-    """Whether ``op``'s kernel for these tensors reads 16-byte vectors (the layout allows it
-    and every data pointer is 16-byte aligned)."""
-    name = DTYPE_NAMES[dtype]
-    return vector_mode(layout_for(op, d, name), ITEMSIZE[name]) and all(
-        t.data_ptr() % 16 == 0 for t in tensors)
-
-
-def array_of(t: torch.Tensor, vector: bool, d: int) -> list[int]:
-    """Kernel parameters of a contiguous (rows, D) or (D,) tensor: a 2-D uint32 word view
-    (``vector``) or a 2-D element view."""
-    rows = t.shape[0] if t.dim() == 2 else 1
-    size = t.element_size()
-    if vector:
-        return list(array_params(t.data_ptr(), (rows, d * size // 4), 4))
-    return list(array_params(t.data_ptr(), (rows, d), size))
-
-
-def launcher(kind: str, kernel, op: str, dtype: torch.dtype, d: int, eps: float, vector: bool,
-             n_arrays: int, index_dtype: torch.dtype | None = None,
-             tail: tuple = ()) -> Launcher:
-    """The :class:`Launcher` of one kernel: ``n_arrays`` 2-D arrays (uint32 words or
-    elements), then an index array and a flag when ``index_dtype`` is given, then ``tail``
-    (extra numba types)."""
-    key = (kind, op, dtype, d, float(eps), vector, n_arrays, index_dtype, tail)
-    if key not in _LAUNCHERS:
-        element = array_type(types.uint32 if vector else _ELEMENT_TYPES[dtype], 2)
-        argtypes = (element,) * n_arrays
-        if index_dtype is not None:
-            argtypes += (array_type(_INDEX_TYPES[index_dtype], 1), array_type(types.uint8, 1))
-        argtypes += tail
-        name = (f"rms_norm {kind} {op} {DTYPE_NAMES[dtype]} D={d} eps={float(eps)!r} "
-                f"{'vec' if vector else 'elem'} {index_dtype} {tail}")
-        _LAUNCHERS[key] = Launcher(kernel, argtypes, name=name)
-    return _LAUNCHERS[key]
-
-
-def _forward(op: str, outs, ins, weight, eps, index=None, flag=None, params=(),
-             variant: str = "triton"):
-    """Launch ``op``'s forward: ``outs`` and ``ins`` (N, D), ``weight`` (D,), ``params``
-    (G, D); every tensor contiguous, on one CUDA device."""
-    x = ins[0]
-    n, d = x.shape
-    if n == 0 or d == 0:
-        return
-    tensors = (*outs, *ins, weight, *params)
-    vector = use_vectors(op, tensors, d, x.dtype)
-    kernel = forward_kernel(op, d, DTYPE_NAMES[x.dtype], eps, vector, variant)
-    run = launcher(f"forward {variant}", kernel, op, x.dtype, d, eps, vector, len(tensors),
-                   None if index is None else index.dtype)
-    args = [p for t in tensors for p in array_of(t, vector, d)]
-    if index is not None:
-        args += list(array_params(index.data_ptr(), (n,), index.element_size()))
-        args += list(array_params(flag.data_ptr(), (1,), 1))
-    run(x.get_device(), (min(n, MAX_GRID), 1), layout_for(op, d, DTYPE_NAMES[x.dtype]).threads,
-        0, args)
+def _check_forward(op: str, x, weight, residual=None, scale=None, shift=None, index=None):
+    rows = {"x": x} if residual is None else {"x": x, "residual": residual}
+    params = {"weight": (weight, ("D",))}
+    if scale is not None:
+        params |= {"scale": (scale, ("G", "D")), "shift": (shift, ("G", "D"))}
+    check_tensors(op, "cuda", rows, params, index)
 
 
 def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float = EPS) -> torch.Tensor:
@@ -111,10 +52,10 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float = EPS) ->
     ``x``: (N, D) CUDA tensor; ``weight``: (D,), same dtype (bfloat16, float16, float32).
     Returns a new (N, D) tensor. Raises :class:`kernels.errors.OpInputError`.
     """
-    check_tensors("rms_norm", "cuda", {"x": x}, {"weight": (weight, ("D",))})
+    _check_forward("rms_norm", x, weight)
     x, weight = dense(x), dense(weight)
     out = torch.empty_like(x)
-    _forward("rms_norm", (out,), (x,), weight, eps)
+    launch_forward("rms_norm", (out,), (x,), weight, eps)
     return out
 
 
@@ -125,11 +66,10 @@ def add_rms_norm_forward(x: torch.Tensor, residual: torch.Tensor, weight: torch.
     ``x``, ``residual``: (N, D) CUDA tensors; ``weight``: (D,); one dtype. Raises
     :class:`kernels.errors.OpInputError`.
     """
-    check_tensors("add_rms_norm", "cuda", {"x": x, "residual": residual},
-                  {"weight": (weight, ("D",))})
+    _check_forward("add_rms_norm", x, weight, residual=residual)
     x, residual, weight = dense(x), dense(residual), dense(weight)
     out, h = torch.empty_like(x), torch.empty_like(x)
-    _forward("add_rms_norm", (out, h), (x, residual), weight, eps)
+    launch_forward("add_rms_norm", (out, h), (x, residual), weight, eps)
     return out, h
 
 
@@ -142,18 +82,15 @@ def rms_norm_scale_shift_forward(x, weight, scale, shift, index, eps: float = EP
     synchronising (a bad index fails at the next synchronisation), ``"sync"`` raises at once,
     ``False`` gives NaN rows. Raises :class:`kernels.errors.OpInputError`.
     """
-    op = "rms_norm_scale_shift"
-    check_index = index_mode(op, check_index)
-    check_tensors(op, "cuda", {"x": x}, {"weight": (weight, ("D",)),
-                                         "scale": (scale, ("G", "D")),
-                                         "shift": (shift, ("G", "D"))}, index)
+    check_index = index_mode(_SS, check_index)
+    _check_forward(_SS, x, weight, scale=scale, shift=shift, index=index)
     if check_index == "sync":
-        check_index_range(op, index, scale.shape[0])
+        check_index_range(_SS, index, scale.shape[0])
     x, weight, scale, shift, index = (dense(t) for t in (x, weight, scale, shift, index))
     out = torch.empty_like(x)
-    _forward(op, (out,), (x,), weight, eps, index, device_flag(x.device, check_index),
-             (scale, shift))
-    assert_index(op, x.device, check_index)
+    launch_forward(_SS, (out,), (x,), weight, eps, index, device_flag(x.device, check_index),
+                   (scale, shift))
+    assert_index(_SS, x.device, check_index)
     return out
 
 
@@ -167,15 +104,151 @@ def forward_variant(op: str, variant: str, x, weight, *, residual=None, scale=No
     out = torch.empty_like(x)
     if op == "add_rms_norm":
         h = torch.empty_like(x)
-        _forward(op, (out, h), (x, dense(residual)), weight, eps, variant=variant)
+        launch_forward(op, (out, h), (x, dense(residual)), weight, eps, variant=variant)
         return out, h
-    if op == "rms_norm_scale_shift":
-        _forward(op, (out,), (x,), weight, eps, dense(index), device_flag(x.device, False),
-                 (dense(scale), dense(shift)), variant=variant)
+    if op == _SS:
+        launch_forward(op, (out,), (x,), weight, eps, dense(index),
+                       device_flag(x.device, False), (dense(scale), dense(shift)),
+                       variant=variant)
         return out
-    _forward(op, (out,), (x,), weight, eps, variant=variant)
+    launch_forward(op, (out,), (x,), weight, eps, variant=variant)
     return out
 
 
-__all__ = ["DTYPE_NAMES", "MAX_GRID", "add_rms_norm_forward", "array_of", "forward_variant",
-           "launcher", "rms_norm_forward", "rms_norm_scale_shift_forward", "use_vectors"]
+def _grad(grad: torch.Tensor | None, like: torch.Tensor, what: str, op: str) -> torch.Tensor:
+    """An upstream gradient checked against ``like`` (zeros for None), contiguous."""
+    if grad is None:
+        return torch.zeros_like(like)
+    check_tensors(f"{op} backward", "cuda", {"x": like, what: grad}, {})
+    return dense(grad)
+
+
+def rms_norm_backward(grad_out, x, weight, eps: float = EPS):
+    """(grad_x (N, D), grad_weight (D,)) of rms_norm for upstream ``grad_out`` (N, D), in
+    ``kernels/rms_norm_backward.py``'s BACKWARD_ORDER. Raises
+    :class:`kernels.errors.OpInputError`."""
+    _check_forward("rms_norm backward", x, weight)
+    x, weight = dense(x), dense(weight)
+    grad_out = _grad(grad_out, x, "grad_out", "rms_norm")
+    grad_x = torch.empty_like(x)
+    grads = launch_backward("rms_norm", grad_x, (grad_out, x), weight, eps, 1)
+    return grad_x, grads[0]
+
+
+def add_rms_norm_backward(grad_out, grad_h, x, residual, weight, eps: float = EPS):
+    """(grad_x, grad_weight) of add_rms_norm for upstreams ``grad_out`` (into ``out``) and
+    ``grad_h`` (into ``h``), either None for zeros; grad_residual equals grad_x. Raises
+    :class:`kernels.errors.OpInputError`."""
+    _check_forward("add_rms_norm backward", x, weight, residual=residual)
+    x, residual, weight = dense(x), dense(residual), dense(weight)
+    grad_out = _grad(grad_out, x, "grad_out", "add_rms_norm")
+    grad_h = _grad(grad_h, x, "grad_h", "add_rms_norm")
+    grad_x = torch.empty_like(x)
+    grads = launch_backward("add_rms_norm", grad_x, (grad_out, grad_h, x, residual), weight,
+                            eps, 1)
+    return grad_x, grads[0]
+
+
+def rms_norm_scale_shift_backward(grad_out, x, weight, scale, index, eps: float = EPS, *,
+                                  check_index: bool | str = True):
+    """(grad_x, grad_weight, grad_scale, grad_shift) of rms_norm_scale_shift for upstream
+    ``grad_out`` (N, D); ``check_index`` as in :func:`rms_norm_scale_shift_forward`. Raises
+    :class:`kernels.errors.OpInputError`."""
+    check_index = index_mode(_SS, check_index)
+    _check_forward(f"{_SS} backward", x, weight, scale=scale, shift=scale, index=index)
+    if check_index == "sync":
+        check_index_range(_SS, index, scale.shape[0])
+    x, weight, scale, index = (dense(t) for t in (x, weight, scale, index))
+    grad_out = _grad(grad_out, x, "grad_out", _SS)
+    grads = _scale_shift_backward(grad_out, x, weight, scale, index, eps,
+                                  device_flag(x.device, check_index))
+    assert_index(_SS, x.device, check_index)
+    return grads
+
+
+def _scale_shift_backward(grad_out, x, weight, scale, index, eps, flag):
+    n_groups = scale.shape[0]
+    grad_x = torch.empty_like(x)
+    grads = launch_backward(_SS, grad_x, (grad_out, x), weight, eps, 1 + 2 * n_groups, index,
+                            flag, (scale,))
+    return grad_x, grads[0], grads[1:1 + n_groups], grads[1 + n_groups:]
+
+
+class RMSNorm(torch.autograd.Function):
+    """``RMSNorm.apply(x, weight, eps)`` -> out (N, D); gradients to ``x`` and ``weight``."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps=EPS):
+        out = rms_norm_forward(x, weight, eps)
+        ctx.save_for_backward(dense(x), dense(weight))
+        ctx.eps = eps
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight = ctx.saved_tensors
+        grad_x, grad_weight = rms_norm_backward(grad_out, x, weight, ctx.eps)
+        return grad_x, grad_weight, None
+
+
+class AddRMSNorm(torch.autograd.Function):
+    """``AddRMSNorm.apply(x, residual, weight, eps)`` -> (out, h); gradients to ``x``,
+    ``residual`` (the same values) and ``weight``."""
+
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps=EPS):
+        out, h = add_rms_norm_forward(x, residual, weight, eps)
+        ctx.save_for_backward(dense(x), dense(residual), dense(weight))
+        ctx.eps = eps
+        return out, h
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_h):
+        x, residual, weight = ctx.saved_tensors
+        grad_x, grad_weight = add_rms_norm_backward(grad_out, grad_h, x, residual, weight,
+                                                    ctx.eps)
+        return grad_x, grad_x, grad_weight, None
+
+
+class RMSNormScaleShift(torch.autograd.Function):
+    """``RMSNormScaleShift.apply(x, weight, scale, shift, index, eps, check_index)`` -> out;
+    gradients to ``x``, ``weight``, ``scale`` and ``shift``."""
+
+    @staticmethod
+    def forward(ctx, x, weight, scale, shift, index, eps=EPS, check_index=True):
+        out = rms_norm_scale_shift_forward(x, weight, scale, shift, index, eps,
+                                           check_index=check_index)
+        ctx.save_for_backward(dense(x), dense(weight), dense(scale), dense(index))
+        ctx.eps = eps
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight, scale, index = ctx.saved_tensors
+        grad_out = _grad(grad_out, x, "grad_out", _SS)
+        # the forward checked the index (or was told not to): the sink flag
+        grad_x, grad_weight, grad_scale, grad_shift = _scale_shift_backward(
+            grad_out, x, weight, scale, index, ctx.eps, flags(x.device)[1])
+        return grad_x, grad_weight, grad_scale, grad_shift, None, None, None
+
+
+def rms_norm(x, weight, eps: float = EPS):
+    """Differentiable :func:`rms_norm_forward` (numba.cuda kernels)."""
+    return RMSNorm.apply(x, weight, eps)
+
+
+def add_rms_norm(x, residual, weight, eps: float = EPS):
+    """Differentiable :func:`add_rms_norm_forward`: ``(out, h)``."""
+    return AddRMSNorm.apply(x, residual, weight, eps)
+
+
+def rms_norm_scale_shift(x, weight, scale, shift, index, eps: float = EPS, *,
+                         check_index: bool | str = True):
+    """Differentiable :func:`rms_norm_scale_shift_forward`."""
+    return RMSNormScaleShift.apply(x, weight, scale, shift, index, eps, check_index)
+
+
+__all__ = ["AddRMSNorm", "RMSNorm", "RMSNormScaleShift", "add_rms_norm",
+           "add_rms_norm_backward", "add_rms_norm_forward", "forward_variant", "rms_norm",
+           "rms_norm_backward", "rms_norm_forward", "rms_norm_scale_shift",
+           "rms_norm_scale_shift_backward", "rms_norm_scale_shift_forward"]

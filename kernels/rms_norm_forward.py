@@ -4,13 +4,16 @@ Three kernels, built per (storage dtype, D, eps, vector or element loads) by
 :func:`forward_kernel`; their orders and instructions are ``kernels/rms_norm_order.py``'s:
 
 * ``rms_norm``: vLLM's batch-invariant order (``vllm_layout``); ``out = round((x * inv) * w)``
-  with ``inv = div.full(1, sqrt.approx(div.full(sum_sq, D) + eps))``.
+  with ``inv = rcp(sqrt(fma(sum_sq, rcp(D), eps)))`` (``rcp``, ``sqrt``: ``MUFU.RCP``,
+  ``MUFU.SQRT``, what Triton's ``1.0 / tl.sqrt(sum_sq / n_cols + eps)`` becomes).
 * ``add_rms_norm``: ``h = round(x + residual)`` (one ``add.rn.f32``, rounded to the storage
   dtype, written out), then ``rms_norm``'s forward on ``h``.
-* ``rms_norm_scale_shift``: vllm-omni's order (``omni_layout``); ``r = rsqrt.approx(
-  div.full(sum, D) + eps)``, ``n = (x * r) * w``, ``out = round(fma(n, 1 + scale[k],
-  shift[k]))`` with ``k = index[row]``. An index outside [0, G) clears ``flag[0]`` and gives
-  a NaN row; no parameter row outside [0, G) is read.
+* ``rms_norm_scale_shift``: vllm-omni's order (``omni_layout``); ``r = rsqrt(fma(sum,
+  RN(1 / D), eps))`` (``MUFU.RSQ``; ``RN(1 / D)`` the correctly rounded reciprocal, what ptxas
+  folds ``tl.sum(...) / hidden_size`` into for a constexpr D), ``n = (x * r) * w``,
+  ``out = round(fma(n, 1 + scale[k], shift[k]))`` with ``k = index[row]``. An index
+  outside [0, G) clears ``flag[0]`` and gives a NaN row; no parameter row outside [0, G) is
+  read.
 
 Launch: grid (rows,) (looped when N is larger), block T = ``layout.threads``. Arrays are
 uint32 word views (vector mode) or element views (bfloat16 as int16), 2-D; ``weight`` is
@@ -25,14 +28,7 @@ import numpy as np
 from numba import cuda, float32
 
 from kernels.rms_norm_order import Layout, omni_layout, vector_elements, vllm_layout
-from kernels.rms_norm_ptx import (
-    div_full,
-    div_rn,
-    fma_rn,
-    rsqrt_approx,
-    sqrt_approx,
-    sqrt_rn,
-)
+from kernels.rms_norm_ptx import div_rn, fma_rn, rcp_approx, rsqrt_approx, sqrt_approx, sqrt_rn
 from kernels.rms_norm_rows import make_row_functions, vector_mode
 from kernels.rounding import add_rn, mul_rn
 
@@ -61,21 +57,30 @@ def _rsqrt_rn(a):
     return div_rn(_ONE, sqrt_rn(a))
 
 
+@cuda.jit(device=True, inline="always")
+def _rcp_rn(a):
+    return div_rn(_ONE, a)
+
+
 def _build(op: str, d: int, dtype: str, eps: float, vector: bool, variant: str):
     layout = layout_for(op, d, dtype)
     if variant == "nofma":
         layout = dataclasses.replace(layout, fused=0)
-    div_full, sqrt_approx, rsqrt_approx = _MATH[variant == "ieee"]
+    rcp, sqrt, rsqrt = _MATH[variant == "ieee"]
     fetch, emit, rnd, sum_squares, _ = make_row_functions(layout, dtype, vector)
     n_vals = layout.slots * layout.size
     n_part = layout.blocks * layout.warps
     eps32 = np.float32(eps)
-    d32 = np.float32(d)
+    inv_d = np.float32(1.0) / np.float32(d)  # what ptxas folds div.full by a constant D into
+    # elements per word of the arrays the kernel gets (uint32 words in vector mode)
+    per_word = 4 // ITEMSIZE[dtype] if vector else 1
 
     @cuda.jit(device=True, inline="always")
-    def vllm_scale(vals, t, part):
-        mean = div_full(sum_squares(vals, t, part), d32)
-        return div_full(_ONE, sqrt_approx(add_rn(mean, eps32)))
+    def vllm_scale(vals, t, part, width):
+        # div.full(sum_sq, D) + eps == fma(sum_sq, MUFU.RCP(D), eps) (SASS); D at run time,
+        # as vLLM passes n_cols, so that ptxas cannot fold the reciprocal
+        mean_eps = fma_rn(sum_squares(vals, t, part), rcp(float32(width * per_word)), eps32)
+        return rcp(sqrt(mean_eps))
 
     if op == "rms_norm":
         @cuda.jit
@@ -88,7 +93,7 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool, variant: str):
             row = cuda.blockIdx.x
             while row < x.shape[0]:
                 fetch(vals, x, row, t, 0)
-                inv = vllm_scale(vals, t, part)
+                inv = vllm_scale(vals, t, part, x.shape[1])
                 for i in range(n_vals):
                     vals[i] = mul_rn(mul_rn(vals[i], inv), wv[i])
                 emit(out, row, t, vals)
@@ -112,7 +117,7 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool, variant: str):
                 for i in range(n_vals):
                     vals[i] = rnd(add_rn(vals[i], res[i]))
                 emit(h, row, t, vals)
-                inv = vllm_scale(vals, t, part)
+                inv = vllm_scale(vals, t, part, x.shape[1])
                 for i in range(n_vals):
                     vals[i] = mul_rn(mul_rn(vals[i], inv), wv[i])
                 emit(out, row, t, vals)
@@ -133,7 +138,7 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool, variant: str):
         while row < x.shape[0]:
             k = index[row]
             fetch(vals, x, row, t, 0)
-            r = rsqrt_approx(add_rn(div_full(sum_squares(vals, t, part), d32), eps32))
+            r = rsqrt(fma_rn(sum_squares(vals, t, part), inv_d, eps32))
             if k < 0 or k >= scale.shape[0]:
                 if t == 0:
                     flag[0] = np.uint8(0)
@@ -151,7 +156,7 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool, variant: str):
     return forward
 
 
-_MATH = {False: (div_full, sqrt_approx, rsqrt_approx), True: (div_rn, sqrt_rn, _rsqrt_rn)}
+_MATH = {False: (rcp_approx, sqrt_approx, rsqrt_approx), True: (_rcp_rn, sqrt_rn, _rsqrt_rn)}
 _KERNELS: dict[tuple, object] = {}
 
 

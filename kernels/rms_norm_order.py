@@ -30,19 +30,25 @@ their block size and warp count, read from the TTGIR and PTX that triton 3.6.0 e
   W warp sums are combined by the same butterfly (o = W/2 .. 1), i.e. at lane 0
   ``((w0 + w2) + (w1 + w3))`` for W = 4 and ``(((w0 + w4) + (w2 + w6)) + ((w1 + w5) + (w3 +
   w7)))`` for W = 8. Float addition commutes, so every lane holds the same bits.
-* vLLM: ``sum_sq = 0; sum_sq += block_sum`` over blocks in increasing order;
-  ``mean = div.full.f32(sum_sq, float(D))``; ``rms = sqrt.approx.ftz.f32(mean + eps)``;
-  ``inv = div.full.f32(1.0, rms)``; ``out = round((x * inv) * w)`` (two ``mul.f32``, then
-  ``cvt.rn`` to the storage dtype).
-* vllm-omni: ``mean = div.full.f32(sum, float(D))``; ``r = rsqrt.approx.ftz.f32(mean +
-  eps)``; ``n = (x * r) * w``; ``out = round(fma(n, 1.0 + scale[index], shift[index]))``.
+* vLLM: ``sum_sq = 0; sum_sq += block_sum`` over blocks in increasing order; then
+  ``1.0 / tl.sqrt(sum_sq / n_cols + eps)``, which Triton emits as ``div.full.f32``,
+  ``add.f32``, ``sqrt.approx.ftz.f32``, ``div.full.f32`` and ptxas (sm_90a SASS) as
+  ``inv = RCP(SQRT(fma(sum_sq, RCP(D), eps)))``: ``div.full`` is a multiply by ``MUFU.RCP``
+  (its operand scaling never applies here), and ptxas contracts that multiply with the
+  ``+ eps``; ``out = round((x * inv) * w)`` (two ``mul.f32``, then ``cvt.rn``).
+* vllm-omni: ``r = RSQ(fma(sum, RN(1 / D), eps))`` (``hidden_size`` is a constexpr, so
+  ptxas folds the ``div.full`` into a multiply by the correctly rounded reciprocal of D,
+  again contracted with the ``+ eps``); ``n = (x * r) * w``;
+  ``out = round(fma(n, 1.0 + scale[index], shift[index]))``.
 
-``eps`` is float32 (1e-6 is ``0x358637BD``). ``div.full.f32`` (at most 2 ULP),
-``sqrt.approx.ftz.f32`` and ``rsqrt.approx.ftz.f32`` are not correctly rounded: our GPU kernels
-emit those very instructions (inline PTX, ``kernels/rms_norm_ptx.py``); the CPU twins use the
-correctly rounded float32 division and square root instead (``rsqrt`` as ``1 / sqrt``, two
-roundings), so their bits can differ from the GPU's in ``r`` and in every output of a row
-whose ``r`` differs. The reductions (``sum_sq``) are the same bits on both.
+``RCP``, ``SQRT``, ``RSQ`` are the hardware approximations ``MUFU.RCP``, ``MUFU.SQRT``,
+``MUFU.RSQ`` (PTX ``rcp/sqrt/rsqrt.approx.ftz.f32``); ``eps`` is float32 (1e-6 is
+``0x358637BD``). Our GPU kernels emit those very instructions (inline PTX,
+``kernels/rms_norm_ptx.py``) and every other multiply and add explicitly, so the SASS is the
+same operations; the CPU twins use the correctly rounded reciprocal and square root instead
+(``RSQ`` as ``1 / sqrt``, two roundings), so their bits can differ from the GPU's in ``inv``
+or ``r`` and then in every output of that row. The sums of squares are the same bits on
+both.
 
 Triton chooses S from the divisibility of D and the row stride by 16: the orders above are
 the libraries' for D a multiple of 16 (the MiniMax-H3 D = 5376 is); for other D our kernels

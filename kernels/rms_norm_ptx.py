@@ -1,14 +1,20 @@
 """The float32 instructions of the libraries' Triton RMSNorm kernels, for numba.cuda.
 
-Triton 3.6 lowers ``/`` on float32 to ``div.full.f32`` (an approximation with at most 2 ULP
-of error, not IEEE division), ``tl.sqrt`` to ``sqrt.approx.ftz.f32`` and ``tl.rsqrt`` to
-``rsqrt.approx.ftz.f32``, and contracts ``x * x + acc`` into ``fma.rn.f32`` (PTX read from
-``triton.compile`` for ``cuda:90``, see ``kernels/rms_norm_order.py``). numba.cuda has no
-such operations (``/`` is IEEE ``div.rn.f32`` and ``math.sqrt`` ``sqrt.rn.f32``), so each is
-emitted here as that one PTX instruction through inline assembly; ``fma_rn`` is libdevice's
-``__nv_fmaf`` (``fma.rn.f32``). Results of the approximate instructions are defined by the
-hardware, not by a formula: the CPU side (``kernels/rms_norm_cpu.py``) uses correctly rounded
-division and square root instead.
+Triton 3.6 lowers ``/`` on float32 to ``div.full.f32``, ``tl.sqrt`` to
+``sqrt.approx.ftz.f32`` and ``tl.rsqrt`` to ``rsqrt.approx.ftz.f32``, and contracts
+``x * x + acc`` into ``fma.rn.f32``; ptxas (sm_90a) then expands ``div.full.f32 a, b`` into
+``MUFU.RCP`` of ``b`` times ``a`` (operands scaled first only when ``|b|`` is above 2**126 or
+below 2**-126), contracts that multiply with a following ``add.f32`` into one ``FFMA``, and
+folds a division by a constant into a multiply by the correctly rounded reciprocal (SASS of
+the libraries' kernels, ``kernels/rms_norm_order.py``). So the whole non-IEEE part of the
+libraries' RMSNorm is three hardware approximations, ``MUFU.RCP``, ``MUFU.SQRT`` and
+``MUFU.RSQ``, which PTX names ``rcp.approx.ftz.f32``, ``sqrt.approx.ftz.f32`` and
+``rsqrt.approx.ftz.f32``. Each is emitted here as that one instruction through inline
+assembly (numba.cuda's ``/`` is IEEE ``div.rn.f32``, ``math.sqrt`` ``sqrt.rn.f32``), and
+every multiply and add around them is explicit (``fma_rn``: libdevice's ``__nv_fmaf``,
+``fma.rn.f32``), so no contraction decision of ptxas is left to chance. Their results are
+defined by the hardware, not by a formula: the CPU side (``kernels/rms_norm_cpu.py``) uses
+correctly rounded reciprocal and square root instead.
 
 ``div_rn`` / ``sqrt_rn`` (IEEE, ``div.rn.f32`` / ``sqrt.rn.f32``) are what our backward uses,
 so that its bits are the same on the GPU and the CPU.
@@ -50,18 +56,20 @@ if not SIMULATOR:
         return typer
 
     @intrinsic
-    def div_full(typingctx, a, b):
-        """float32 ``a / b`` as Triton's ``/``: ``div.full.f32`` (at most 2 ULP of error)."""
-        return _asm("div.full.f32 $0, $1, $2;", 2)(typingctx, a, b)
+    def rcp_approx(typingctx, a):
+        """float32 ``1 / a`` as ``MUFU.RCP``: ``rcp.approx.ftz.f32`` (what ``div.full.f32``
+        multiplies by)."""
+        return _asm("rcp.approx.ftz.f32 $0, $1;", 1)(typingctx, a)
 
     @intrinsic
     def sqrt_approx(typingctx, a):
-        """float32 square root as Triton's ``tl.sqrt``: ``sqrt.approx.ftz.f32``."""
+        """float32 square root as Triton's ``tl.sqrt``: ``sqrt.approx.ftz.f32`` (``MUFU.SQRT``)."""
         return _asm("sqrt.approx.ftz.f32 $0, $1;", 1)(typingctx, a)
 
     @intrinsic
     def rsqrt_approx(typingctx, a):
-        """float32 ``1 / sqrt(a)`` as Triton's ``tl.rsqrt``: ``rsqrt.approx.ftz.f32``."""
+        """float32 ``1 / sqrt(a)`` as Triton's ``tl.rsqrt``: ``rsqrt.approx.ftz.f32``
+        (``MUFU.RSQ``)."""
         return _asm("rsqrt.approx.ftz.f32 $0, $1;", 1)(typingctx, a)
 
     @cuda.jit(device=True, inline="always")
@@ -110,11 +118,13 @@ else:  # pragma: no cover - exercised only with NUMBA_ENABLE_CUDASIM=1
         with np.errstate(all="ignore"):
             return _canon(np.sqrt(np.float32(a)))
 
-    div_full = div_rn
     sqrt_approx = sqrt_rn
+
+    def rcp_approx(a):
+        return div_rn(np.float32(1.0), a)
 
     def rsqrt_approx(a):
         return div_rn(np.float32(1.0), sqrt_rn(a))
 
 
-__all__ = ["div_full", "div_rn", "fma_rn", "rsqrt_approx", "sqrt_approx", "sqrt_rn"]
+__all__ = ["div_rn", "fma_rn", "rcp_approx", "rsqrt_approx", "sqrt_approx", "sqrt_rn"]

@@ -121,33 +121,31 @@ def ndiff(a: torch.Tensor, b: torch.Tensor) -> int:
 
 
 def gpu_math():
-    """(div_full, sqrt_approx, rsqrt_approx) evaluated elementwise on the GPU, for the oracle."""
+    """(rcp, sqrt, rsqrt): MUFU.RCP / MUFU.SQRT / MUFU.RSQ evaluated elementwise on the GPU
+    (``kernels/rms_norm_ptx.py``), for the oracle."""
     from numba import cuda
 
-    from kernels.rms_norm_ptx import div_full, rsqrt_approx, sqrt_approx
-
-    @cuda.jit
-    def k_div(out, a, b):
-        i = cuda.grid(1)
-        if i < out.size:
-            out[i] = div_full(a[i], b[i])
+    from kernels.rms_norm_ptx import rcp_approx, rsqrt_approx, sqrt_approx
 
     @cuda.jit
     def k_unary(out, a, which):
         i = cuda.grid(1)
         if i < out.size:
-            out[i] = sqrt_approx(a[i]) if which == 0 else rsqrt_approx(a[i])
+            if which == 0:
+                out[i] = rcp_approx(a[i])
+            elif which == 1:
+                out[i] = sqrt_approx(a[i])
+            else:
+                out[i] = rsqrt_approx(a[i])
 
-    def run(kernel, *arrays, extra=()):
-        shape = np.broadcast_shapes(*(np.shape(a) for a in arrays))
-        ins = [torch.from_numpy(np.ascontiguousarray(np.broadcast_to(
-            np.asarray(a, np.float32), shape)).ravel()).cuda() for a in arrays]
-        out = torch.empty_like(ins[0])
-        kernel[max(1, -(-out.numel() // 256)), 256](out, *ins, *extra)
-        return out.cpu().numpy().reshape(shape)
+    def run(a, which):
+        a = np.asarray(a, np.float32)
+        x = torch.from_numpy(np.ascontiguousarray(a).ravel()).cuda()
+        out = torch.empty_like(x)
+        k_unary[max(1, -(-x.numel() // 256)), 256](out, x, which)
+        return out.cpu().numpy().reshape(a.shape)
 
-    return (lambda a, b: run(k_div, a, b), lambda a: run(k_unary, a, extra=(0,)),
-            lambda a: run(k_unary, a, extra=(1,)))
+    return (lambda a: run(a, 0), lambda a: run(a, 1), lambda a: run(a, 2))
 
 
 def oracle_diffs(op: str, ins: dict, out: torch.Tensor, math) -> int:
@@ -157,15 +155,15 @@ def oracle_diffs(op: str, ins: dict, out: torch.Tensor, math) -> int:
              torch.float32: "float32"}[ins["x"].dtype]
     itemsize = ins["x"].element_size()
     f = {k: v.float().cpu().numpy() for k, v in ins.items() if k != "index"}
-    div, sqrt, rsqrt = math
+    rcp, sqrt, rsqrt = math
     if op == "rms_norm_scale_shift":
         ref = O.rms_norm_scale_shift(f["x"], f["weight"], f["scale"], f["shift"],
-                                     ins["index"].cpu().numpy(), itemsize, EPS, div, rsqrt)
+                                     ins["index"].cpu().numpy(), itemsize, EPS, rsqrt)
     else:
         x = f["x"]
         if op == "add_rms_norm":
             x = O.round_storage(O.add(f["x"], f["residual"]), dtype)
-        ref = O.rms_norm(x, f["weight"], itemsize, EPS, div, sqrt)
+        ref = O.rms_norm(x, f["weight"], itemsize, EPS, rcp, sqrt)
     got = bits(out).cpu().numpy().view(np.uint32 if itemsize == 4 else np.uint16)
     return int((O.storage_bits(ref, dtype) != got).sum())
 
