@@ -1,6 +1,6 @@
 """The ops this project runs: one folder each, listed once in :data:`OPS`.
 
-An op is a unit (issue 12): ``ops/<name>/__init__.py`` holds its :class:`~ops.spec.OpSpec`
+An op is a unit: ``ops/<name>/__init__.py`` holds its :class:`~ops.spec.OpSpec`
 (problem sizes, tensors and labels, the bandwidth formula), ``ops/<name>/implementations.py``
 its implementations (eager, fp64, ours, compiled, library rows). Its kernels sit in
 ``kernels/`` (CUDA and CPU twins). The runner (``runner/``) reads the spec and names no op.
@@ -9,7 +9,7 @@ Example::
 
     >>> import ops
     >>> ops.OPS
-    ('gate_residual', 'indexed_scale_shift')
+    ('gate_residual', 'indexed_scale_shift', 'rms_norm', 'add_rms_norm', 'rms_norm_scale_shift')
     >>> ops.get("indexed_scale_shift").grads
     ('x', 'scale', 'shift')
 """
@@ -20,7 +20,8 @@ import importlib
 
 from ops.spec import OpSpec
 
-OPS: tuple[str, ...] = ("gate_residual", "indexed_scale_shift")
+OPS: tuple[str, ...] = ("gate_residual", "indexed_scale_shift", "rms_norm", "add_rms_norm",
+                         "rms_norm_scale_shift")
 """Every op, in the order the tables list them. The first is the op of reports made before
 ops existed (schema version 1 reports carry no tensor names; they are upgraded with its)."""
 

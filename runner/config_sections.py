@@ -28,7 +28,7 @@ from pydantic_core import PydanticCustomError
 from runner import pins
 from runner.config_errors import ENV_NAME_PATTERN, NAME_PATTERN, _one_of, _path, _show
 
-LIBRARY_DISTRIBUTIONS: tuple[str, ...] = ("sglang", "vllm-omni")
+LIBRARY_DISTRIBUTIONS: tuple[str, ...] = ("sglang", "vllm-omni", "liger-kernel", "vllm")
 """The keys ``libraries.versions`` may use: the distributions of the library implementations
 that run per version (runner/implementations/versioned.py; RL-Kernel runs from a source tree,
 ``libraries.rl_kernel``, not per version). tests/test_config.py checks them against the

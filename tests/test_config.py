@@ -453,8 +453,10 @@ def test_library_distributions_are_the_registry_s_versioned_ones() -> None:
     """``libraries.versions`` may name exactly the distributions whose library
     implementations run per version (RL-Kernel runs from a source tree)."""
     pytest.importorskip("torch")  # the implementations import torch; the rest of this file not
-    from ops.gate_residual import libraries
+    import importlib
+
     from runner.config import LIBRARY_DISTRIBUTIONS
 
-    versioned = {impl.distribution for impl in libraries.LIBRARIES} - {"RL-Kernel"}
-    assert set(LIBRARY_DISTRIBUTIONS) == versioned
+    versioned = {impl.distribution for op in ops.OPS
+                 for impl in importlib.import_module(f"ops.{op}.libraries").LIBRARIES}
+    assert set(LIBRARY_DISTRIBUTIONS) == versioned - {"RL-Kernel"}

@@ -459,7 +459,13 @@ print(json.dumps(out))
                                      ("add_rms_norm", "vllm_fused_add_rms_norm_cuda")])
 @pytest.mark.parametrize("version", GPU_VERSIONS["vllm"])
 def test_extension_rows_on_the_gpu_are_close_to_float64(op, name, version):
-    """Each version in a process of its own: torch registers the ``_C`` namespace once."""
+    """Each version in a process of its own: torch registers the ``_C`` namespace once. The
+    extension is opt-in (``python -m runner.wheelhouse --extensions``, 78-93 MB a version):
+    a host without it skips, naming what is missing; a present file that fails, fails."""
+    impl = next(i for i in OPS[op].LIBRARIES if i.name == name)
+    why = versioned.versioned(impl, version).unavailable_reason("cuda")
+    if why and "_C_stable_libtorch" in why:
+        pytest.skip(why)
     root = Path(__file__).resolve().parent.parent
     done = subprocess.run([sys.executable, "-c", CHILD, op, name, version], cwd=root,
                           capture_output=True, text=True, timeout=600)
