@@ -222,7 +222,8 @@ def combine(parts: Sequence[dict], planned: Sequence[Sequence[str]], matrix, *,
     order = [c.id for c in matrix.cases]
     every = [c for c in order if c in {x for plan in planned for x in plan}]
     done = set(_ids(merged))
-    missing = [c for c in every if c not in done]
+    # as the report's cases list holds ids: int N for a plain case (runner.cell.case_key)
+    missing = [int(c) if c.isdigit() else c for c in every if c not in done]
     merged["phases"] = None
     for p in with_data:
         merged["phases"] = phases.add(merged["phases"], p.get("phases"))
