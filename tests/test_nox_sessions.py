@@ -85,8 +85,9 @@ def test_refused_cell_is_exit_5(python_on_path: str, tmp_path: Path) -> None:
     reports = tmp_path / "reports"
     reports.mkdir()
     shutil.copy(ROOT / "reports" / "host-plain-cpu.json", reports)
-    done = nox(python_on_path, "matrix", "--reports", str(reports), "--stack", "host",
-               "--mode", "plain", "--target", "cpu", "--case", "1", "--backend", "host")
+    done = nox(python_on_path, "matrix", "--reports", str(reports), "--op", "gate_residual",
+               "--stack", "host", "--mode", "plain", "--target", "cpu", "--case", "1",
+               "--backend", "host")
     assert done.returncode == 5, done.stdout
     assert "error: 1 of 1 cells did not end ok: host-plain-cpu (refused)" in done.stdout
 
