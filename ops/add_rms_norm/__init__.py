@@ -55,7 +55,7 @@ SPEC = OpSpec(
              "x": Output("grad_x", ("N", "D"), grad_of="x"),
              "residual": Output("grad_residual", ("N", "D"), grad_of="residual"),
              "weight": Output("grad_weight", ("D",), grad_of="weight")},
-    zero_rows=("grad_out",),
+    zero_rows=("x", "residual", "grad_out"),  # h = 0 and grad_out = 0: exact zeros
     bitwise=(),
     implementations_module="ops.add_rms_norm.implementations",
     implementation_names=(
