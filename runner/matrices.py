@@ -4,7 +4,7 @@
 ``matrix.yaml`` is). ``--op`` keeps the files of those ops; ``--stack``, ``--mode`` and
 ``--case`` name values of any of the files: a value one file lacks is dropped for that file,
 and a file left with none of the named values of a dimension is not run. A value no file has
-is an error that lists the values there are (:class:`runner.errors.ConfigError`).
+is refused by the first file's run, listing its values (:class:`runner.errors.ConfigError`).
 
 Example::
 
@@ -43,17 +43,13 @@ def _ids(matrix) -> dict[str, set[str]]:
             "case": {c.id for c in matrix.cases}}
 
 
-def _shorten(values: Sequence[str], limit: int = 12) -> str:
-    shown = ", ".join(values[:limit])
-    return shown + (f", ... ({len(values) - limit} more)" if len(values) > limit else "")
-
-
 def plan(paths: Sequence[Path], *, ops: Sequence[str] | None, stacks: Sequence[str] | None,
          modes: Sequence[str] | None, cases: Sequence[str] | None) -> list[Run]:
     """The files to run and each one's selection (see the module docstring).
 
-    Raises ConfigError for a file that does not validate, an ``--op`` no file runs, or a
-    stack, mode or case that no selected file has.
+    Raises ConfigError for a file that does not validate or an ``--op`` no file runs. A
+    stack, mode or case that no selected file has leaves the first file alone, with every
+    value as given: its run refuses the selection in its own words.
     """
     from runner import implementations
     from runner.config import load_matrix
@@ -69,11 +65,12 @@ def plan(paths: Sequence[Path], *, ops: Sequence[str] | None, stacks: Sequence[s
         loaded = [(p, m) for p, m in loaded if m.op in ops]
     wanted = {"stack": stacks, "mode": modes, "case": cases}
     for dim, values in wanted.items():
-        every = sorted(set().union(*(_ids(m)[dim] for _, m in loaded)))
-        for value in values or ():
-            if value not in every:
-                raise ConfigError(f"--{dim}: unknown {dim} {value!r}; choose from "
-                                  f"{_shorten(every)}")
+        every = set().union(*(_ids(m)[dim] for _, m in loaded))
+        if any(value not in every for value in values or ()):
+            # no file has it: the first file's own selection says so, with its choices
+            path, matrix = loaded[0]
+            return [Run(path, matrix.op, *(None if v is None else tuple(v)
+                                           for v in wanted.values()))]
     runs = []
     for path, matrix in loaded:
         ids = _ids(matrix)
