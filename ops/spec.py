@@ -68,6 +68,8 @@ class OpSpec:
     several forward outputs (``add_rms_norm``: ``out`` and ``h``) lists them first, each with
     ``grad_of`` None; ``upstreams`` then maps each forward output to the input that holds its
     upstream gradient (default: the first forward output to ``upstream``).
+    ``library_modules``: per library distribution, the modules its rows load kernel-only
+    (every layout a version has used): what the kernel wheelhouse keeps of its wheels.
     """
 
     name: str
@@ -88,6 +90,7 @@ class OpSpec:
     reference_names: Mapping[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = field(default_factory=tuple)
     upstreams: Mapping[str, str] = field(default_factory=dict)
+    library_modules: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def forward(self) -> str:

@@ -23,7 +23,7 @@ import re
 import zipfile
 from pathlib import Path
 
-from runner.wheelhouse import WheelhouseError, parse_record, sha256_file
+from runner.wheel_record import WheelhouseError, parse_record, sha256_file
 
 SCHEMA = 1
 

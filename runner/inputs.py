@@ -280,8 +280,9 @@ def make_tensors(*, shapes: dict[str, tuple[int, ...]], index: str | None, n: in
     keyed by (seed, case_id, name); ``index``: the name of the (n,) index input, values in
     [0, ``groups``) (None: the op has no index, ``groups`` is ignored). ``dtype`` one of
     bfloat16/float16/float32, ``index_dtype`` int64/int32, ``seed`` >= 0. ``case_id`` defaults
-    to ``str(n)`` (``f"{n}-specials"`` with specials) and keys the streams; the runner passes the case id without its dtypes, so one N has the same
-    float64 values (each rounded to its dtype) and the same index in every dtype.
+    to ``str(n)`` (``f"{n}-specials"`` with specials) and keys the streams; the runner passes
+    the case id without its dtypes, so one N has the same float64 values (each rounded to its
+    dtype) and the same index in every dtype.
     Raises ``ValueError`` for an unknown dtype.
     """
     if index_dtype not in INDEX_DTYPES:

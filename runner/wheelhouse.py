@@ -4,7 +4,7 @@ kernel modules on an offline GPU host (issue 13). Built by ``nox -s kernel_wheel
 For each (distribution, version) that matrix.yaml's ``libraries.versions`` names, :func:`build`
 runs ``pip download --no-deps`` and keeps, from the wheel:
 
-* the modules that the library implementations call (:data:`KERNEL_MODULES`, every path a
+* the modules that the library implementations call (:func:`kernel_modules`, every path a
   version has used) and, transitively, the same distribution's modules they import (found by
   reading their ``import`` statements, :func:`closure`); no package ``__init__``;
 * the wheel's own ``RECORD`` (gzip, deterministic), against which every file is checked
@@ -30,11 +30,7 @@ is ignored by ``.gitignore`` and carried to the GPU host with the project.
 from __future__ import annotations
 
 import ast
-import base64
-import csv
 import gzip
-import hashlib
-import io
 import json
 import os
 import re
@@ -47,22 +43,30 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runner.wheel_record import (
+    WheelhouseError,
+    parse_record,
+    sha256_bytes,
+    sha256_file,
+)
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ROOT = PROJECT_ROOT / ".carry" / "kernel-wheelhouse"
 ENV_ROOT = "GATE_RESIDUAL_WHEELHOUSE"
 MANIFEST_SCHEMA = 1
 
-#: Module paths the library implementations call, by distribution: every layout a version
-#: has used (runner/implementations/sglang_ops.py and vllm_omni_ops.py name the functions).
-KERNEL_MODULES: dict[str, tuple[str, ...]] = {
-    "sglang": ("sglang.kernels.ops.diffusion.modulate.indexed_modulation_triton",
-               "sglang.kernels.kda_kernels.residual_gate_add_jit"),
-    "vllm-omni": ("vllm_omni.diffusion.layers.indexed_modulation",            # 0.30.0
-                  "vllm_omni.diffusion.attention.ops.minimax_h3_modulation"),  # 0.28.0
-    "liger-kernel": ("liger_kernel.ops.rms_norm", "liger_kernel.ops.fused_add_rms_norm",
-                     "liger_kernel.ops.modulated_rms_norm"),
-    "vllm": ("vllm.model_executor.determinism.batch_invariant",),
-}
+def kernel_modules() -> dict[str, tuple[str, ...]]:
+    """Module paths the library implementations call, by distribution: every op's
+    ``library_modules`` (:class:`ops.spec.OpSpec`; every layout a version has used), merged
+    in the order of :data:`ops.OPS`. The specs import no torch."""
+    import ops
+
+    found: dict[str, dict[str, None]] = {}
+    for op in ops.OPS:
+        for distribution, modules in ops.get(op).library_modules.items():
+            found.setdefault(distribution, {}).update(dict.fromkeys(modules))
+    return {d: tuple(m) for d, m in found.items()}
+
 
 #: Modules of a distribution that its kernel modules import but that kernel-only loading
 #: never takes from the wheel (their closure is the serving stack): recorded like imports of
@@ -80,30 +84,6 @@ CUT_MODULES: dict[str, tuple[str, ...]] = {
 EXTENSIONS: dict[str, tuple[str, ...]] = {
     "vllm": ("vllm/_C_stable_libtorch.abi3.so",),
 }
-
-
-class WheelhouseError(RuntimeError):
-    """A wheelhouse that cannot be built or read; the message is one line."""
-
-
-def sha256_bytes(data: bytes) -> str:
-    """Hex sha256 of ``data``."""
-    return hashlib.sha256(data).hexdigest()
-
-
-def record_digest(entry: str) -> str | None:
-    """The hex sha256 of a RECORD hash field (``sha256=<urlsafe base64, no padding>``), or
-    None for an empty field (RECORD itself) or another algorithm."""
-    algo, _, value = entry.partition("=")
-    if algo != "sha256" or not value:
-        return None
-    return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).hex()
-
-
-def parse_record(text: str) -> dict[str, str | None]:
-    """``{path: hex sha256 or None}`` from a wheel's RECORD (CSV: path, hash, size)."""
-    return {row[0]: record_digest(row[1] if len(row) > 1 else "")
-            for row in csv.reader(io.StringIO(text)) if row}
 
 
 def module_path(module: str) -> str:
@@ -265,15 +245,6 @@ def _write_object(root: Path, name: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of the file at ``path``, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def extract(wheel: Path, distribution: str, version: str, root: Path,
             extensions: bool = False) -> dict:
     """Keep the kernel files and RECORD of ``wheel`` under ``root``; write and return its
@@ -293,7 +264,7 @@ def extract(wheel: Path, distribution: str, version: str, root: Path,
             and ".data/" not in n}
     modules: dict[str, dict] = {}
     kept: dict[str, str] = {}
-    for entry in KERNEL_MODULES.get(distribution, ()):
+    for entry in kernel_modules().get(distribution, ()):
         if module_path(entry) not in read:
             modules[entry] = {"status": "not in this version"}
             continue

@@ -278,7 +278,7 @@ def test_liger_manifests_keep_three_files_and_its_try_imports_optional(house):
     for version in LIGER:
         manifest = json.loads(wheelhouse.manifest_path(house, "liger-kernel", version)
                               .read_text())
-        for module in wheelhouse.KERNEL_MODULES["liger-kernel"]:
+        for module in wheelhouse.kernel_modules()["liger-kernel"]:
             info = manifest["modules"][module]
             assert info["status"] == "found"
             assert info["files"] == sorted([wheelhouse.module_path(module),

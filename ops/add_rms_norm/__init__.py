@@ -66,4 +66,5 @@ SPEC = OpSpec(
     cell_prefix="add_rms_norm-",
     library_distributions=("liger-kernel", "vllm"),
     notes=(BYTES_NOTE,),
+    library_modules={"liger-kernel": ("liger_kernel.ops.fused_add_rms_norm",)},
 )

@@ -66,4 +66,9 @@ SPEC = OpSpec(
     # diffusers expression and its own op so
     reference_names={"diffusers": "eager", "rl_kernel": "rl_kernel_h3"},
     notes=(BYTES_NOTE,),
+    library_modules={
+        "sglang": ("sglang.kernels.ops.diffusion.modulate.indexed_modulation_triton",
+                   "sglang.kernels.kda_kernels.residual_gate_add_jit"),
+        "vllm-omni": ("vllm_omni.diffusion.layers.indexed_modulation",            # 0.30.0
+                      "vllm_omni.diffusion.attention.ops.minimax_h3_modulation")},  # 0.28.0
 )

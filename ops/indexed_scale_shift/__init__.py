@@ -62,4 +62,8 @@ SPEC = OpSpec(
     cell_prefix="scale_shift-",
     library_distributions=("sglang", "vllm-omni"),
     notes=(BYTES_NOTE,),
+    library_modules={
+        "sglang": ("sglang.kernels.ops.diffusion.modulate.indexed_modulation_triton",),
+        "vllm-omni": ("vllm_omni.diffusion.layers.indexed_modulation",            # 0.30.0
+                      "vllm_omni.diffusion.attention.ops.minimax_h3_modulation")},  # 0.28.0
 )

@@ -60,4 +60,7 @@ SPEC = OpSpec(
     cell_prefix="rms_norm-",
     library_distributions=("liger-kernel", "vllm"),
     notes=(BYTES_NOTE,),
+    library_modules={
+        "liger-kernel": ("liger_kernel.ops.rms_norm",),
+        "vllm": ("vllm.model_executor.determinism.batch_invariant",)},
 )

@@ -68,4 +68,8 @@ SPEC = OpSpec(
     cell_prefix="rms_norm_scale_shift-",
     library_distributions=("liger-kernel", "vllm-omni"),
     notes=(BYTES_NOTE,),
+    library_modules={
+        "liger-kernel": ("liger_kernel.ops.modulated_rms_norm",),
+        "vllm-omni": ("vllm_omni.diffusion.layers.indexed_modulation",            # 0.30.0
+                      "vllm_omni.diffusion.attention.ops.minimax_h3_modulation")},  # 0.28.0
 )

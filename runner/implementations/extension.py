@@ -34,7 +34,7 @@ import torch
 from runner import extension_files
 from runner.implementations.library import LibraryMissing, installed_version
 from runner.implementations.versioned import VersionedImplementation, runtime
-from runner.wheelhouse import sha256_file
+from runner.wheel_record import sha256_file
 
 _LOCK = threading.Lock()
 #: op namespace -> (label, file) of the extension loaded into it by this process.

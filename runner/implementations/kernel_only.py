@@ -42,7 +42,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runner import wheelhouse
+from runner import wheel_record, wheelhouse
 
 _LOCK = threading.RLock()
 
@@ -318,9 +318,9 @@ def verified_sources(root: Path, manifest: dict, paths: list[str]) -> dict[str, 
     except (OSError, EOFError, gzip.BadGzipFile) as err:
         raise KernelOnlyError(f"{label}: RECORD unreadable in the wheelhouse: "
                               f"{type(err).__name__}") from None
-    if wheelhouse.sha256_bytes(text) != rec["sha256"]:
+    if wheel_record.sha256_bytes(text) != rec["sha256"]:
         raise KernelOnlyError(f"{label}: {rec['path']} does not match the manifest's sha256")
-    record = wheelhouse.parse_record(text.decode("utf-8"))
+    record = wheel_record.parse_record(text.decode("utf-8"))
     out = {}
     for path in paths:
         digest = manifest["files"].get(path)
@@ -330,7 +330,7 @@ def verified_sources(root: Path, manifest: dict, paths: list[str]) -> dict[str, 
         except OSError:
             raise KernelOnlyError(f"{label}: {path} is missing from the wheelhouse "
                                   f"({obj})") from None
-        got = wheelhouse.sha256_bytes(data)
+        got = wheel_record.sha256_bytes(data)
         if record.get(path) is None or got != record[path]:
             raise KernelOnlyError(f"{label}: {path} does not match the wheel's RECORD (sha256 "
                                   f"{got}, RECORD {record.get(path) or 'has no entry'})")
@@ -370,7 +370,7 @@ def load(root: Path, distribution: str, version: str, module: str) -> tuple[Load
     info = manifest["modules"].get(module)
     if info is None:
         raise KernelOnlyError(f"{label}: the wheelhouse did not look for {module} (not in "
-                              "runner.wheelhouse.KERNEL_MODULES)")
+                              "the op specs' library_modules)")
     if info["status"] == "not in this version":
         raise KernelOnlyError(f"{module}: not in this version ({label})")
     if info["status"] != "found":
