@@ -1,6 +1,7 @@
 """Reading a file that someone else may have made hostile: a regular file of bounded size,
 never blocking on a FIFO or device (issue 16). Used for matrix.yaml and report files. And
-writing one so readers see the old or the new file, whole (:func:`write_text_atomic`).
+writing one so readers see the old or the new file, whole (:func:`write_text_atomic`), and
+one run at a time in a folder (:func:`folder_lock`).
 
 The file is opened non-blocking and its type taken from the open descriptor, so a FIFO is
 refused without waiting for a writer and nothing can swap the file in between.
@@ -8,11 +9,14 @@ refused without waiting for a writer and nothing can swap the file in between.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import secrets
 import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
@@ -120,3 +124,50 @@ def remove_stale_temp_files(directory: Path, min_age_s: float = 600.0) -> list[P
         except FileNotFoundError:
             continue
     return removed
+
+
+_held: dict[str, int] = {}  # folders this process holds the lock of -> depth
+
+
+class LockTimeout(OSError):
+    """Another process held the folder's lock for longer than the wait allowed."""
+
+
+@contextlib.contextmanager
+def folder_lock(directory: Path, timeout_s: float = 600.0) -> Iterator[None]:
+    """Hold ``directory``'s lock (``flock`` on the folder itself: no file is left) for the
+    block: runs that write one reports folder at once read, merge and rename a report one
+    at a time, so that neither loses the other's cases. Re-entrant within a process; waits up to
+    ``timeout_s`` seconds for another process.
+
+    Raises:
+        LockTimeout: the lock stayed held for ``timeout_s`` seconds.
+        OSError: the folder cannot be opened.
+    """
+    key = os.path.realpath(directory)
+    if _held.get(key):
+        _held[key] += 1
+        try:
+            yield
+        finally:
+            _held[key] -= 1
+        return
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise LockTimeout(f"another run held its lock for more than "
+                                      f"{timeout_s:g} s") from None
+                time.sleep(0.05)
+        _held[key] = 1
+        try:
+            yield
+        finally:
+            _held.pop(key, None)
+    finally:
+        os.close(fd)  # closing releases the lock
