@@ -46,6 +46,7 @@ from runner.config import Case, Matrix, read_matrix
 from runner.environment import project_state, uncommitted_digest
 from runner.errors import ConfigError, ReportError
 from runner.outcome import CellOutcome
+from runner.paths import output_folder
 from runner.run import STACK_SKIPPED, RunContext, run_cells, salvage_stale
 from runner.site import Site
 
@@ -170,11 +171,14 @@ def load(request: Request) -> tuple[Request, Matrix]:
 
     Raises:
         ConfigError: a timeout that is not a positive number of seconds, a path that cannot
-            be resolved, a bad matrix file or a malformed ``--gpus``.
+            be resolved, a reports folder that is a file or a project's root
+            (:func:`runner.paths.output_folder`), a bad matrix file or a malformed
+            ``--gpus``.
     """
     timeout_s = request.timeout_s
     if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
         raise ConfigError(f"--timeout: expected a number of seconds > 0, got {timeout_s!r}")
+    output_folder(request.reports_dir, "--reports")
     try:
         request = replace(request, matrix_path=request.matrix_path.resolve(),
                           reports_dir=request.reports_dir.resolve())

@@ -234,3 +234,183 @@ def test_two_case_runs_at_once_keep_every_case(tmp_path: Path, cell_like) -> Non
     report = read_report(tmp_path / "reports" / f"{CELL}.json").data
     assert report["cases"] == [1, 5, 7]
     assert set(report["results"]["eager"]["sha256"]) == {"1", "5", "7"}
+
+
+# ------------------------------------------------- 3. path options, special files, no hang
+
+def _snapshot_of(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+@pytest.mark.parametrize("argv", [["report", "--reports", ""],
+                                  ["report", "--reports", "reports", "--out", ""],
+                                  ["matrix", "--reports", "", "--target", "cpu"],
+                                  ["matrix", "--matrix", ""]])
+def test_an_empty_path_is_refused_not_taken_as_the_current_folder(
+        tmp_path: Path, monkeypatch, capsys, argv: list[str]) -> None:
+    """``--reports ""`` was the current folder: ``report`` in the project's root overwrote
+    its README.md."""
+    from runner.__main__ import main
+
+    (tmp_path / "README.md").write_text("# mine\n", encoding="utf-8")
+    (tmp_path / "reports").mkdir()
+    before = _snapshot_of(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "expected a path, got an empty string" in err
+    assert _snapshot_of(tmp_path) == before and not (tmp_path / "cells").exists()
+
+
+def test_the_projects_root_is_never_a_reports_folder(tmp_path: Path, capsys) -> None:
+    from runner.__main__ import main
+    from runner.paths import PROJECT_ROOT, output_folder
+
+    for folder in (PROJECT_ROOT, PROJECT_ROOT.parent, Path("/")):
+        with pytest.raises(ConfigError, match="the project's own folder"):
+            output_folder(folder, "--reports")
+    other = tmp_path / "someone-elses-project"
+    other.mkdir()
+    (other / "pyproject.toml").write_text("[project]\n", encoding="utf-8")
+    (other / "README.md").write_text("# theirs\n", encoding="utf-8")
+    before = _snapshot_of(other)
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    for argv in (["report", "--reports", str(other)],
+                 ["report", "--reports", str(reports), "--out", str(other)],
+                 ["matrix", "--reports", str(other), "--target", "cpu"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "holds pyproject.toml" in err, err
+    assert _snapshot_of(other) == before and not (other / "cells").exists()
+
+
+def test_a_file_or_fifo_as_reports_folder_is_exit_2_before_anything(tmp_path: Path,
+                                                                     capsys) -> None:
+    from runner.__main__ import main
+
+    (tmp_path / "file").write_text("x", encoding="utf-8")
+    os.mkfifo(tmp_path / "fifo")
+    for name in ("file", "fifo"):
+        assert main(["matrix", "--reports", str(tmp_path / name), "--target", "cpu"]) == 2
+        err = capsys.readouterr().err
+        assert "expected a folder for reports and tables" in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "file"]
+
+
+KERNEL_FILES = [p for p in ("/proc/kmsg", "/proc/self/status", "/sys/kernel/uevent_seqnum")
+                if os.path.exists(p)]
+
+
+@pytest.mark.parametrize("target", KERNEL_FILES)
+def test_a_symlink_to_a_kernel_file_is_refused_without_a_read(tmp_path: Path, target: str,
+                                                              capsys) -> None:
+    """``x.json`` or ``--matrix`` a symlink to /proc/kmsg: the read blocked until killed
+    (and, as root, consumed the kernel log). Files of /proc and /sys are refused from
+    their device, before any read; one line each."""
+    from runner.__main__ import main
+
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "x.json").symlink_to(target)
+    (tmp_path / "m.yaml").symlink_to(target)
+    assert main(["matrix", "--matrix", str(tmp_path / "m.yaml"),
+                 "--reports", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ("kernel interface" in err or "Permission" in err)
+    assert not (tmp_path / "out").exists()
+    assert main(["report", "--reports", str(tmp_path / "reports")]) == 3
+    err = capsys.readouterr().err
+    assert "warning: " + str(tmp_path / "reports" / "x.json") + ": " in err
+    assert "kernel interface" in err or "Permission" in err
+
+
+def test_a_file_that_would_block_is_refused_not_waited_on(tmp_path: Path,
+                                                          monkeypatch) -> None:
+    """A file that says it is regular but whose read would block (as /proc/kmsg does) is
+    refused at once: it is read non-blocking to the end."""
+    import stat as stat_mod
+    import time
+
+    from runner import files
+
+    fifo = tmp_path / "looks-regular.json"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    writer = os.open(fifo, os.O_WRONLY)  # a writer that never writes: a read would block
+    real_fstat = os.fstat
+
+    def regular(fd):
+        info = real_fstat(fd)
+        fields = list(info)
+        fields[0] = stat_mod.S_IFREG | 0o644
+        fields[6] = 0  # st_size
+        return os.stat_result(fields)
+
+    monkeypatch.setattr(files.os, "fstat", regular)
+    try:
+        start = time.monotonic()
+        with pytest.raises(files.NotRegular, match="would block"):
+            files.read_bounded(fifo, 1 << 20)
+        assert time.monotonic() - start < 5
+    finally:
+        os.close(writer)
+        os.close(reader)
+
+
+def test_reading_is_bounded_in_time(tmp_path: Path, monkeypatch) -> None:
+    from runner import files
+
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * (3 << 20))
+    clock = iter(range(0, 1000, 100))
+    monkeypatch.setattr(files.time, "monotonic", lambda: float(next(clock)))
+    with pytest.raises(TimeoutError, match="more than 60 s"):
+        files.read_bounded(big, 8 << 20)
+
+
+# -------------------------------------------------------------- 4. names shown escaped
+
+BAD_NAMES = [os.fsdecode(b"notes-\xff\xfe.json"), "a\nwarning: forged.json",
+             "b\x1b]0;title\x07\x1b[31mred.json", "c\u202egnp.json"]
+
+
+def test_bad_file_names_are_one_escaped_line_each_and_escaped_in_every_table(
+        tmp_path: Path, capsys) -> None:
+    """A name that is not UTF-8 crashed ``report`` (UnicodeEncodeError) with only cells/*.md
+    written; a newline in a name forged a second warning line; ESC and OSC bytes reached the
+    terminal and README.md raw."""
+    from runner.__main__ import main
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "host-plain-cuda.json").write_bytes(
+        (ROOT / "tests" / "data" / "reports" / "host-plain-cuda.json").read_bytes())
+    for name in BAD_NAMES:
+        (reports / name).write_text("{}", encoding="utf-8")
+    assert main(["report", "--reports", str(reports)]) == 3
+    out, err = capsys.readouterr()
+    warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == len(BAD_NAMES) == err.count("\n") - 1
+    shown_names = ["notes-\\xff\\xfe.json", "a\\nwarning: forged.json",
+                   "b\\x1b]0;title\\x07\\x1b[31mred.json", "c\\u202egnp.json"]
+    for name in shown_names:
+        assert sum(name in w for w in warnings) == 1, (name, warnings)
+    for text in [out, err] + [p.read_text(encoding="utf-8") for p in reports.rglob("*")
+                              if p.suffix in (".md", ".html", ".csv", ".json")
+                              and p.name != "host-plain-cuda.json" and p.stat().st_size > 2]:
+        assert not any(ch in text for ch in "\x1b\x07\u202e")
+        assert "\udcff" not in text
+    listed = json.loads((reports / "summary.json").read_text(encoding="utf-8"))
+    assert sorted(u["file"] for u in listed["unreadable"]) == sorted(shown_names)
+    readme = (reports / "README.md").read_text(encoding="utf-8")
+    assert "notes-\\\\xff\\\\xfe.json" in readme  # escaped, then Markdown-escaped
+
+
+def test_an_error_line_naming_a_bad_path_is_one_escaped_line(tmp_path: Path,
+                                                             capsys) -> None:
+    from runner.__main__ import main
+
+    bad = tmp_path / "m\n\x1b[2Jx.yaml"
+    assert main(["matrix", "--matrix", str(bad), "--reports", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "\x1b" not in err and "\\x1b[2Jx.yaml" in err
