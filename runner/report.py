@@ -35,7 +35,7 @@ from runner.errors import ReportError
 from runner.files import remove_stale_temp_files, write_text_atomic
 from runner.report_checks import (
     CELL_ID_RE,
-    comparison_problems,
+    foreign_problems,
     json_problems,
     ours_problems,
     path_str,
@@ -112,8 +112,9 @@ def _fast_valid(report: Any) -> bool:
 
 
 def _foreign_semantic_problems(report: Mapping[str, Any]) -> Iterator[str]:
-    """The rules beyond the schema that a foreign report's comparisons must keep."""
-    yield from comparison_problems(report, {str(c) for c in report["cases"]})
+    """The rules beyond the schema that a foreign report must keep
+    (:func:`runner.report_checks.foreign_problems`)."""
+    yield from foreign_problems(report)
 
 
 def _first_problem(

@@ -414,3 +414,111 @@ def test_an_error_line_naming_a_bad_path_is_one_escaped_line(tmp_path: Path,
     assert main(["matrix", "--matrix", str(bad), "--reports", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "\x1b" not in err and "\\x1b[2Jx.yaml" in err
+
+
+# --------------------------------------------- 6. what the tables show as fact is checked
+
+GOOD = ROOT / "tests" / "data" / "reports" / "host-plain-cuda.json"
+REFERENCE = ROOT / "reports" / "reference" / "gate_residual_b200.json"
+
+
+def _doc(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _problem(tmp_path: Path, doc: dict, name: str = "host-plain-cuda.json") -> str | None:
+    path = tmp_path / name
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return read_report(path).problem
+
+
+def test_listed_cases_without_data_are_flagged(tmp_path: Path) -> None:
+    """A report listing 10^6 case ids with data for 2 rendered as ok (a 47 MB ab.md)."""
+    import time
+
+    doc = _doc(GOOD)
+    doc["cases"] += [f"{n}-specials" for n in range(1, 100_001)]
+    start = time.monotonic()
+    problem = _problem(tmp_path, doc)
+    assert time.monotonic() - start < 30
+    assert problem is not None and "100000 of 100002 listed case(s) have no inputs or no " \
+        'result ("1-specials", "2-specials" (and 99998 more))' in problem
+    doc = _doc(GOOD)
+    doc["cases"].append(4097)  # one case, no data
+    assert "1 of 3 listed case(s)" in (_problem(tmp_path, doc) or "")
+    doc["status"] = "error"  # a failed report may list cases it did not reach
+    doc["reason"] = "failed"
+    assert _problem(tmp_path, doc) is None
+
+
+@pytest.mark.parametrize("record, expected", [
+    ({"size_sweep": 0, "first_failing_size": 2}, "size_sweep: expected true or false, got 0"),
+    ({"size_sweep": True, "first_failing_size": 2},
+     "size_sweep is true but first_failing_size is 2"),
+    ({"size_sweep": False, "first_failing_size": None},
+     "size_sweep is false but first_failing_size is null"),
+    ({"size_sweep": False, "first_failing_size": 300},
+     "first_failing_size: expected a size 1..max_size, got 300"),
+    ({"row_alone": 1}, "row_alone: expected true or false, got 1"),
+])
+def test_batch_invariance_fields_must_agree(tmp_path: Path, record: dict,
+                                            expected: str) -> None:
+    """``size_sweep: 0, first_failing_size: 2`` passed validation and the table said
+    batch-invariant ``yes``."""
+    base = {"row_alone": True, "sub_batches": True, "size_sweep": True,
+            "first_failing_size": None, "max_size": 257}
+    for doc in (_doc(GOOD), _doc(REFERENCE)):
+        impl = next(iter(doc["results"]))
+        doc["results"][impl]["batch_invariant"] = {"257": {**base, **record}}
+        problem = _problem(tmp_path, doc, "x.json")
+        assert problem is not None and expected in problem, problem
+        doc["results"][impl]["batch_invariant"] = {"257": base}
+        assert _problem(tmp_path, doc, "x.json") is None
+
+
+def _foreign_missing_case() -> dict:
+    doc = _doc(REFERENCE)
+    for impl, other in (("diffusers", "rl_kernel"), ("rl_kernel", "diffusers")):
+        del doc["results"][impl][f"vs {other}"]["4097"]
+    return doc
+
+
+def _foreign_extra_impl() -> dict:
+    doc = _doc(REFERENCE)
+    doc["results"]["liger"] = {"source": "liger-kernel"}
+    return doc
+
+
+def _foreign_case_twice() -> dict:
+    doc = _doc(REFERENCE)
+    doc["cases"].append(257)
+    return doc
+
+
+def _ours_one_direction() -> dict:
+    doc = _doc(GOOD)
+    del doc["results"]["eager"]["vs numba"]["257"]
+    return doc
+
+
+@pytest.mark.parametrize("make, expected", [
+    (_foreign_missing_case, 'results.diffusers["vs rl_kernel"]: no comparison for listed '
+                            'case(s) "4097"'),
+    (_foreign_extra_impl, "results.liger: compared with no other implementation"),
+    (_foreign_case_twice, 'cases: each case id once, got "257" again'),
+    (_ours_one_direction, 'results.eager["vs numba"]: case(s) "257" compared in one '
+                          "direction only"),
+])
+def test_an_incomplete_report_is_flagged_alone_in_its_folder(tmp_path: Path, capsys,
+                                                             make, expected: str) -> None:
+    """A foreign report missing a case, or with an extra implementation, rendered with exit 0
+    and no warning when alone in its folder; a case id listed twice became an extra row."""
+    from runner.__main__ import main
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "x.json").write_text(json.dumps(make()), encoding="utf-8")
+    assert main(["report", "--reports", str(reports)]) == 3
+    err = capsys.readouterr().err
+    [warning] = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert expected in warning, warning
