@@ -522,3 +522,121 @@ def test_an_incomplete_report_is_flagged_alone_in_its_folder(tmp_path: Path, cap
     err = capsys.readouterr().err
     [warning] = [line for line in err.splitlines() if line.startswith("warning: ")]
     assert expected in warning, warning
+
+
+# ------------------------------------------------------------------------ 7. --cluster
+
+@pytest.mark.parametrize("address", ["ray://[::1", "ray://[::1]", "::1:10001", "ray://a_b:1",
+                                     "ray://host:0", "ray://host:65536", "ray://h/x:1",
+                                     "ray://host:1 ", "ray://[zz::1]:1", "http://host:1"])
+def test_a_malformed_cluster_address_is_refused_in_one_line(address: str) -> None:
+    """``ray://[::1`` was tried (Ray's retries) rather than refused."""
+    from runner.cluster_connect import parse_address
+
+    with pytest.raises(ConfigError, match="expected ray://HOST:PORT") as err:
+        parse_address(address)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("address", ["ray://[::1]:10001", "ray://10.0.0.1:10001",
+                                     "node-1.example.org:6379", "ray://localhost:1"])
+def test_well_formed_cluster_addresses_pass(address: str) -> None:
+    from runner.cluster_connect import parse_address
+
+    assert parse_address(address) == address
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cluster_cli(tmp_path: Path, address: str) -> subprocess.Popen:
+    matrix = _write(tmp_path / "m.yaml", BASE)
+    return subprocess.Popen([sys.executable, "-m", "runner", "matrix", "--matrix", str(matrix),
+                             "--reports", str(tmp_path / "r"), "--cluster", address],
+                            cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+@pytest.mark.parametrize("scheme", ["ray://", ""])
+def test_a_dead_cluster_address_is_one_line_in_seconds(tmp_path: Path, scheme: str) -> None:
+    """``--cluster ray://127.0.0.1:1`` took about 97 s and printed Ray's warnings;
+    ``127.0.0.1:1`` hung past 150 s."""
+    import time
+
+    pytest.importorskip("ray")
+    start = time.monotonic()
+    proc = _cluster_cli(tmp_path, f"{scheme}127.0.0.1:{_free_port()}")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 4, err
+    assert err.count("\n") == 1 and "cannot connect: Connection refused" in err, err
+    assert time.monotonic() - start < 30
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.fixture
+def silent_port():
+    """A port that accepts TCP connections and never says anything (no Ray there)."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(50)
+    held: list = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield server.getsockname()[1], held
+    server.close()
+    for conn in held:
+        conn.close()
+
+
+def test_a_port_without_ray_is_one_line_within_the_stated_bound(tmp_path: Path,
+                                                                 silent_port) -> None:
+    import time
+
+    pytest.importorskip("ray")
+    from runner.cluster_connect import PROBE_TIMEOUT_S
+
+    port, _ = silent_port
+    start = time.monotonic()
+    proc = _cluster_cli(tmp_path, f"127.0.0.1:{port}")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 4 and err.count("\n") == 1, err
+    assert "no gRPC server (Ray's GCS) answers" in err
+    assert time.monotonic() - start < PROBE_TIMEOUT_S + 20
+
+
+@pytest.mark.parametrize("signum, code", [(15, 143), (2, 130)])
+def test_a_signal_during_the_connect_is_one_line_and_128_plus_it(tmp_path: Path, silent_port,
+                                                                 signum: int,
+                                                                 code: int) -> None:
+    """SIGTERM while connecting gave exit 15 after 23 s with no line (Ray's own handler)."""
+    import time
+
+    pytest.importorskip("ray")
+    port, held = silent_port
+    proc = _cluster_cli(tmp_path, f"ray://127.0.0.1:{port}")
+    deadline = time.monotonic() + 60
+    while len(held) < 2 and time.monotonic() < deadline:  # the probe, then Ray Client
+        time.sleep(0.05)
+    assert len(held) >= 2, "Ray Client never connected"
+    time.sleep(0.5)
+    sent = time.monotonic()
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert time.monotonic() - sent < 10
+    assert err.count("\n") == 1 and err.startswith("error: interrupted by SIG"), err
