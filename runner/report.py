@@ -35,6 +35,7 @@ from runner.errors import ReportError
 from runner.files import remove_stale_temp_files, write_text_atomic
 from runner.report_checks import (
     CELL_ID_RE,
+    bound_problem,
     foreign_problems,
     json_problems,
     ours_problems,
@@ -326,6 +327,11 @@ def read_report(path: Path) -> LoadedReport:
         return LoadedReport(
             path, None, None, f"not a report: the JSON is a {type(data).__name__}, not an object"
         )
+    too_big = bound_problem(data)
+    if too_big is not None:
+        origin = "ours" if "schema_version" in data or _ours_without_version(data) else (
+            "foreign" if _is_foreign_layout(data) else None)
+        return LoadedReport(path, None, origin, too_big)
     if "schema_version" in data:
         try:
             data = upgrade(data)

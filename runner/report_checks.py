@@ -30,12 +30,21 @@ from typing import Any
 
 from runner import report_tensors
 
-__all__ = ["CELL_ID_RE", "batch_invariance_problems", "comparison_problems", "data_problems",
+__all__ = ["CELL_ID_RE", "MAX_CASES", "MAX_IMPLEMENTATIONS", "MAX_LIBRARIES",
+           "batch_invariance_problems", "bound_problem", "comparison_problems", "data_problems",
            "foreign_problems", "json_problems", "ours_problems", "pair_problems", "path_str"]
 
 CELL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CASE_RE = re.compile(r"^([0-9]+)(-specials)?(?:-([a-z0-9]+)-(int[0-9]+))?$")
+MAX_CASES = 20_000
+"""Case ids a report may list (``cases``, ``cases_missing``): the tables hold rows per case,
+tensor and pair, so a report of 200,000 cases made a summary.json of a gigabyte. Our matrix
+has tens; a benchmark of the tables' scale uses 20,000."""
+MAX_IMPLEMENTATIONS = 1_000
+"""Implementations a report may hold (``results``): rows and comparisons grow with them."""
+MAX_LIBRARIES = 1_000
+"""Entries of ``environment.libraries``: each is a column of every cell's configuration."""
 _SYMMETRIC = ("equal", "differ", "numel", "max_abs", "max_ulp", "nan_differ",
               "nan_payload_differ", "first_differ")
 """CMP figures that do not depend on the direction of the comparison."""
@@ -73,6 +82,23 @@ def json_problems(value: Any, path: tuple[Any, ...] = ()) -> Iterator[str]:
             )
     elif value is not None and not isinstance(value, (str, int, bool)):
         yield f"{path_str(path)}: {type(value).__name__} is not a JSON type"
+
+
+def bound_problem(report: Mapping[str, Any]) -> str | None:
+    """Why the report is too big to show (more than :data:`MAX_CASES` case ids,
+    :data:`MAX_IMPLEMENTATIONS` implementations or :data:`MAX_LIBRARIES` libraries), or None.
+    Checked before the schema, in constant time: what is shown grows with these counts, so
+    a report past them is flagged, not expanded."""
+    sized = [(key, report.get(key), MAX_CASES, "case ids") for key in ("cases", "cases_missing")]
+    sized.append(("results", report.get("results"), MAX_IMPLEMENTATIONS, "implementations"))
+    env = report.get("environment")
+    sized.append(("environment.libraries", env.get("libraries") if isinstance(env, Mapping)
+                  else None, MAX_LIBRARIES, "entries"))
+    for key, value, limit, what in sized:
+        if isinstance(value, (list, Mapping)) and len(value) > limit:
+            return (f"{key}: {len(value)} {what}, more than the {limit} a report may have "
+                    "(the tables grow with them): not shown")
+    return None
 
 
 def _cmp_problems(cmp: Mapping[str, Any], path: tuple[Any, ...]) -> Iterator[str]:

@@ -437,12 +437,14 @@ def test_listed_cases_without_data_are_flagged(tmp_path: Path) -> None:
     import time
 
     doc = _doc(GOOD)
-    doc["cases"] += [f"{n}-specials" for n in range(1, 100_001)]
+    doc["cases"] += [f"{n}-specials" for n in range(1, 19_001)]
     start = time.monotonic()
     problem = _problem(tmp_path, doc)
     assert time.monotonic() - start < 30
-    assert problem is not None and "100000 of 100002 listed case(s) have no inputs or no " \
-        'result ("1-specials", "2-specials" (and 99998 more))' in problem
+    assert problem is not None and "19000 of 19002 listed case(s) have no inputs or no " \
+        'result ("1-specials", "2-specials" (and 18998 more))' in problem
+    doc["cases"] += [f"{n}-specials" for n in range(19_001, 1_000_001)]  # the attack's size
+    assert "cases: 1000002 case ids, more than the 20000" in (_problem(tmp_path, doc) or "")
     doc = _doc(GOOD)
     doc["cases"].append(4097)  # one case, no data
     assert "1 of 3 listed case(s)" in (_problem(tmp_path, doc) or "")
@@ -640,3 +642,58 @@ def test_a_signal_during_the_connect_is_one_line_and_128_plus_it(tmp_path: Path,
     assert proc.returncode == code, err
     assert time.monotonic() - sent < 10
     assert err.count("\n") == 1 and err.startswith("error: interrupted by SIG"), err
+
+
+# ------------------------------------------------- 5. reading is bounded by what is shown
+
+def _huge_foreign() -> dict:
+    """The reference report with 200,000 cases, each compared (the attack's file was 114 MB;
+    the comparisons here are shared objects, so the file is smaller but as long to show)."""
+    doc = _doc(REFERENCE)
+    cases = list(range(1, 200_001))
+    for impl, other in (("diffusers", "rl_kernel"), ("rl_kernel", "diffusers")):
+        one = doc["results"][impl][f"vs {other}"]["1"]
+        doc["results"][impl][f"vs {other}"] = {str(c): one for c in cases}
+    doc["cases"] = cases
+    return doc
+
+
+def _our_libraries() -> dict:
+    doc = _doc(GOOD)
+    doc["environment"]["libraries"] = {f"lib{i}": "1.0" for i in range(100_000)}
+    return doc
+
+
+def _our_implementations() -> dict:
+    doc = _doc(GOOD)
+    for i in range(1_001):
+        doc["results"][f"impl{i}"] = {"status": "unavailable", "reason": "none"}
+    return doc
+
+
+@pytest.mark.parametrize("make, expected", [
+    (_huge_foreign, "cases: 200000 case ids, more than the 20000 a report may have"),
+    (_our_libraries, "environment.libraries: 100000 entries, more than the 1000"),
+    (_our_implementations, "results: 1004 implementations, more than the 1000"),
+])
+def test_a_huge_report_is_flagged_not_expanded(tmp_path: Path, capsys, make,
+                                               expected: str) -> None:
+    """A foreign report of 200,000 cases took 270 s, 7.6 GB and wrote a 1.06 GB
+    summary.json; 10^6 library entries made 1.8 GB of tables."""
+    import time
+
+    from runner.__main__ import main
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "host-plain-cuda.json").write_bytes(GOOD.read_bytes())
+    (reports / "big.json").write_text(json.dumps(make()), encoding="utf-8")
+    start = time.monotonic()
+    assert main(["report", "--reports", str(reports)]) == 3
+    assert time.monotonic() - start < 30
+    err = capsys.readouterr().err
+    [warning] = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert "big.json: " + expected in warning, warning
+    written = sum(p.stat().st_size for p in reports.rglob("*") if p.is_file()
+                  and p.name not in ("big.json", "host-plain-cuda.json"))
+    assert written < 2 << 20  # the tables of the one good report, and one line for big.json
