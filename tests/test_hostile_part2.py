@@ -647,14 +647,10 @@ def test_a_signal_during_the_connect_is_one_line_and_128_plus_it(tmp_path: Path,
 # ------------------------------------------------- 5. reading is bounded by what is shown
 
 def _huge_foreign() -> dict:
-    """The reference report with 200,000 cases, each compared (the attack's file was 114 MB;
-    the comparisons here are shared objects, so the file is smaller but as long to show)."""
+    """The reference report listing 200,000 cases (the attack's 114 MB file also compared
+    each; the count alone decides, so the file here stays small)."""
     doc = _doc(REFERENCE)
-    cases = list(range(1, 200_001))
-    for impl, other in (("diffusers", "rl_kernel"), ("rl_kernel", "diffusers")):
-        one = doc["results"][impl][f"vs {other}"]["1"]
-        doc["results"][impl][f"vs {other}"] = {str(c): one for c in cases}
-    doc["cases"] = cases
+    doc["cases"] = list(range(1, 200_001))
     return doc
 
 
