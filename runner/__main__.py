@@ -39,6 +39,8 @@ from runner.errors import (
     MatrixError,
     ReportError,
 )
+from runner.names import shown
+from runner.paths import nonempty_path, output_folder
 
 DEFAULT_MATRIX = Path("matrix.yaml")
 DEFAULT_REPORTS = Path("reports")
@@ -55,13 +57,14 @@ def _parser() -> argparse.ArgumentParser:
 
     def selection(p: argparse.ArgumentParser, several: bool = False) -> None:
         if several:
-            p.add_argument("--matrix", type=Path, action="append", help="a matrix file "
-                           "(repeatable; default: every op's, runner/matrices.py)")
+            p.add_argument("--matrix", type=nonempty_path, action="append", help="a matrix "
+                           "file (repeatable; default: every op's, runner/matrices.py)")
             p.add_argument("--op", action="append", help="run only this op (repeatable)")
         else:
-            p.add_argument("--matrix", type=Path, default=DEFAULT_MATRIX,
+            p.add_argument("--matrix", type=nonempty_path, default=DEFAULT_MATRIX,
                            help="matrix.yaml path")
-        p.add_argument("--reports", type=Path, default=DEFAULT_REPORTS, help="report directory")
+        p.add_argument("--reports", type=nonempty_path, default=DEFAULT_REPORTS,
+                       help="report directory")
         p.add_argument("--stack", action="append", help="run only this stack (repeatable)")
         p.add_argument("--mode", action="append", help="run only this mode (repeatable)")
         p.add_argument("--target", action="append", help="cuda or cpu (repeatable)")
@@ -96,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--no-timings", action="store_true", help="skip the timing loops")
 
     b = sub.add_parser("build", help="build the images of the docker stacks (those missing)")
-    b.add_argument("--matrix", type=Path, default=DEFAULT_MATRIX, help="matrix.yaml path")
+    b.add_argument("--matrix", type=nonempty_path, default=DEFAULT_MATRIX, help="matrix.yaml path")
     b.add_argument("--stack", action="append", help="build only this stack (repeatable)")
     b.add_argument("--force", action="store_true", help="rebuild without the layer cache")
     b.add_argument("--prune", action="store_true",
@@ -112,9 +115,9 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("report", help="render README.md, index.html, summary.csv|json from "
                        "every report (options: docs/tables.md)")
-    r.add_argument("--reports", type=Path, default=DEFAULT_REPORTS,
+    r.add_argument("--reports", type=nonempty_path, default=DEFAULT_REPORTS,
                    help="directory of the JSON reports to read (default: %(default)s)")
-    r.add_argument("--out", type=Path, help="write the outputs here (default: --reports)")
+    r.add_argument("--out", type=nonempty_path, help="write the outputs here (default: --reports)")
     for facet in ("op", "stack", "mode", "target", "dtype", "gpu", "impl"):
         r.add_argument(f"--{facet}", action="append", help=f"show only this {facet} (repeatable)")
     r.add_argument("--ab", nargs=2, action="append", metavar=("CELL_A", "CELL_B"),
@@ -153,7 +156,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     print(summary(outcomes))
     from runner.tables import OUTPUTS
 
-    print(f"[runner] tables: {', '.join(str(args.reports / n) for n in OUTPUTS)}")
+    print(f"[runner] tables: {', '.join(shown(args.reports / n) for n in OUTPUTS)}")
     _warn_unreadable(args.reports / "README.md")
     bad = failed(outcomes)
     if bad:
@@ -199,7 +202,8 @@ def _warn_unreadable(tables_path: Path) -> list[str]:
         unreadable = listed.get("unreadable") or []
     except (OSError, ValueError, AttributeError):
         return []
-    lines = [f"warning: {tables_path.parent / u['file']}: {u['problem']}" for u in unreadable]
+    lines = [f"warning: {shown(tables_path.parent)}/{shown(str(u['file']))}: "
+             f"{shown(str(u['problem']))}" for u in unreadable]
     for line in lines:
         print(line, file=sys.stderr)
     return lines
@@ -216,6 +220,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out: expected a directory for the tables, got {args.out} "
                           "(not a directory)")
+    output_folder(args.reports if args.out is None else args.out,
+                  "--reports" if args.out is None else "--out")
     filters = Filters.from_lists(**{f: getattr(args, f) for f in (*FACETS, "impl")})
     out = None if args.out is None else args.out / tables.OUTPUTS[0]
     try:
@@ -223,7 +229,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     except OSError as err:
         raise ReportError(f"{args.out or args.reports}: cannot write the tables: "
                           f"{err.strerror or err}") from err
-    print(f"[runner] tables: {', '.join(str(path.parent / n) for n in tables.OUTPUTS)}")
+    print(f"[runner] tables: {', '.join(shown(path.parent / n) for n in tables.OUTPUTS)}")
     bad = _warn_unreadable(path)
     if bad:
         raise ReportError(f"{len(bad)} file(s) under {args.reports} could not be read (see the "
@@ -268,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                         "base-image": _cmd_base_image, "report": _cmd_report}
             return commands[args.command](args)
     except MatrixError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {shown(str(err))}", file=sys.stderr)
         return err.exit_code
     except Exception as err:  # a defect of ours: one line, the traceback only on request
         cell_process = (sys.argv[1:] if argv is None else argv)[:1] == ["cell"]

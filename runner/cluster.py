@@ -200,9 +200,13 @@ class Cluster:
         self.ray.shutdown()
 
     def run(self, jobs: Sequence[Job], *, matrix: Matrix, matrix_path: Path, timeout_s: float,
-            commit: str | None, on_report: Callable[[Job, dict[str, Any]], None]) -> None:
+            commit: str | None, on_report: Callable[[Job, dict[str, Any]], None],
+            origin: Path | None = None) -> None:
         """Run ``jobs`` on the cluster at once; call ``on_report(job, report)`` in the order
         the reports arrive (a report made here for a task that could not finish).
+        ``matrix_path``: the run's validated snapshot of the matrix, whose bytes go to the
+        nodes; ``origin``: the user's file (default ``matrix_path``), whose place in the
+        project a node's own copy is looked for at.
 
         Raises whatever interrupts the wait (``KeyboardInterrupt``,
         :class:`runner.errors.Interrupted`) after cancelling the tasks left.
@@ -213,7 +217,7 @@ class Cluster:
         ray = self.ray
         data = Path(matrix_path).read_bytes()  # the node compares the bytes of its own copy
         try:
-            rel = str(Path(matrix_path).resolve().relative_to(PROJECT_ROOT))
+            rel = str(Path(origin or matrix_path).resolve().relative_to(PROJECT_ROOT))
         except ValueError:
             rel = None
         base = {"matrix_text": data.decode("utf-8"), "matrix_rel": rel, "build": self.build,

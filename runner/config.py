@@ -75,7 +75,7 @@ __all__ = ["DTYPES", "INDEX_DTYPES", "LIBRARY_DISTRIBUTIONS", "PROBLEM_KEYS",
            "BatchInvariance", "Case", "DockerStack", "FrozenMap", "HostStack", "Libraries",
            "Matrix", "Mode",
            "PipOptions", "Problem", "Stack", "Timing", "TorchSettings", "load_matrix",
-           "parse_matrix"]
+           "parse_matrix", "read_matrix"]
 
 SCHEMA_VERSION = 1
 MAX_REPEATS = 1000
@@ -420,16 +420,29 @@ def load_matrix(path: str | Path, *,
     """Read the matrix file at ``path`` and validate it (see :func:`parse_matrix`).
 
     Raises ConfigError naming the file when it cannot be read, is not UTF-8, is not
-    YAML (a duplicate key included) or fails validation.
+    YAML (a duplicate key or a tag of unordered or non-JSON values included) or fails
+    validation.
 
     Example::
 
         >>> load_matrix("matrix.yaml").problem.sizes
         {'D': 5376, 'G': 9}
     """
+    return read_matrix(path, known_implementations=known_implementations)[0]
+
+
+def read_matrix(path: str | Path, *,
+                known_implementations: Known = None) -> tuple[Matrix, bytes]:
+    """:func:`load_matrix`, with the bytes it validated: a run hands its cells these bytes
+    (a snapshot), never the file again, so an edit during the run cannot reach a report
+    stamped with this matrix's fingerprint.
+
+    Raises ConfigError as :func:`load_matrix`.
+    """
     source = str(path)
     try:
-        text = _read_matrix_file(Path(path), source)
+        data_bytes = _read_matrix_file(Path(path), source)
+        text = data_bytes.decode("utf-8")
     except (OSError, UnicodeDecodeError) as err:
         why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
         raise ConfigError(_one_line(f"{source}: cannot read the matrix file: {why}")) from err
@@ -445,4 +458,4 @@ def load_matrix(path: str | Path, *,
         problem = getattr(err, "problem", None) or err
         raise ConfigError(_one_line(f"{source}: {where}invalid YAML: {problem}")) from err
     _refuse_huge_integers(data, source)
-    return parse_matrix(data, source, known_implementations=known_implementations)
+    return parse_matrix(data, source, known_implementations=known_implementations), data_bytes

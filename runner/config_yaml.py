@@ -39,13 +39,13 @@ def _refuse_huge_integers(node: Any, source: str, path: str = "") -> None:
             _refuse_huge_integers(value, source, f"{path}[{i}]")
 
 
-def _read_matrix_file(path: Path, source: str) -> str:
-    """The text of a regular file of at most :data:`MAX_MATRIX_BYTES`; a FIFO or device is
+def _read_matrix_file(path: Path, source: str) -> bytes:
+    """The bytes of a regular file of at most :data:`MAX_MATRIX_BYTES`; a FIFO or device is
     refused without blocking on it.
 
     Raises:
         ConfigError: not a regular file, or too large.
-        OSError, UnicodeDecodeError: cannot be read, or not UTF-8.
+        OSError: cannot be read.
     """
     try:
         data = files.read_bounded(path, MAX_MATRIX_BYTES)
@@ -56,7 +56,7 @@ def _read_matrix_file(path: Path, source: str) -> str:
         got = "more" if err.size is None else err.size
         raise ConfigError(f"{source}: expected a matrix file of at most {MAX_MATRIX_BYTES} "
                           f"bytes, got {got} bytes") from err
-    return data.decode("utf-8")
+    return data
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -118,3 +118,21 @@ def _unique_key_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
                                  _unique_key_mapping)
+
+REFUSED_TAGS = {"set": "an unordered set (its order, so the fingerprint, would change from "
+                       "run to run): write a list",
+                "omap": "a list of pairs: write a mapping",
+                "pairs": "a list of pairs: write a mapping",
+                "binary": "bytes: write a string"}
+"""YAML tags whose values are not ordered JSON-like data (mapping, list, string, number,
+bool, null): refused, so that the matrix's canonical form (and its fingerprint) is one."""
+
+
+def _refuse_tag(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+    name = node.tag.rsplit(":", 1)[-1]
+    raise yaml.constructor.ConstructorError(
+        None, None, f"the tag !!{name} builds {REFUSED_TAGS[name]}", node.start_mark)
+
+
+for _tag in REFUSED_TAGS:
+    _UniqueKeyLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _refuse_tag)

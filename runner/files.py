@@ -1,6 +1,7 @@
 """Reading a file that someone else may have made hostile: a regular file of bounded size,
 never blocking on a FIFO or device (issue 16). Used for matrix.yaml and report files. And
-writing one so readers see the old or the new file, whole (:func:`write_text_atomic`).
+writing one so readers see the old or the new file, whole (:func:`write_text_atomic`), and
+one run at a time in a folder (:func:`folder_lock`).
 
 The file is opened non-blocking and its type taken from the open descriptor, so a FIFO is
 refused without waiting for a writer and nothing can swap the file in between.
@@ -8,11 +9,14 @@ refused without waiting for a writer and nothing can swap the file in between.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import secrets
 import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
@@ -37,30 +41,65 @@ class TooLarge(ValueError):
         super().__init__(f"{'more' if size is None else size} bytes, more than {limit}")
 
 
-def read_bounded(path: Path, limit: int) -> bytes:
+def _kernel_devices() -> set[int]:
+    """The devices of /proc and /sys: their files look regular but are kernel interfaces
+    (``/proc/kmsg`` blocks and consumes the kernel log when read)."""
+    found = set()
+    for mount in ("/proc", "/sys"):
+        try:
+            found.add(os.stat(mount).st_dev)
+        except OSError:
+            continue
+    return found
+
+
+READ_TIMEOUT_S = 60.0
+"""How long reading one file may take at most (a file on a stuck network mount)."""
+_CHUNK = 1 << 20
+
+
+def read_bounded(path: Path, limit: int, timeout_s: float = READ_TIMEOUT_S) -> bytes:
     """The bytes of ``path`` (symlinks followed) if it is a regular file of at most
-    ``limit`` bytes.
+    ``limit`` bytes, read in at most ``timeout_s`` seconds.
+
+    The file stays non-blocking while it is read, so nothing here waits on a file that
+    claims to be regular and is not (a read that would block is refused), and files of
+    /proc and /sys are refused without a read.
 
     Raises:
-        NotRegular: a directory, FIFO, socket or device.
+        NotRegular: a directory, FIFO, socket, device, a kernel interface file, or a file
+            whose read would block.
         TooLarge: more than ``limit`` bytes (by its size, or as read).
+        TimeoutError: the read took more than ``timeout_s`` seconds.
         OSError: cannot be opened or read (a symlink loop: ``ELOOP``).
     """
+    deadline = time.monotonic() + timeout_s
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise NotRegular(next((name for test, name in _KINDS if test(info.st_mode)),
                                   "not a regular file"))
+        if info.st_dev in _kernel_devices():
+            raise NotRegular("a kernel interface of /proc or /sys")
         if info.st_size > limit:
             raise TooLarge(info.st_size, limit)
-        os.set_blocking(fd, True)
-        with os.fdopen(fd, "rb") as f:
-            fd = -1
-            data = f.read(limit + 1)
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:
+            try:
+                chunk = os.read(fd, min(_CHUNK, limit + 1 - size))
+            except BlockingIOError:
+                raise NotRegular("a special file (reading it would block)") from None
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading took more than {timeout_s:g} s")
     finally:
-        if fd >= 0:
-            os.close(fd)
+        os.close(fd)
+    data = b"".join(chunks)
     if len(data) > limit:
         raise TooLarge(None, limit)
     return data
@@ -120,3 +159,50 @@ def remove_stale_temp_files(directory: Path, min_age_s: float = 600.0) -> list[P
         except FileNotFoundError:
             continue
     return removed
+
+
+_held: dict[str, int] = {}  # folders this process holds the lock of -> depth
+
+
+class LockTimeout(OSError):
+    """Another process held the folder's lock for longer than the wait allowed."""
+
+
+@contextlib.contextmanager
+def folder_lock(directory: Path, timeout_s: float = 600.0) -> Iterator[None]:
+    """Hold ``directory``'s lock (``flock`` on the folder itself: no file is left) for the
+    block: runs that write one reports folder at once read, merge and rename a report one
+    at a time, so that neither loses the other's cases. Re-entrant within a process; waits up to
+    ``timeout_s`` seconds for another process.
+
+    Raises:
+        LockTimeout: the lock stayed held for ``timeout_s`` seconds.
+        OSError: the folder cannot be opened.
+    """
+    key = os.path.realpath(directory)
+    if _held.get(key):
+        _held[key] += 1
+        try:
+            yield
+        finally:
+            _held[key] -= 1
+        return
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise LockTimeout(f"another run held its lock for more than "
+                                      f"{timeout_s:g} s") from None
+                time.sleep(0.05)
+        _held[key] = 1
+        try:
+            yield
+        finally:
+            _held.pop(key, None)
+    finally:
+        os.close(fd)  # closing releases the lock

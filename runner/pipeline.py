@@ -26,6 +26,8 @@ A cell that fails is an outcome, not an exception: :class:`runner.outcome.CellOu
 from __future__ import annotations
 
 import math
+import shutil
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -40,10 +42,11 @@ from runner.backends.docker import gpu_request
 from runner.case_sizes import check_case_sizes, host_memory_bytes
 from runner.cells import Cell, cases_on, expand, select_cases
 from runner.cells import select as select_cells
-from runner.config import Case, Matrix, load_matrix
+from runner.config import Case, Matrix, read_matrix
 from runner.environment import project_state, uncommitted_digest
 from runner.errors import ConfigError, ReportError
 from runner.outcome import CellOutcome
+from runner.paths import output_folder
 from runner.run import STACK_SKIPPED, RunContext, run_cells, salvage_stale
 from runner.site import Site
 
@@ -74,6 +77,9 @@ class Request:
     cluster: str | None = None
     gpu_model: str | None = None
     retries: int = 2
+    snapshot: bytes | None = None
+    """The matrix file's bytes as :func:`load` validated them (the cells run from a copy of
+    these, never from the file again)."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +148,7 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
     site = choose_site(request)
     selection = select(matrix, request)
     site = connect(site, request)
+    ctx = None
     try:
         check_site(matrix, selection, site, request)
         skipped = prepare(matrix, selection, site, request)
@@ -151,6 +158,8 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
     finally:
         if site.cluster is not None:
             site.cluster.close()
+        if ctx is not None and ctx.matrix_path != request.matrix_path:
+            shutil.rmtree(ctx.matrix_path.parent, ignore_errors=True)
     if request.render:
         render_tables(request.reports_dir)
     return outcomes
@@ -162,19 +171,23 @@ def load(request: Request) -> tuple[Request, Matrix]:
 
     Raises:
         ConfigError: a timeout that is not a positive number of seconds, a path that cannot
-            be resolved, a bad matrix file or a malformed ``--gpus``.
+            be resolved, a reports folder that is a file or a project's root
+            (:func:`runner.paths.output_folder`), a bad matrix file or a malformed
+            ``--gpus``.
     """
     timeout_s = request.timeout_s
     if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
         raise ConfigError(f"--timeout: expected a number of seconds > 0, got {timeout_s!r}")
+    output_folder(request.reports_dir, "--reports")
     try:
         request = replace(request, matrix_path=request.matrix_path.resolve(),
                           reports_dir=request.reports_dir.resolve())
     except (OSError, RuntimeError) as err:  # a symlink loop
         raise ConfigError(f"--matrix/--reports: cannot resolve the path: {err}") from err
-    matrix = load_matrix(request.matrix_path, known_implementations=implementations.known)
+    matrix, snapshot = read_matrix(request.matrix_path,
+                                   known_implementations=implementations.known)
     gpu_request(request.gpus)  # a malformed --gpus is exit 2 whichever backend runs
-    return request, matrix
+    return replace(request, snapshot=snapshot), matrix
 
 
 def choose_site(request: Request) -> Site:
@@ -314,8 +327,31 @@ def open_reports(matrix: Matrix, selection: Selection, request: Request) -> RunC
     project: dict[str, Any] = project_state()
     project["diff_sha256"] = uncommitted_digest() if project.get("dirty") else None
     salvage_stale(reports_dir, matrix)
-    return RunContext(matrix, request.matrix_path, reports_dir, selection.cases, project,
-                      force=request.force, timeout_s=request.timeout_s)
+    return RunContext(matrix, _snapshot(request), reports_dir, selection.cases, project,
+                      force=request.force, timeout_s=request.timeout_s,
+                      matrix_origin=request.matrix_path)
+
+
+def _snapshot(request: Request) -> Path:
+    """The file the cells read the matrix from: a private copy (same name, in a new
+    temporary folder that :func:`run_matrix` removes) of the bytes :func:`load` validated,
+    so that editing the matrix file while the run goes on changes nothing in it; the file
+    itself when there is no snapshot (a request not made by :func:`load`).
+
+    Raises:
+        ReportError: the temporary folder cannot be written.
+    """
+    if request.snapshot is None:
+        return request.matrix_path
+    try:
+        folder = Path(tempfile.mkdtemp(prefix="gate-residual-matrix-"))
+        path = folder / request.matrix_path.name
+        path.write_bytes(request.snapshot)
+        path.chmod(0o444)
+    except OSError as err:
+        raise ReportError(f"cannot write the matrix snapshot the cells read: "
+                          f"{err.strerror or err}") from err
+    return path
 
 
 def render_tables(reports_dir: Path) -> Path:

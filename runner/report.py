@@ -35,7 +35,8 @@ from runner.errors import ReportError
 from runner.files import remove_stale_temp_files, write_text_atomic
 from runner.report_checks import (
     CELL_ID_RE,
-    comparison_problems,
+    bound_problem,
+    foreign_problems,
     json_problems,
     ours_problems,
     path_str,
@@ -112,8 +113,9 @@ def _fast_valid(report: Any) -> bool:
 
 
 def _foreign_semantic_problems(report: Mapping[str, Any]) -> Iterator[str]:
-    """The rules beyond the schema that a foreign report's comparisons must keep."""
-    yield from comparison_problems(report, {str(c) for c in report["cases"]})
+    """The rules beyond the schema that a foreign report must keep
+    (:func:`runner.report_checks.foreign_problems`)."""
+    yield from foreign_problems(report)
 
 
 def _first_problem(
@@ -325,6 +327,11 @@ def read_report(path: Path) -> LoadedReport:
         return LoadedReport(
             path, None, None, f"not a report: the JSON is a {type(data).__name__}, not an object"
         )
+    too_big = bound_problem(data)
+    if too_big is not None:
+        origin = "ours" if "schema_version" in data or _ours_without_version(data) else (
+            "foreign" if _is_foreign_layout(data) else None)
+        return LoadedReport(path, None, origin, too_big)
     if "schema_version" in data:
         try:
             data = upgrade(data)

@@ -30,11 +30,21 @@ from typing import Any
 
 from runner import report_tensors
 
-__all__ = ["CELL_ID_RE", "comparison_problems", "json_problems", "ours_problems", "path_str"]
+__all__ = ["CELL_ID_RE", "MAX_CASES", "MAX_IMPLEMENTATIONS", "MAX_LIBRARIES",
+           "batch_invariance_problems", "bound_problem", "comparison_problems", "data_problems",
+           "foreign_problems", "json_problems", "ours_problems", "pair_problems", "path_str"]
 
 CELL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CASE_RE = re.compile(r"^([0-9]+)(-specials)?(?:-([a-z0-9]+)-(int[0-9]+))?$")
+MAX_CASES = 20_000
+"""Case ids a report may list (``cases``, ``cases_missing``): the tables hold rows per case,
+tensor and pair, so a report of 200,000 cases made a summary.json of a gigabyte. Our matrix
+has tens; a benchmark of the tables' scale uses 20,000."""
+MAX_IMPLEMENTATIONS = 1_000
+"""Implementations a report may hold (``results``): rows and comparisons grow with them."""
+MAX_LIBRARIES = 1_000
+"""Entries of ``environment.libraries``: each is a column of every cell's configuration."""
 _SYMMETRIC = ("equal", "differ", "numel", "max_abs", "max_ulp", "nan_differ",
               "nan_payload_differ", "first_differ")
 """CMP figures that do not depend on the direction of the comparison."""
@@ -72,6 +82,23 @@ def json_problems(value: Any, path: tuple[Any, ...] = ()) -> Iterator[str]:
             )
     elif value is not None and not isinstance(value, (str, int, bool)):
         yield f"{path_str(path)}: {type(value).__name__} is not a JSON type"
+
+
+def bound_problem(report: Mapping[str, Any]) -> str | None:
+    """Why the report is too big to show (more than :data:`MAX_CASES` case ids,
+    :data:`MAX_IMPLEMENTATIONS` implementations or :data:`MAX_LIBRARIES` libraries), or None.
+    Checked before the schema, in constant time: what is shown grows with these counts, so
+    a report past them is flagged, not expanded."""
+    sized = [(key, report.get(key), MAX_CASES, "case ids") for key in ("cases", "cases_missing")]
+    sized.append(("results", report.get("results"), MAX_IMPLEMENTATIONS, "implementations"))
+    env = report.get("environment")
+    sized.append(("environment.libraries", env.get("libraries") if isinstance(env, Mapping)
+                  else None, MAX_LIBRARIES, "entries"))
+    for key, value, limit, what in sized:
+        if isinstance(value, (list, Mapping)) and len(value) > limit:
+            return (f"{key}: {len(value)} {what}, more than the {limit} a report may have "
+                    "(the tables grow with them): not shown")
+    return None
 
 
 def _cmp_problems(cmp: Mapping[str, Any], path: tuple[Any, ...]) -> Iterator[str]:
@@ -232,6 +259,95 @@ def _repeated_case_problems(report: Mapping[str, Any]) -> Iterator[str]:
                       if len(repeated) > 1 else "") + more)
 
 
+def _few(ids: list[str]) -> str:
+    """``"3"`` or ``"3", "4" (and 5 more)``: the first ids of a list, quoted."""
+    more = f" (and {len(ids) - 2} more)" if len(ids) > 2 else ""
+    return ", ".join(json.dumps(i) for i in ids[:2]) + more
+
+
+def pair_problems(report: Mapping[str, Any], *, foreign: bool) -> Iterator[str]:
+    """Each comparison is there in both directions over the same cases
+    (``results[a]["vs b"]`` and ``results[b]["vs a"]``); in a foreign report (which shows
+    comparisons only) every implementation is compared with another and every comparison
+    covers every listed case."""
+    results = report["results"]
+    listed = [str(c) for c in report["cases"]]
+    for impl, entry in results.items():
+        keys = [k for k in entry if k.startswith("vs ")]
+        if foreign and not keys:
+            yield (f"{path_str(('results', impl))}: compared with no other implementation "
+                   "(a foreign report shows comparisons only)")
+        for key in keys:
+            other = key[3:]
+            if other == impl or other not in results:
+                continue  # comparison_problems names it
+            here, back = entry[key], results[other].get(f"vs {impl}")
+            where = path_str(("results", impl, key))
+            if foreign:
+                missing = [c for c in listed if c not in here]
+                if missing:
+                    yield f"{where}: no comparison for listed case(s) {_few(missing)}"
+            if impl > other:
+                continue  # the pair's other direction says the rest
+            if back is None:
+                yield f'{where}: results.{other} has no "vs {impl}" (one direction only)'
+            elif here.keys() != back.keys():
+                odd = sorted(here.keys() ^ back.keys())
+                yield f"{where}: case(s) {_few(odd)} compared in one direction only"
+
+
+def data_problems(report: Mapping[str, Any]) -> Iterator[str]:
+    """An ``ok`` or ``mismatch`` report has, for every case it lists, its inputs and a result
+    of some implementation (a hash or a comparison): a listed case without them was not
+    measured, and the tables would show it as if it were."""
+    if report.get("status") not in ("ok", "mismatch"):
+        return
+    inputs = report.get("inputs") or {}
+    measured: set[str] = set()
+    for entry in report["results"].values():
+        for key, value in entry.items():
+            if (key == "sha256" or key.startswith("vs ")) and isinstance(value, Mapping):
+                measured.update(value)
+    bare = [str(c) for c in report["cases"] if str(c) not in inputs or str(c) not in measured]
+    if bare:
+        yield (f"cases: {len(bare)} of {len(report['cases'])} listed case(s) have no inputs "
+               f"or no result ({_few(bare)}), in a report whose status is {report['status']}")
+
+
+_CHECKS = ("row_alone", "sub_batches", "size_sweep")
+
+
+def batch_invariance_problems(report: Mapping[str, Any]) -> Iterator[str]:
+    """Every ``batch_invariant`` record (per case and/or per tensor) that holds the checks of
+    :func:`runner.batch_invariance.check` agrees with itself: the checks are true or false
+    (not numbers), ``first_failing_size`` is a size from 1 to ``max_size`` exactly when
+    ``size_sweep`` is false."""
+    def walk(value: Any, path: tuple[Any, ...]) -> Iterator[str]:
+        if not isinstance(value, Mapping):
+            return
+        if not any(k in value for k in (*_CHECKS, "first_failing_size")):
+            for key, item in value.items():
+                yield from walk(item, (*path, key))
+            return
+        where = path_str(path)
+        for key in _CHECKS:
+            if key in value and not isinstance(value[key], bool):
+                yield f"{where}.{key}: expected true or false, got {json.dumps(value[key])}"
+        first, sweep, top = (value.get("first_failing_size"), value.get("size_sweep"),
+                             value.get("max_size"))
+        if first is not None and (isinstance(first, bool) or not isinstance(first, int)
+                                  or first < 1 or (isinstance(top, int) and first > top)):
+            yield f"{where}.first_failing_size: expected a size 1..max_size, got {first}"
+        if isinstance(sweep, bool) and "first_failing_size" in value and (
+                sweep == (first is not None)):
+            yield (f"{where}: size_sweep is {json.dumps(sweep)} but first_failing_size is "
+                   f"{json.dumps(first)}")
+
+    for impl, entry in report["results"].items():
+        if "batch_invariant" in entry:
+            yield from walk(entry["batch_invariant"], ("results", impl, "batch_invariant"))
+
+
 def _cell_prefix(report: Mapping[str, Any]) -> str:
     """The cell id prefix of the report's op (:attr:`ops.spec.OpSpec.cell_prefix`); "" for
     an op this runner does not know."""
@@ -258,3 +374,17 @@ def ours_problems(report: Mapping[str, Any]) -> Iterator[str]:
     yield from _inputs_problems(report, cases)
     yield from _numel_problems(report)
     yield from comparison_problems(report, cases)
+    yield from pair_problems(report, foreign=False)
+    yield from data_problems(report)
+    yield from batch_invariance_problems(report)
+
+
+def foreign_problems(report: Mapping[str, Any]) -> Iterator[str]:
+    """Every rule beyond the schema that a foreign report must keep: a case id once,
+    :func:`comparison_problems`, :func:`pair_problems` (complete: every implementation
+    compared, every listed case in every comparison) and
+    :func:`batch_invariance_problems`."""
+    yield from _repeated_case_problems(report)
+    yield from comparison_problems(report, {str(c) for c in report["cases"]})
+    yield from pair_problems(report, foreign=True)
+    yield from batch_invariance_problems(report)

@@ -19,17 +19,18 @@ cluster all at once. ``--abba`` runs a cell and its partner in A-B-B-A order ins
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import shutil
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from runner import cluster as cluster_mod
+from runner import files, staging
 from runner import report as report_io
-from runner import staging
 from runner.backends import route
 from runner.backends.base import Fingerprinter
 from runner.cell import case_key, fingerprint, skeleton
@@ -54,9 +55,10 @@ were named once when the run started (:func:`runner.pipeline.prepare`)."""
 
 @dataclass(frozen=True)
 class RunContext:
-    """What every cell of one run shares: the matrix and its path, the reports directory,
-    the selected cases, the project's state (``commit``, ``dirty``, ``diff_sha256``),
-    ``force`` and the cell timeout."""
+    """What every cell of one run shares: the matrix and its path (``matrix_path``: the
+    validated snapshot the cells read; ``matrix_origin``: the user's file, whose place
+    relative paths start from), the reports directory, the selected cases, the project's
+    state (``commit``, ``dirty``, ``diff_sha256``), ``force`` and the cell timeout."""
 
     matrix: Matrix
     matrix_path: Path
@@ -65,6 +67,7 @@ class RunContext:
     project: dict[str, Any]
     force: bool = False
     timeout_s: float = 3600.0
+    matrix_origin: Path | None = None
 
     def path(self, cell: Cell) -> Path:
         """``cell``'s report file."""
@@ -117,14 +120,15 @@ def write_skipped(ctx: RunContext, cell: Cell, reason: str, *, backend: str,
     run a cell must not erase what a host that could run it measured. Returns the reason
     shown."""
     path = ctx.path(cell)
-    if path.exists():
-        existing = report_io.read_report(path).data
-        if existing and existing.get("status") not in (None, Status.SKIPPED):
-            return (f"{reason}; kept the existing {existing['status']} report "
-                    f"({(existing.get('environment') or {}).get('gpu') or 'no GPU'}, "
-                    f"{existing.get('finished_at', '?')})")
-    write(skeleton(ctx.matrix, cell, ctx.cases, backend=backend, run_id=run_id,
-                   status=Status.SKIPPED, reason=reason), ctx.reports_dir)
+    with locked(ctx.reports_dir):
+        if path.exists():
+            existing = report_io.read_report(path).data
+            if existing and existing.get("status") not in (None, Status.SKIPPED):
+                return (f"{reason}; kept the existing {existing['status']} report "
+                        f"({(existing.get('environment') or {}).get('gpu') or 'no GPU'}, "
+                        f"{existing.get('finished_at', '?')})")
+        write(skeleton(ctx.matrix, cell, ctx.cases, backend=backend, run_id=run_id,
+                       status=Status.SKIPPED, reason=reason), ctx.reports_dir)
     return reason
 
 
@@ -185,7 +189,9 @@ def run_staged(backend: Any, matrix: Matrix, cell: Cell, cases: Sequence[Case],
             partial = stamp(partial)
             if resume is not None:
                 partial = staging.combine(resume, partial, matrix)
-            if staging.keep_partial(partial, reports_dir) is None:
+            with locked(reports_dir):
+                kept = staging.keep_partial(partial, reports_dir)
+            if kept is None:
                 pass
             elif partial.get("status") == Status.PARTIAL:
                 print(f"\n[runner] cell {cell.id}: kept {len(partial['cases'])} finished "
@@ -205,24 +211,50 @@ def settle(ctx: RunContext, where: Fingerprinter, plan: CellPlan, result: Report
     """Write a cell's report as the runner does for every cell (stamped with its
     fingerprint unless ``stamped``, merged into the plan's ``resume`` or by its ``--case``
     ``partial`` plan, a partial one kept by :func:`runner.staging.keep_partial`); return
-    its outcome."""
+    its outcome.
+
+    Under the reports folder's lock (:func:`runner.files.folder_lock`) a ``--case`` plan is
+    made again from the report as it is now: another run may have merged its cases into it
+    since this one started, and they are kept."""
     cell = plan.cell
     if not stamped:
         result = ctx.stamp(where, cell, result)
         if plan.resume is not None:
             result = staging.combine(plan.resume, result, ctx.matrix)
-    written: Report | None = result
-    status, reason = result["status"], result.get("reason")
-    if plan.partial is not None:
-        extra = dict(where.fingerprint_extra(ctx.matrix, cell))
-        written, status, reason = finish_partial(plan.partial, result, ctx.matrix, cell,
-                                                 ctx.project, extra, force=ctx.force)
-    if written is not None and status == Status.PARTIAL:
-        if staging.keep_partial(written, ctx.reports_dir) is None:
-            reason = f"{reason}; kept the ok report of the same fingerprint"
-    elif written is not None:
-        write(written, ctx.reports_dir)
+    with locked(ctx.reports_dir):
+        written: Report | None = result
+        status, reason = result["status"], result.get("reason")
+        if plan.partial is not None:
+            extra = dict(where.fingerprint_extra(ctx.matrix, cell))
+            now = plan_partial(ctx.path(cell), ctx.matrix, cell, ctx.cases, ctx.project,
+                               extra, force=ctx.force)
+            if now.action == "reuse":  # another run wrote these cases meanwhile: merge
+                now = PartialPlan("merge", now.old)
+            if now.action == "refuse":
+                written, status, reason = None, REFUSED, now.note
+            else:
+                written, status, reason = finish_partial(now, result, ctx.matrix, cell,
+                                                         ctx.project, extra, force=ctx.force)
+        if written is not None and status == Status.PARTIAL:
+            if staging.keep_partial(written, ctx.reports_dir) is None:
+                reason = f"{reason}; kept the ok report of the same fingerprint"
+        elif written is not None:
+            write(written, ctx.reports_dir)
     return CellOutcome(cell.id, outcome_status(status), reason, ctx.path(cell))
+
+
+@contextlib.contextmanager
+def locked(reports_dir: Path) -> Iterator[None]:
+    """:func:`runner.files.folder_lock`, with an OS error (or a lock held too long) as a
+    :class:`ReportError`."""
+    held = contextlib.ExitStack()
+    try:
+        held.enter_context(files.folder_lock(reports_dir))
+    except OSError as err:
+        raise ReportError(f"{reports_dir}: cannot lock the reports folder: "
+                          f"{err.strerror or err}") from err
+    with held:
+        yield
 
 
 def planned_outcome(ctx: RunContext, plan: CellPlan) -> CellOutcome:
@@ -244,11 +276,12 @@ def salvage_stale(reports_dir: Path, matrix: Matrix) -> None:
             if not partial.get("fingerprint"):
                 continue
             path = reports_dir / f"{partial['cell']['id']}.json"
-            earlier = staging.resumable(path, partial["fingerprint"])
-            if earlier is not None:
-                partial = staging.combine(earlier, partial, matrix)
-            if staging.keep_partial(partial, reports_dir) is not None:
-                kept.append(partial["cell"]["id"])
+            with locked(reports_dir):
+                earlier = staging.resumable(path, partial["fingerprint"])
+                if earlier is not None:
+                    partial = staging.combine(earlier, partial, matrix)
+                if staging.keep_partial(partial, reports_dir) is not None:
+                    kept.append(partial["cell"]["id"])
         note = f"; kept partial report(s) of {', '.join(kept)}" if kept else ""
         print(f"[runner] removed {stage.name}: left by a run that died{note}", flush=True)
 
@@ -267,7 +300,8 @@ def run_abba(ctx: RunContext, backend: Any, cell: Cell, mode_b: str) -> list[Cel
         one = Cell(report["cell"]["stack"], report["cell"]["mode"], report["cell"]["target"],
                    cell.prefix)
         report["fingerprint"] = ctx.fingerprint(backend, one)
-        path = write(report, ctx.reports_dir)
+        with locked(ctx.reports_dir):
+            path = write(report, ctx.reports_dir)
         outcomes.append(CellOutcome(one.id, outcome_status(report["status"]),
                                     report.get("reason"), path))
     return outcomes
@@ -342,6 +376,7 @@ def run_cells(ctx: RunContext, cells: Sequence[Cell], site: Site, skipped: dict[
             outcomes[job.key] = settle(ctx, cluster, jobs[job.key][1], report)
 
         cluster.run([job for job, _ in jobs.values()], matrix=matrix,
-                    matrix_path=ctx.matrix_path, timeout_s=ctx.timeout_s,
+                    matrix_path=ctx.matrix_path, origin=ctx.matrix_origin,
+                    timeout_s=ctx.timeout_s,
                     commit=ctx.project.get("commit"), on_report=arrived)
     return [o for o in outcomes if o is not None]

@@ -120,8 +120,10 @@ def test_phase_times_are_in_the_report_and_add_up(runs):
     assert spent == pytest.approx(fresh["duration_s"], abs=0.05)
 
 
-def _cell_pids() -> list[str]:
-    return subprocess.run(["pgrep", "-f", f"runner cell --matrix {MATRIX}"],
+def _cell_pids(reports: Path) -> list[str]:
+    # the cells read the run's snapshot of MATRIX (a copy of the same name) into a stage
+    return subprocess.run(["pgrep", "-f", f"runner cell --matrix .*/{MATRIX.name} .*"
+                           f"--reports {reports}/"],
                           capture_output=True, text=True).stdout.split()
 
 
@@ -142,7 +144,7 @@ def _hung_in_third_case(reports: Path):
         if stages and "partial" in stages[0].read_text(errors="replace"):
             break
         time.sleep(0.2)
-    cells = _cell_pids()
+    cells = _cell_pids(reports)
     assert cells, "no cell process found"
     return proc, cells
 

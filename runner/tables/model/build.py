@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import report_tensors
+from runner.names import shown
 from runner.report import LoadedReport
 from runner.tables.model.ab import DEFAULT_WHY, ab_tables, default_ab
 from runner.tables.model.accuracy import accuracy_table
@@ -143,14 +144,16 @@ def build_tables(reports: Sequence[LoadedReport], *, relative_to: Path | None = 
                  implementations_table(cells, filters), kernel_only_table(cells, filters),
                  environment_table(cells),
                  timings_table(cells, filters)]
-    unreadable = [(shown_path(r.path, relative_to), r.problem or "") for r in reports if not r.ok]
+    unreadable = [(shown_path(r.path, relative_to), shown(r.problem or "")) for r in reports
+                  if not r.ok]
     if bench_dir is not None:
         bench, problems = bench_tables(bench_dir)
         if bench:
             sections.append(Table("bench", "Benchmarks", (),
                                   note="Benchmark results under `bench/`, shown as written."))
             sections += bench
-        unreadable += [(shown_path(path, relative_to), problem) for path, problem in problems]
+        unreadable += [(shown_path(path, relative_to), shown(problem))
+                       for path, problem in problems]
     if unreadable:
         sections.append(Table("unreadable", "Unreadable files", ("file", "problem"),
                               [Row(u) for u in unreadable],

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from runner.names import shown
 from runner.report import LoadedReport
 from runner.tables.model.values import ABSENT, text
 
@@ -39,7 +40,7 @@ def cell_label(report: LoadedReport) -> str:
         label = str(data["cell"]["id"])
     else:
         gpu = (data.get("environment") or {}).get("gpu") or "unknown GPU"
-        label = f"reference:{report.path.stem} ({gpu})"
+        label = f"reference:{shown(report.path.stem)} ({gpu})"
     return _LABEL_UNSAFE.sub("?", text(label))
 
 

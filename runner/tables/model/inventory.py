@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from runner.names import shown
 from runner.tables.model.cases import cell_dtypes
 from runner.tables.model.cells import CellReport, image_of
 from runner.tables.model.filters import Filters
@@ -29,13 +30,16 @@ _SHORT_DIGEST = 12
 
 def shown_path(path: Path, relative_to: Path | None) -> str:
     """``path`` as the tables show it: relative to ``relative_to`` (the outputs' directory)
-    where it lies below it, else as given."""
+    where it lies below it, else as given; bytes that are not UTF-8 and control characters
+    escaped (:func:`runner.names.shown`)."""
     if relative_to is not None:
         try:
-            return path.resolve().relative_to(Path(relative_to).resolve()).as_posix()
+            # the folder resolved, not the file: a symlink is shown by its own name
+            here = path.parent.resolve() / path.name
+            return shown(here.relative_to(Path(relative_to).resolve()).as_posix())
         except (ValueError, RuntimeError, OSError):  # RuntimeError: a symlink loop
             pass
-    return path.as_posix()
+    return shown(path.as_posix())
 
 
 def _commit(cell: CellReport) -> str:

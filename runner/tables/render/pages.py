@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from tabulate import tabulate
 
 from runner import report_tensors
+from runner.names import shown
 from runner.tables.model.build import Tables
 from runner.tables.model.cells import CellReport
 from runner.tables.model.headline import (
@@ -191,7 +192,7 @@ def _cell_page(tables: Tables, cell: CellReport,
              ("mode", cell.facet("mode")), ("target", cell.facet("target")),
              ("torch", env.get("torch") or "—"),
              ("report made", staleness(cell, tables.head) or "at the current commit, clean"),
-             ("report file", cell.report.path.name)]
+             ("report file", shown(cell.report.path.name))]
     parts = [f"# Cell {md_text(cell.label)}\n",
              "[Back to the headline](../README.md) · [every cell](README.md)\n",
              tabulate([[k, md_text(v)] for k, v in facts], headers=["", ""],

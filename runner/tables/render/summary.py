@@ -18,6 +18,7 @@ import json
 from json.encoder import encode_basestring as _string
 from typing import Any
 
+from runner.names import shown
 from runner.tables.model.bits import AcrossRow
 from runner.tables.model.build import Tables
 from runner.tables.model.cells import configuration
@@ -145,7 +146,7 @@ def render_json(tables: Tables) -> str:
         "schema": SCHEMA,
         "summary": tables.summary_line(),
         "filters": {k: list(v) for k, v in vars(tables.filters).items() if v},
-        "cells": [{"cell": c.label, "origin": c.origin, "file": c.report.path.name,
+        "cells": [{"cell": c.label, "origin": c.origin, "file": shown(c.report.path.name),
                    "status": c.data.get("status"), "reason": c.reason,
                    "configuration": configuration(c)} for c in tables.cells],
         "across": {
