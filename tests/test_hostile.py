@@ -360,8 +360,8 @@ SIZES = {
     "libraries.versions unknown distribution": (
         _replace('  vllm-omni: ["0.28.0"', '  vllm_omni: ["0.28.0"'),
         'libraries.versions.vllm_omni: expected a distribution with versioned library '
-        'implementations (one of sglang, vllm-omni), got unknown key "vllm_omni" (did you mean '
-        'vllm-omni?)'),
+        'implementations (one of sglang, vllm-omni, liger-kernel, vllm), got unknown key '
+        '"vllm_omni" (did you mean vllm-omni?)'),
     "stack kind key misspelled": (
         _replace("host: {kind: host}", "host: {kid: host}"),
         'stacks.host.kid: expected the key kind (one of host, docker), got unknown key "kid" '

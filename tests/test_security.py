@@ -60,6 +60,7 @@ def rich() -> dict[str, Any]:
                        "extra_index_urls": ["https://pypi.nvidia.com"],
                        "find_links": "wheels", "ca_bundle": "certs/ca.pem"})
     data.setdefault("libraries", {})["rl_kernel"] = "/opt/rl-kernel-h3"
+    data["pairs"] = [["numba", "compiled"]]
     return data
 
 
