@@ -122,7 +122,7 @@ class Comparison:
     changes: list[Change] = field(default_factory=list)
     setup: dict[str, list[str]] = field(default_factory=dict)
     renamed: dict[str, list[str]] = field(default_factory=dict)
-    compared: dict[str, int] = field(default_factory=dict)  # cell -> verdicts compared
+    compared: dict[str, int] = field(default_factory=dict)  # cell -> case verdicts compared
     uncompared: dict[str, list[str]] = field(default_factory=dict)  # cell -> notes
 
     @property
@@ -245,7 +245,7 @@ def _diff_cells(b: CellReport, n: CellReport, rules: Rules, out: Comparison) -> 
         kind, subject, case, tensor = key
         if kind == "inputs" or case in void:
             continue
-        compared += 1
+        compared += bool(case)  # a per-case verdict: "no common cases" counts these
         found = _rule(kind, fb[key], fn[key], rules)
         if found is None:
             continue

@@ -89,8 +89,8 @@ def render_markdown(result: Comparison) -> str:
              "Rules that fail: " + ", ".join(f"`{r}`" for r in result.rules.describe()["fail"])
              + ". `unstable`: a side was not repeatable in one of the reports, so its bits move "
                "from run to run; not gated (docs/ci.md).\n"]
-    rows = [[md_text(x) for x in (f.verdict, f.cell, f.subject, f.tensor or "—", f.rule, change,
-                                  cases or "—")]
+    rows = [[*(md_text(x) for x in (f.verdict, f.cell, f.subject, f.tensor or "—")),
+             f"`{f.rule}`", md_text(change), md_text(cases or "—")]  # rule names: [a-z_:>-]
             for f, cases, change in grouped(result.changes)]
     if rows:
         parts.append(tabulate(rows, headers=["verdict", "cell", "pair or implementation",
