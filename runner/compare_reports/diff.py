@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from runner import report_tensors
 from runner.compare_reports.facts import Bits, FactKey, facts
@@ -30,11 +29,11 @@ from runner.errors import ConfigError
 from runner.report import read_reports
 from runner.tables.model.cells import CellReport, configuration, load_cells
 from runner.tables.model.values import ABSENT
+from runner.tables.model.versions import library_row
 
 __all__ = ["Change", "Comparison", "ReportSet", "compare", "load_set"]
 
 _TABLE_OUTPUTS = ("summary.json",)  # the tables' own JSON beside the reports: not a report
-_VERSIONED = re.compile(r"^(?P<stem>.+)-(?P<version>\d[0-9A-Za-z.+!]*)$")
 _SETUP_IGNORED = ("origin", "cases", "stack", "mode", "target", "op", "gpu")
 CellKey = tuple[str, str, str, str, str]
 
@@ -131,16 +130,6 @@ class Comparison:
         return [c for c in self.changes if c.verdict == "REGRESSED"]
 
 
-def _version(name: str) -> tuple[str, Version] | None:
-    found = _VERSIONED.match(name)
-    if not found:
-        return None
-    try:
-        return found["stem"], Version(found["version"])
-    except InvalidVersion:
-        return None
-
-
 def _match_versions(base: set[str], new: set[str]) -> dict[str, tuple[str, str]]:
     """Library rows of a version present on one side only, matched newest with newest per
     implementation: ``{shown name: (baseline name, new name)}``."""
@@ -148,7 +137,7 @@ def _match_versions(base: set[str], new: set[str]) -> dict[str, tuple[str, str]]
     stems: dict[str, dict[str, list[tuple[Version, str]]]] = {}
     for side, names in (("base", base - new), ("new", new - base)):
         for name in names:
-            if (parsed := _version(name)) is not None:
+            if (parsed := library_row(name)) is not None:
                 stems.setdefault(parsed[0], {}).setdefault(side, []).append((parsed[1], name))
     for stem, sides in stems.items():
         if "base" in sides and "new" in sides:
