@@ -186,6 +186,14 @@ def test_each_rule_fires_with_its_default_and_its_exit_code(rule, tmp_path, caps
         assert mine[0]["verdict"] == "allowed" and not doc["regressed"] and err == ""
 
 
+def test_the_committed_reports_pass_against_themselves(tmp_path, capsys) -> None:
+    code, out, err = run(capsys, str(ROOT / "reports"), str(ROOT / "reports"),
+                         "--compare-out", str(tmp_path))
+    doc = json.loads((tmp_path / "compare.json").read_text())
+    assert (code, err, doc["changes"], doc["cells"]["only_new"]) == (0, "", [], [])
+    assert len(doc["cells"]["matched"]) >= 10 and "0 regressed" in out
+
+
 def test_an_unchanged_set_passes_and_writes_both_outputs(tmp_path, capsys) -> None:
     code, doc, out, err = compared(tmp_path, capsys, report(), report())
     assert (code, err, doc["changes"], doc["regressed"]) == (0, "", [], False)
@@ -350,6 +358,17 @@ def test_a_library_row_is_matched_across_versions(tmp_path, capsys) -> None:
     (change,) = doc["changes"]
     assert (change["subject"], change["rule"]) == ("lib_gate-0.5.23→0.5.24 vs eager",
                                                    "bits:equal->differ")
+
+
+def test_a_baseline_inside_the_new_set_is_not_read_as_part_of_it(tmp_path, capsys) -> None:
+    """``compare reports/known-good reports``: the new set leaves the baseline's files out
+    (else they would be a second report of each cell)."""
+    base, new = pair_for("bits:equal->differ")
+    save(new, tmp_path / "reports")
+    save(base, tmp_path / "reports" / "known-good")
+    code, _, err = run(capsys, str(tmp_path / "reports" / "known-good"),
+                       str(tmp_path / "reports"), "--compare-out", str(tmp_path / "out"))
+    assert code == 6 and ": bits:equal->differ (equal → 3/1381632 differ; cases 257)" in err, err
 
 
 def git_show(commit: str, path: str, directory: Path) -> Path:

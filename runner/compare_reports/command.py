@@ -67,8 +67,8 @@ def run_compare(args: argparse.Namespace) -> int:
     """``compare BASELINE_DIR [NEW_DIR]``: read both sets (exit 2 on bad input), then
     :func:`finish`."""
     rules = rules_of(args)
-    baseline = load_set(args.baseline, "BASELINE_DIR")
-    new = load_set(args.new, "NEW_DIR")
+    baseline = load_set(args.baseline, "BASELINE_DIR", exclude=args.new)
+    new = load_set(args.new, "NEW_DIR", exclude=args.baseline)
     return finish(baseline, new, rules, args.compare_out)
 
 
@@ -86,7 +86,7 @@ def expect(args: argparse.Namespace, run: Callable[[argparse.Namespace], int]) -
     but a cell of the run failed, the run's 5 (a failed cell is never a pass).
     """
     rules = rules_of(args)
-    baseline = load_set(args.expect, "--expect")
+    baseline = load_set(args.expect, "--expect", exclude=args.reports)
     if _same_dir(args.reports, args.expect):
         args.reports = EXPECT_REPORTS
         print(f"[runner] --expect {args.expect}: the new reports go to {args.reports}, so the "
@@ -97,7 +97,8 @@ def expect(args: argparse.Namespace, run: Callable[[argparse.Namespace], int]) -
     except CellsFailed as err:
         failed = err
         print(f"[runner] {err}")
-    code = finish(baseline, load_set(args.reports, "--reports"), rules, args.compare_out)
+    new = load_set(args.reports, "--reports", exclude=args.expect)
+    code = finish(baseline, new, rules, args.compare_out)
     if failed is not None:
         raise failed
     return code

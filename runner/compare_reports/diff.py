@@ -48,8 +48,10 @@ class ReportSet:
     foreign: int = 0
 
 
-def load_set(directory: Path, role: str) -> ReportSet:
-    """Read every report under ``directory`` (``role`` names it in errors: ``BASELINE_DIR``).
+def load_set(directory: Path, role: str, exclude: Path | None = None) -> ReportSet:
+    """Read every report under ``directory`` (``role`` names it in errors: ``BASELINE_DIR``),
+    but those under ``exclude`` (the other set, when it lies inside this one: ``compare
+    reports/known-good reports``).
 
     Raises:
         ConfigError: no such directory; a file that is not a readable report (corrupt,
@@ -61,6 +63,9 @@ def load_set(directory: Path, role: str) -> ReportSet:
         found = "not a directory" if directory.exists() else "no such directory"
         raise ConfigError(f"{role}: expected a directory of reports, got {directory} ({found})")
     skip = {os.path.realpath(directory / name) for name in _TABLE_OUTPUTS}
+    if exclude is not None and exclude.is_dir() and _inside(exclude, directory) and not (
+            _inside(directory, exclude)):  # strictly inside: one directory is one set
+        skip |= {os.path.realpath(p) for p in exclude.rglob("*.json")}
     reports = read_reports(directory, skip=skip)
     bad = [r for r in reports if not r.ok]
     if bad:
@@ -73,6 +78,12 @@ def load_set(directory: Path, role: str) -> ReportSet:
                 "mode to match)") if cells else "no report"
         raise ConfigError(f"{role}: {directory}: {what}; nothing of this runner to compare")
     return ReportSet(directory, ours, len(cells) - len(ours))
+
+
+def _inside(inner: Path, outer: Path) -> bool:
+    """Whether ``inner`` is ``outer`` or lies below it (real paths)."""
+    a, b = os.path.realpath(inner), os.path.realpath(outer)
+    return a == b or a.startswith(b.rstrip(os.sep) + os.sep)
 
 
 def cell_key(cell: CellReport) -> CellKey:
@@ -229,8 +240,10 @@ def _diff_cells(b: CellReport, n: CellReport, rules: Rules, out: Comparison) -> 
                                       "sha256 as before", "other sha256",
                                       rules.fails("inputs:changed")))
     shaky = _not_repeatable(fb, fn)
+    order = {c: i for i, c in enumerate(n.cases)}
     compared = 0
-    for key in sorted(fb.keys() & fn.keys(), key=lambda k: (k[1], _order(n, k[2]), k[3], k[0])):
+    for key in sorted(fb.keys() & fn.keys(),
+                      key=lambda k: (k[1], order.get(k[2], len(order)), k[3], k[0])):
         kind, subject, case, tensor = key
         if kind == "inputs" or case in void:
             continue
@@ -253,13 +266,6 @@ def _diff_cells(b: CellReport, n: CellReport, rules: Rules, out: Comparison) -> 
     if cases:
         notes.append(f"{len(cases)} of {len(b.cases)} baseline cases not in the new report")
     out.uncompared[label] = notes
-
-
-def _order(cell: CellReport, case: str) -> int:
-    try:
-        return cell.cases.index(case)
-    except ValueError:
-        return len(cell.cases)
 
 
 def compare(baseline: ReportSet, new: ReportSet, rules: Rules | None = None) -> Comparison:
