@@ -147,6 +147,8 @@ CASES: dict[str, tuple[Any, Any, tuple[str, str, str]]] = {
                      lambda d: accuracy(d, "numba", "1", 0.25), ("numba", "1", "out")),
     "cell_status:worse": (None, failed_status, ("cell", "", "")),
     "cell_status:better": (failed_status, None, ("cell", "", "")),
+    "cell_status:skipped": (None, lambda d: d.update(status="skipped", reason="no GPU (test)"),
+                            ("cell", "", "")),
     "impl_status:worse": (None, impl_failed, ("numba", "", "")),
     "impl_status:better": (impl_failed, None, ("numba", "", "")),
     "inputs:changed": (None, other_inputs, ("inputs", "257", "")),
@@ -192,6 +194,18 @@ def test_the_committed_reports_pass_against_themselves(tmp_path, capsys) -> None
     doc = json.loads((tmp_path / "compare.json").read_text())
     assert (code, err, doc["changes"], doc["cells"]["only_new"]) == (0, "", [], [])
     assert len(doc["cells"]["matched"]) >= 10 and "0 regressed" in out
+
+
+def test_a_cell_skipped_here_is_not_compared_unless_the_rules_say(tmp_path, capsys) -> None:
+    """A CPU host runs no cuda cell: ``ok`` -> ``skipped`` is allowed, nothing of the cell is
+    compared (its figures may still be in the file); ``--fail cell_status:skipped`` gates."""
+    base, new = pair_for("cell_status:skipped")
+    set_cmp(new, "257", "out", cmp(3))  # not compared: the cell did not run
+    code, doc, _, _ = compared(tmp_path, capsys, base, new)
+    assert (code, [c["rule"] for c in doc["changes"]]) == (0, ["cell_status:skipped"])
+    assert doc["notes"]["host-plain-cuda"] == ["skipped in the new set: no GPU (test)"]
+    code, _, _, err = compared(tmp_path, capsys, base, new, "--fail", "cell_status:skipped")
+    assert code == 6 and "cell: cell_status:skipped (ok → skipped)" in err, err
 
 
 def test_an_unchanged_set_passes_and_writes_both_outputs(tmp_path, capsys) -> None:

@@ -27,9 +27,7 @@ from runner.compare_reports.facts import Bits, FactKey, facts
 from runner.compare_reports.rules import Rules
 from runner.errors import ConfigError
 from runner.report import read_reports
-from runner.tables.model.cells import CellReport, configuration, load_cells
-from runner.tables.model.values import ABSENT
-from runner.tables.model.versions import library_row
+from runner.tables import ABSENT, CellReport, configuration, library_row, load_cells
 
 __all__ = ["Change", "Comparison", "ReportSet", "compare", "load_set"]
 
@@ -218,6 +216,16 @@ def _rule(kind: str, before: Any, after: Any, rules: Rules) -> tuple[str, str, s
 
 def _diff_cells(b: CellReport, n: CellReport, rules: Rules, out: Comparison) -> None:
     label = n.label
+    if "skipped" in (b.status, n.status):  # not run on one side: nothing to compare
+        side = "the new set" if n.status == "skipped" else "the baseline"
+        reason = (n if n.status == "skipped" else b).reason
+        out.uncompared[label] = [f"skipped in {side}" + (f": {reason}" if reason else "")]
+        rule = "cell_status:skipped" if b.status == "ok" else _status_rule(
+            "cell_status", b.status, n.status)
+        if rule and b.status != n.status:
+            out.changes.append(Change(label, rule, "cell", "", "", b.status, n.status,
+                                      rules.fails(rule)))
+        return
     cb, cn = configuration(b), configuration(n)
     out.setup[label] = [f"{k}: {cb.get(k, ABSENT)} → {cn.get(k, ABSENT)}"
                         for k in dict.fromkeys([*cb, *cn])

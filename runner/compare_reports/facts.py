@@ -29,8 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner import report_tensors
-from runner.tables.model.bits import pair_results
-from runner.tables.model.cells import CellReport
+from runner.tables import CellReport, pair_results
 
 __all__ = ["Bits", "FactKey", "facts"]
 

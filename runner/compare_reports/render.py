@@ -15,7 +15,7 @@ from typing import Any
 from tabulate import tabulate
 
 from runner.compare_reports.diff import Change, Comparison
-from runner.tables.render.markdown import md_text
+from runner.tables import md_text
 
 __all__ = ["SCHEMA", "grouped", "render_json", "render_lines", "render_markdown", "summary"]
 

@@ -14,7 +14,9 @@ The defaults fail every change for the worse and allow every change for the bett
   elements that differ, beyond :attr:`Rules.fraction_tolerance` (absolute).
 * ``error:grew`` (fail) / ``:shrank`` (allow): an implementation's error against fp64
   (``max_abs_ulps``, else ``max_abs``), beyond :attr:`Rules.error_tolerance` (relative).
-* ``cell_status:worse`` (fail: ``ok`` became anything else) / ``:better`` (allow);
+* ``cell_status:worse`` (fail: ``ok`` became anything else but ``skipped``) / ``:better``
+  (allow); ``cell_status:skipped`` (allow): ``ok`` became ``skipped``, the new host cannot run
+  that cell (no GPU, no Docker engine, no image), so nothing of it is compared;
   ``impl_status:worse`` / ``:better`` the same for one implementation in a cell.
 * ``inputs:changed`` (fail): a case's inputs have other sha256 (seed or sizes changed), so
   nothing of that case could be compared.
@@ -73,6 +75,7 @@ RULES: dict[str, bool] = {
     "error:shrank": False,
     "cell_status:worse": True,
     "cell_status:better": False,
+    "cell_status:skipped": False,
     "impl_status:worse": True,
     "impl_status:better": False,
     "inputs:changed": True,
