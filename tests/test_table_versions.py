@@ -91,3 +91,25 @@ def test_library_row_names() -> None:
         "sglang_indexed_gate_triton_inplace")
     assert str(library_row("vllm_omni_h3_fused-0.30.0")[1]) == "0.30.0"
     assert library_row("rl_kernel_h3") is None and library_row("compiled_emulate") is None
+
+
+def test_the_versions_table_groups_cells_and_opens_the_pages(tmp_path) -> None:
+    def newest_moves(results: dict[str, Any]) -> None:
+        results["lib_gate-0.10.0"]["sha256"]["257"]["out"] = "e" * 64
+
+    directory = with_versions(tmp_path, newest_moves)
+    tables = build_tables(read_reports(directory))
+    (table,) = [t for t in tables.sections if t.key == "versions"]
+    assert [r.values for r in table.rows] == [
+        ("lib_gate", "0.1.0, 0.2.0, 0.10.0", "0.10.0 (out in 1 of 5 cases vs 0.2.0)",
+         "host-plain-cuda")]
+    from runner.tables import write_tables
+
+    readme = write_tables(directory, tmp_path / "out" / "README.md", head=None).read_text()
+    assert "## First change across library versions" in readme
+    assert "First change across library versions" in (tmp_path / "out" / "index.html").read_text()
+
+
+def test_no_versions_table_without_two_versions() -> None:
+    tables = build_tables(read_reports(H200.parent))
+    assert "versions" not in {t.key for t in tables.sections}

@@ -12,18 +12,22 @@ every (case, tensor) both have a sha256 for (``results[impl].sha256[case][tensor
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+import ops
 from runner import report_tensors
 from runner.tables.model.cells import CellReport
+from runner.tables.model.filters import Filters
+from runner.tables.model.table import Row, Table
 from runner.tables.model.values import ABSENT
 
-__all__ = ["FirstChange", "first_change_text", "first_changes", "library_row"]
+__all__ = ["FirstChange", "first_change_text", "first_changes", "library_row", "versions_table"]
 
+_MAX_CELLS = 12
 _ROW = re.compile(r"^(?P<stem>.+)-(?P<version>\d[0-9A-Za-z.+!]*)$")
 
 
@@ -132,3 +136,31 @@ def first_change_text(cell: CellReport, impl: str) -> str:
     found = first_changes(cell).get(parsed[0]) if parsed else None
     return found.text() if found else ABSENT
 
+
+def versions_table(cells: Sequence[CellReport], filters: Filters | None = None) -> Table:
+    """One row per library implementation, versions and first change, with the cells where
+    that is so (the modes of one GPU usually agree): ``vllm_omni_h3_fused | 0.28.0, 0.30.0 |
+    0.30.0 (out in 20 of 30 cases vs 0.28.0) | host-plain-cuda, ...``. Empty when no cell ran
+    two versions of one implementation."""
+    filters = filters or Filters()
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for cell in cells:
+        for stem, found in first_changes(cell).items():
+            if not any(filters.keeps_impl(f"{stem}-{v}") for v in found.versions):
+                continue
+            name = stem + (f" ({cell.op})" if cell.op and cell.op != ops.OPS[0] else "")
+            groups.setdefault((name, ", ".join(found.versions), found.text()), []).append(
+                cell.label)
+    rows = [Row((name, versions, text, ", ".join(labels[:_MAX_CELLS])
+                 + (f" and {len(labels) - _MAX_CELLS} more" if len(labels) > _MAX_CELLS
+                    else "")), None, ("", "", "diff" if not text.startswith("none") else "eq"))
+            for (name, versions, text), labels in groups.items()]
+    return Table(
+        "versions", "First change across library versions",
+        ("implementation", "versions", "first change", "cells"), rows,
+        note="Where a cell ran several versions of one library implementation (rows "
+             "`<implementation>-<version>`, same GPU, torch and inputs), the first version "
+             "whose bits (the sha256 of every tensor in every case both ran) differ from the "
+             "previous version's, with the tensors and cases; `none` when every version has "
+             "the same bits. Each cell's library rows table repeats it per row.",
+        empty="No cell ran two versions of one library implementation.")
