@@ -43,6 +43,8 @@ def runs(tmp_path_factory) -> dict[str, object]:
     common = ["--matrix", str(matrix), "--backend", "host"]
     assert main(["matrix", *common, "--reports", str(root / "base")]) == 0
     before = snapshot(root / "base")
+    (root / "new").mkdir()
+    (root / "new" / "left-over.json").write_text("{}")  # an earlier run's: emptied first
     saved, command.EXPECT_REPORTS = command.EXPECT_REPORTS, root / "new"
     try:
         code = main(["matrix", *common, "--reports", str(root / "base"), "--expect",
@@ -58,6 +60,7 @@ def test_a_run_passes_against_itself_and_leaves_the_baseline(runs) -> None:
     assert snapshot(root / "base") == runs["before"]
     new = json.loads((root / "new" / "host-plain-cpu.json").read_text())
     assert new["cases"] == [5] and new["status"] == "ok"
+    assert not (root / "new" / "left-over.json").exists()
     doc = json.loads((root / "out" / "compare.json").read_text())
     assert (doc["exit_code"], doc["changes"]) == (0, [])
     assert doc["compared"]["host-plain-cpu"] >= 16  # 4 tensors: bits, 2 errors, 2 repeats

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -89,8 +90,10 @@ def expect(args: argparse.Namespace, run: Callable[[argparse.Namespace], int]) -
     baseline = load_set(args.expect, "--expect", exclude=args.reports)
     if _same_dir(args.reports, args.expect):
         args.reports = EXPECT_REPORTS
-        print(f"[runner] --expect {args.expect}: the new reports go to {args.reports}, so the "
-              "baseline stays as it is")
+        if args.reports.is_dir() and not args.reports.is_symlink():
+            shutil.rmtree(args.reports)  # our scratch directory: each run starts it afresh
+        print(f"[runner] --expect {args.expect}: the new reports go to {args.reports} (emptied "
+              "first), so the baseline stays as it is")
     failed: CellsFailed | None = None
     try:
         run(args)
