@@ -34,7 +34,7 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
-from runner.compare_reports.options import add_rule_options
+from runner.compare_reports.options import add_rule_options, refuse_without_expect
 from runner.errors import (
     CellsFailed,
     ConfigError,
@@ -137,6 +137,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         from runner.compare_reports.command import expect
 
         return expect(args, _run_matrix)
+    refuse_without_expect(args)
     return _run_matrix(args)
 
 

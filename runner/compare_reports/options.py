@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-__all__ = ["DEFAULT_OUT", "EXPECT_REPORTS", "add_rule_options"]
+from runner.errors import ConfigError
+
+__all__ = ["DEFAULT_OUT", "EXPECT_REPORTS", "add_rule_options", "refuse_without_expect"]
 
 DEFAULT_OUT = Path("artifacts") / "compare"
 """Where ``compare.md`` and ``compare.json`` go unless ``--compare-out`` says otherwise: not
@@ -29,3 +31,17 @@ def add_rule_options(p: argparse.ArgumentParser) -> None:
                    help='fail on this change, e.g. "bits:differ->equal" (repeatable)')
     p.add_argument("--compare-out", type=Path, default=DEFAULT_OUT, metavar="DIR",
                    help="write compare.md and compare.json here (default: %(default)s)")
+
+
+def refuse_without_expect(args: argparse.Namespace) -> None:
+    """``matrix`` given a comparison option but no ``--expect``: nothing would read it.
+
+    Raises:
+        ConfigError: naming the option (exit 2).
+    """
+    given = [f"--{name.replace('_', '-')}" for name in ("rules", "allow", "fail")
+             if getattr(args, name)]
+    if args.compare_out != DEFAULT_OUT:
+        given.append("--compare-out")
+    if given:
+        raise ConfigError(f"{given[0]}: compares with a baseline; add --expect BASELINE_DIR")
