@@ -7,6 +7,8 @@
     nox -s build -- --stack cpu-torch2.13   # the images of the docker stacks (all by default)
     nox -s base_image                   # root: the local base image (debootstrap + import)
     nox -s report                       # reports/README.md from every report
+    nox -s compare -- BASELINE_DIR [NEW_DIR]   # verdicts that changed; exit 6 when one regressed
+    nox -s matrix -- --expect reports/ --target cpu   # run, then compare (docs/ci.md)
     nox -s tests                        # the test suite (no GPU needed)
     nox -s lint
 
@@ -15,7 +17,8 @@ site-packages, so a GPU machine's existing torch is used as is; where no torch i
 ``torch==2.13.0`` is installed (the CPU wheel where the machine's pip finds it).
 
 Sessions that call the runner end with its exit code (:data:`RUNNER_CODES`: 2 bad input, 3 a
-report or table not written, 4 a backend cannot run, 5 a cell failed, 130/143 signals), not
+report or table not written, 4 a backend cannot run, 5 a cell failed, 6 a verdict regressed
+against a baseline, 130/143 signals), not
 nox's 1 for every failure, so a script can tell them apart (:func:`run_runner`).
 """
 
@@ -41,6 +44,7 @@ STOP = {"interrupt_timeout": 60.0, "terminate_timeout": 30.0}
 # The runner's exit codes (runner/errors.py; README, "Exit codes").
 RUNNER_CODES = {2: "bad matrix.yaml or option", 3: "a report or table could not be written",
                 4: "a backend cannot run", 5: "a cell failed or was refused",
+                6: "a verdict regressed against the baseline",
                 130: "interrupted (SIGINT)", 143: "terminated (SIGTERM)"}
 
 
@@ -110,6 +114,15 @@ def report(session: nox.Session) -> None:
     """Render reports/README.md, index.html, summary.csv|json (filters: docs/tables.md)."""
     install_project(session, "report")
     run_runner(session, "runner", "report", *session.posargs)
+
+
+@nox.session(venv_params=VENV)
+def compare(session: nox.Session) -> None:
+    """The verdicts that changed from BASELINE_DIR to NEW_DIR (default reports/); exit 6 when
+    one regressed (posargs: BASELINE_DIR [NEW_DIR] --rules FILE --allow RULE --fail RULE;
+    docs/ci.md)."""
+    install_project(session, "report")
+    run_runner(session, "runner", "compare", *session.posargs)
 
 
 @nox.session(venv_params=VENV)

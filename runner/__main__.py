@@ -1,7 +1,8 @@
-"""Command line: ``python -m runner {matrix,cell,build,base-image,report} ...`` (nox calls it).
+"""Command line: ``python -m runner {matrix,cell,build,base-image,report,compare} ...`` (nox).
 
 Every :class:`runner.errors.MatrixError` is caught here, printed as one line on stderr and
-mapped to its exit code (config 2, report 3, backend 4, failed cells 5). SIGINT (Ctrl-C) and
+mapped to its exit code (config 2, report 3, backend 4, failed cells 5, a verdict that
+regressed against a baseline 6: ``compare``, ``matrix --expect``). SIGINT (Ctrl-C) and
 SIGTERM raise :class:`runner.errors.Interrupted` wherever the run is; the clean-ups on its way
 out kill the running cell's process group or container and remove its staging directory, and
 the command exits 128 + the signal: 130 or 143. A second signal while that happens is ignored
@@ -15,6 +16,8 @@ Examples::
     python -m runner build --stack cpu-torch2.13
     python -m runner base-image          # root: debootstrap + docker import
     python -m runner report
+    python -m runner compare old-reports/ reports/ --allow "error:grew"
+    python -m runner matrix --expect reports/ --target cpu --case 257
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
+from runner.compare_reports.options import add_rule_options, refuse_without_expect
 from runner.errors import (
     CellsFailed,
     ConfigError,
@@ -92,6 +96,10 @@ def _parser() -> argparse.ArgumentParser:
                    'nodes offering the resource "gpu:NAME", e.g. "NVIDIA H200"')
     m.add_argument("--retries", type=int, default=2, help="with --cluster: runs again of a "
                    "cell whose node died (default: %(default)s)")
+    m.add_argument("--expect", type=Path, metavar="BASELINE_DIR", help="then compare the "
+                   "reports with these (last known-good) ones and exit with compare's code "
+                   "(6: a verdict regressed; docs/ci.md)")
+    add_rule_options(m)
 
     c = sub.add_parser("cell", help="run one cell in this process (used by the backends)")
     selection(c)
@@ -122,10 +130,27 @@ def _parser() -> argparse.ArgumentParser:
         r.add_argument(f"--{facet}", action="append", help=f"show only this {facet} (repeatable)")
     r.add_argument("--ab", nargs=2, action="append", metavar=("CELL_A", "CELL_B"),
                    help="show these two cells side by side (repeatable)")
+
+    k = sub.add_parser("compare", help="list the verdicts that changed from BASELINE_DIR to "
+                       "NEW_DIR; exit 6 when one regressed (docs/ci.md)")
+    k.add_argument("baseline", type=Path, metavar="BASELINE_DIR",
+                   help="the last known-good reports")
+    k.add_argument("new", type=Path, metavar="NEW_DIR", nargs="?", default=DEFAULT_REPORTS,
+                   help="the reports to check (default: %(default)s)")
+    add_rule_options(k)
     return parser
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
+    if args.expect is not None:
+        from runner.compare_reports.command import expect
+
+        return expect(args, _run_matrix)
+    refuse_without_expect(args)
+    return _run_matrix(args)
+
+
+def _run_matrix(args: argparse.Namespace) -> int:
     from runner import shards
     from runner.matrices import DEFAULT_MATRICES, plan
     from runner.outcome import failed, summary
@@ -237,6 +262,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from runner.compare_reports.command import run_compare
+
+    return run_compare(args)
+
+
 @contextlib.contextmanager
 def _signals_interrupt() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP (a closed terminal or SSH session) raise
@@ -271,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         with _signals_interrupt():
             args = _parser().parse_args(argv)
             commands = {"matrix": _cmd_matrix, "cell": _cmd_cell, "build": _cmd_build,
-                        "base-image": _cmd_base_image, "report": _cmd_report}
+                        "base-image": _cmd_base_image, "report": _cmd_report,
+                        "compare": _cmd_compare}
             return commands[args.command](args)
     except MatrixError as err:
         print(f"error: {shown(str(err))}", file=sys.stderr)

@@ -89,3 +89,11 @@ class CellsFailed(MatrixError):
     """The matrix ran to the end but at least one cell did not end ``ok`` (exit 5)."""
 
     exit_code = 5
+
+
+class Regressed(MatrixError):
+    """``compare`` (or ``matrix --expect``) found a verdict that changed in a way its rules
+    fail: bits that were equal and differ, a side no longer repeatable, ... (exit 6;
+    runner/compare_reports/, docs/ci.md)."""
+
+    exit_code = 6

@@ -78,6 +78,10 @@ BAD_OPTIONS = [
     ("gpus with a semicolon", ["--gpus", "0;rm"],
      '--gpus: expected "all" or device ids like "0,1", got \'0;rm\''),
     ("gpus empty", ["--gpus", ""], "--gpus: expected"),
+    ("rules without --expect", ["--allow", "error:grew"],
+     "--allow: compares with a baseline; add --expect BASELINE_DIR"),
+    ("expect missing", ["--expect", "/nonexistent/known-good"],
+     "--expect: expected a directory of reports, got /nonexistent/known-good"),
 ]
 
 

@@ -10,6 +10,7 @@ A few seconds in all.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -19,7 +20,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runner.errors import BackendError, CellsFailed, ConfigError, Interrupted, ReportError
+from runner.errors import (
+    BackendError,
+    CellsFailed,
+    ConfigError,
+    Interrupted,
+    Regressed,
+    ReportError,
+)
 
 ROOT = Path(__file__).parent.parent
 
@@ -92,12 +100,32 @@ def test_refused_cell_is_exit_5(python_on_path: str, tmp_path: Path) -> None:
     assert "error: 1 of 1 cells did not end ok: host-plain-cpu (refused)" in done.stdout
 
 
+def test_a_regressed_verdict_is_exit_6(python_on_path: str, tmp_path: Path) -> None:
+    """``nox -s compare``: the new report's numba out differs where the baseline's was
+    equal (runner/compare_reports/)."""
+    report = json.loads((ROOT / "tests" / "data" / "h200" / "host-plain-cuda.json").read_text())
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "host-plain-cuda.json").write_text(json.dumps(report))
+    for a, b in (("numba", "eager"), ("eager", "numba")):
+        report["results"][a][f"vs {b}"]["257"]["out"][0].update(
+            equal=False, differ=1, max_abs=0.5, max_ulp=1, first_differ=3)
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "host-plain-cuda.json").write_text(json.dumps(report))
+    done = nox(python_on_path, "compare", str(tmp_path / "base"), str(tmp_path / "new"),
+               "--compare-out", str(tmp_path / "out"))
+    assert done.returncode == 6, done.stdout
+    assert "REGRESSED host-plain-cuda: numba vs eager out: bits:equal->differ" in done.stdout
+    assert ("nox > Session compare failed: exit code 6 (a verdict regressed against the "
+            "baseline).") in done.stdout.splitlines()
+
+
 def test_the_noxfile_knows_every_runner_exit_code() -> None:
     sys.path.insert(0, str(ROOT))
     try:
         import noxfile
     finally:
         sys.path.remove(str(ROOT))
-    codes = {e.exit_code for e in (ConfigError, ReportError, BackendError, CellsFailed)}
+    codes = {e.exit_code for e in (ConfigError, ReportError, BackendError, CellsFailed,
+                                   Regressed)}
     codes |= {Interrupted(s).exit_code for s in (2, 15)}
-    assert set(noxfile.RUNNER_CODES) == codes == {2, 3, 4, 5, 130, 143}
+    assert set(noxfile.RUNNER_CODES) == codes == {2, 3, 4, 5, 6, 130, 143}

@@ -11,7 +11,8 @@ Two layers, imported in one direction only (tests/test_import_cycles.py checks i
   (``markdown``, ``pages``), HTML (``html``), CSV and JSON (``summary``), SVG (``plots``).
 
 :func:`~runner.tables.write.write_tables` reads, builds once, renders every format and writes
-the files. This module names the entry points the rest of the runner uses.
+the files. This module names the entry points the rest of the runner uses (``compare``,
+runner/compare_reports/, reads reports through the model's cells, pairs and configuration).
 
 Example:
     >>> from runner import tables
@@ -21,12 +22,16 @@ Example:
 
 from __future__ import annotations
 
+from runner.tables.model.bits import PairResult, pair_results
 from runner.tables.model.build import Tables, build_tables
-from runner.tables.model.cells import cell_label, load_cells
+from runner.tables.model.cells import CellReport, cell_label, configuration, load_cells
 from runner.tables.model.filters import FACETS, Filters
-from runner.tables.model.values import format_cmp
+from runner.tables.model.values import ABSENT, format_cmp
+from runner.tables.model.versions import library_row
 from runner.tables.render.markdown import markdown, md_text, render_markdown, slug
 from runner.tables.write import OUTPUTS, write_tables
 
-__all__ = ["FACETS", "OUTPUTS", "Filters", "Tables", "build_tables", "cell_label", "format_cmp",
-           "load_cells", "markdown", "md_text", "render_markdown", "slug", "write_tables"]
+__all__ = ["ABSENT", "FACETS", "OUTPUTS", "CellReport", "Filters", "PairResult", "Tables",
+           "build_tables", "cell_label", "configuration", "format_cmp", "library_row",
+           "load_cells", "markdown", "md_text", "pair_results", "render_markdown", "slug",
+           "write_tables"]

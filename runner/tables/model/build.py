@@ -8,7 +8,8 @@ Table` of display strings:
 1. Bitwise comparison per cell (pair x case x tensor); then the seed comparison, a reference
    report beside our cells (:mod:`runner.tables.model.seed`).
 2. Identical bits across cells: inputs, then each implementation's outputs, grouped by sha256
-   (:mod:`runner.tables.model.bits`).
+   (:mod:`runner.tables.model.bits`); then, where a cell ran several versions of a library
+   implementation, the first version whose bits changed (:mod:`runner.tables.model.versions`).
 3. A/B of two cells (``--ab``; by default two of our cells with results differing in one facet;
    :mod:`runner.tables.model.ab`).
 4. Accuracy vs fp64 and determinism (:mod:`runner.tables.model.accuracy`).
@@ -53,6 +54,7 @@ from runner.tables.model.table import Row, Table
 from runner.tables.model.timings import bench_tables, timings_table
 from runner.tables.model.values import STATUSES
 from runner.tables.model.verdicts import verdict_table
+from runner.tables.model.versions import versions_table
 
 __all__ = ["Tables", "build_tables"]
 
@@ -136,8 +138,10 @@ def build_tables(reports: Sequence[LoadedReport], *, relative_to: Path | None = 
         pairs = [(find_cell(everything, a), find_cell(everything, b)) for a, b in ab]
         why = "; chosen with `--ab`"
     across = across_cells(cells, filters)
+    versions = versions_table(cells, filters)
     sections = [verdict_table(cells, filters), bitwise_table(cells, filters),
-                *seed_tables(cells, filters), *across_tables(across, cells)]
+                *seed_tables(cells, filters), *across_tables(across, cells),
+                *([versions] if versions.rows else [])]
     for a, b in pairs:
         sections += ab_tables(a, b, filters, why)
     sections += [accuracy_table(cells, filters), cells_table(cells, relative_to),

@@ -299,7 +299,9 @@ def render_html(tables: Tables, plots: dict[str, tuple[str, str]] | None = None,
     cells_table = by_key.get("cells")
     compared = {c.index for col in h.columns for c in col.cells}
     legend = LEGEND.format(legend=report_tensors.legend(c.data for c in cells))
-    body = [_headline(h, names, legend), _plots(plots or {}), _not_run(cells)]
+    body = [_headline(h, names, legend), *(_table(t, ids) for t in tables.sections
+                                            if t.key == "versions"),
+            _plots(plots or {}), _not_run(cells)]
     if cells_table is not None:
         rows = [r for r in cells_table.rows if r.cell in compared]
         body.append(_table(Table("cells", "Cells with comparisons", cells_table.headers, rows,

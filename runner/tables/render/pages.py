@@ -133,7 +133,8 @@ def _readme(tables: Tables, names: Mapping[int, str],
              "Rows: each candidate against the baseline it was compared with; columns: GPU × "
              "stack (its library versions) × mode. " + _legend(tables) + merged + "\n",
              headline_markdown(h, lambda column, mark: mark_link(mark, names))]
-    parts += [rows_markdown(t, t.rows) for t in tables.sections if t.key.startswith("seed-")]
+    parts += [rows_markdown(t, t.rows) for t in tables.sections
+              if t.key.startswith("seed-") or t.key == "versions"]
     parts.append("## Pictures\n")
     parts += [f"![{md_text(title)}](plots/{name})\n" for name, (title, _) in plots.items()]
     if not plots:
