@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from runner.errors import BackendError, CellsFailed, ConfigError, Interrupted, ReportError
+from tests.committed_reports import HOST_PLAIN_CPU
 
 ROOT = Path(__file__).parent.parent
 
@@ -84,7 +85,7 @@ def test_refused_cell_is_exit_5(python_on_path: str, tmp_path: Path) -> None:
     matrix ran to its end, one cell did not end ok (5). No cell process runs."""
     reports = tmp_path / "reports"
     reports.mkdir()
-    shutil.copy(ROOT / "reports" / "host-plain-cpu.json", reports)
+    shutil.copy(HOST_PLAIN_CPU, reports)
     done = nox(python_on_path, "matrix", "--reports", str(reports), "--op", "gate_residual",
                "--stack", "host", "--mode", "plain", "--target", "cpu", "--case", "1",
                "--backend", "host")
