@@ -10,6 +10,7 @@ A few seconds in all.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -91,6 +92,17 @@ def test_refused_cell_is_exit_5(python_on_path: str, tmp_path: Path) -> None:
                "--backend", "host")
     assert done.returncode == 5, done.stdout
     assert "error: 1 of 1 cells did not end ok: host-plain-cpu (refused)" in done.stdout
+
+
+def test_bench_without_a_gpu_is_exit_4_in_one_line(python_on_path: str, tmp_path: Path) -> None:
+    """No usage block: the benchmark's one line, then nox's result line with the code."""
+    if importlib.util.find_spec("torch") and __import__("torch").cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    done = nox(python_on_path, "bench", "--out", str(tmp_path / "bench"))
+    assert done.returncode == 4, done.stdout
+    mine = [line for line in done.stdout.splitlines() if not line.startswith("nox > ")]
+    assert len(mine) == 1 and mine[0].startswith("error: no CUDA device: "), done.stdout
+    assert "usage:" not in done.stdout and not (tmp_path / "bench").exists()
 
 
 def test_the_noxfile_knows_every_runner_exit_code() -> None:
