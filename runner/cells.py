@@ -15,13 +15,13 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from runner.config import Case, Matrix
 from runner.errors import SelectionError
 
-__all__ = ["Cell", "cases_on", "expand", "select", "select_cases"]
+__all__ = ["CHOICES_SHOWN", "Cell", "cases_on", "choices_text", "expand", "select", "select_cases"]
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ def select_cases(matrix: Matrix, case_ids: Iterable[str | int] | None = None,
     chosen = tuple(c for c in matrix.cases if c.id in names)
     if not chosen:
         raise SelectionError("--case: no case selected; choose from "
-                             + ", ".join(c.id for c in matrix.cases))
+                             + choices_text("case", [c.id for c in matrix.cases]))
     return chosen
 
 
@@ -162,8 +162,24 @@ def _check_names(field: str, names: Iterable[str | int] | str,
     for name in names:
         if name not in choices:
             raise SelectionError(f"--{field}: unknown {field} {_quote(name)}; "
-                                 f"choose from {', '.join(choices) or 'nothing'}")
+                                 f"choose from {choices_text(field, choices)}")
     return names
+
+
+CHOICES_SHOWN = 10
+"""How many valid values an unknown-name error lists before "... (N more; ...)"."""
+
+
+def choices_text(field: str, choices: Sequence[str]) -> str:
+    """``choices`` joined for a one-line error, the first :data:`CHOICES_SHOWN` only, then
+    where the rest are (``field``: the matrix file's key without its "s"). Example::
+
+        >>> choices_text("case", [str(n) for n in range(12)])
+        "0, 1, 2, 3, 4, 5, 6, 7, 8, 9 ... (2 more; see matrix.yaml's cases)"
+    """
+    shown = ", ".join(choices[:CHOICES_SHOWN]) or "nothing"
+    rest = len(choices) - CHOICES_SHOWN
+    return shown + (f" ... ({rest} more; see matrix.yaml's {field}s)" if rest > 0 else "")
 
 
 def _quote(name: str) -> str:

@@ -24,7 +24,8 @@ from tabulate import tabulate
 
 from runner.status import Status
 
-__all__ = ["REFUSED", "CellOutcome", "OutcomeStatus", "failed", "outcome_status", "summary"]
+__all__ = ["REFUSED", "SHOWN_CELLS", "CellOutcome", "OutcomeStatus", "failed", "outcome_status",
+           "summary"]
 
 REFUSED: Literal["refused"] = "refused"
 """The outcome of a ``--case`` run refused (:func:`runner.merge.plan_partial`)."""
@@ -52,11 +53,44 @@ def outcome_status(value: str) -> OutcomeStatus:
     return REFUSED if value == REFUSED else Status(value)
 
 
+SHOWN_CELLS = 3
+"""How many cell ids a skipped-reason line names before "+N more"."""
+
+
 def summary(outcomes: Sequence[CellOutcome]) -> str:
-    """A plain-text table of the run's cells: id, status, reason."""
-    rows = [(o.cell, f"{o.status}" + (" (reused)" if o.reused else ""), o.reason or "")
-            for o in outcomes]
-    return tabulate(rows, headers=("cell", "status", "reason"), tablefmt="simple")
+    """What a person reads after a run: a line of counts, one line per reason cells were
+    skipped for, then a table (cell, status, reason) of only the cells that are neither ok
+    nor skipped. Example::
+
+        48 cells: 2 ok (1 reused), 45 skipped, 1 error
+        skipped: 40 cells (cpu-torch2.13-plain-cpu, ..., +37 more): no Docker engine: ...
+        cell             status    reason
+        ---------------  --------  --------
+        host-plain-cuda  error     ...
+    """
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[f"{o.status}"] = counts.get(f"{o.status}", 0) + 1
+    order = ["ok", "skipped"] + [f"{s}" for s in Status if s not in (Status.OK, Status.SKIPPED)]
+    order.append(REFUSED)
+    reused = sum(o.reused for o in outcomes if o.status == Status.OK)
+    parts = [f"{counts[s]} {s}" + (f" ({reused} reused)" if s == "ok" and reused else "")
+             for s in sorted(counts, key=order.index)]
+    lines = [f"{len(outcomes)} cell{'' if len(outcomes) == 1 else 's'}: "
+             + (", ".join(parts) or "none selected")]
+    by_reason: dict[str, list[str]] = {}
+    for o in outcomes:
+        if o.status == Status.SKIPPED:
+            by_reason.setdefault(o.reason or "no reason given", []).append(o.cell)
+    for reason, cells in by_reason.items():
+        named = ", ".join(cells[:SHOWN_CELLS]) + (
+            f", +{len(cells) - SHOWN_CELLS} more" if len(cells) > SHOWN_CELLS else "")
+        lines.append(f"skipped: {len(cells)} cell{'' if len(cells) == 1 else 's'} "
+                     f"({named}): {reason}")
+    rows = [(o.cell, f"{o.status}", o.reason or "") for o in failed(outcomes)]
+    if rows:
+        lines.append(tabulate(rows, headers=("cell", "status", "reason"), tablefmt="simple"))
+    return "\n".join(lines)
 
 
 def failed(outcomes: Sequence[CellOutcome]) -> list[CellOutcome]:

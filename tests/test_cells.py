@@ -123,6 +123,17 @@ def test_select_shipped_unknown_target() -> None:
         select(expand(load_matrix(MATRIX)), targets=["gpu"])
 
 
+def test_a_long_list_of_valid_values_is_cut_with_a_hint() -> None:
+    """The first ten, then how many more and where they are: one short line, not every id."""
+    from runner.cells import CHOICES_SHOWN, choices_text
+
+    ids = [f"case-{i}" for i in range(CHOICES_SHOWN + 20)]
+    assert choices_text("case", ids) == (", ".join(ids[:CHOICES_SHOWN])
+                                         + " ... (20 more; see matrix.yaml's cases)")
+    assert choices_text("mode", ids[:CHOICES_SHOWN]) == ", ".join(ids[:CHOICES_SHOWN])
+    assert choices_text("mode", []) == "nothing"
+
+
 def test_select_allowed_values_come_from_the_cells(matrix: Matrix) -> None:
     cuda_only = select(expand(matrix), targets=["cuda"])
     with pytest.raises(SelectionError, match=r"choose from cuda$"):

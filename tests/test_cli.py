@@ -66,6 +66,7 @@ BAD_OPTIONS = [
     ("unknown case", ["--case", "999"], '--case: unknown case "999"; choose from 1, 257'),
     ("case with path traversal", ["--case", "../257"], 'unknown case "../257"'),
     ("case with a NUL", ["--case", "257\0"], 'unknown case "257\\x00"'),
+    ("unknown case, long list", ["--case", "nope"], " more; see matrix.yaml's cases)\n"),
     ("unknown backend", ["--backend", "podman"], "--backend: unknown backend 'podman'"),
     ("backend with a semicolon", ["--backend", "host;id"], "unknown backend 'host;id'"),
     ("timeout zero", ["--timeout", "0"], "--timeout: expected a number of seconds > 0, got 0.0"),

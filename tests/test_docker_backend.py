@@ -308,16 +308,54 @@ def test_auto_without_an_engine_says_so_and_skips(tmp_path: Path, monkeypatch,
     assert outcomes[0].reason == run.STACK_SKIPPED  # the summary points at the one line
 
 
-def test_an_engine_error_is_named_once() -> None:
-    """docker-py's own failure is wrapped once, not twice ("no Docker engine answers (no
-    Docker engine answers (...))", as a fresh user saw)."""
-    class Broken(DockerBackend):
-        def _api(self):
-            raise BackendError("no Docker engine answers (Error while fetching server API "
-                               "version: connection refused)")
+FETCH_FAILED = ("Error while fetching server API version: ('Connection aborted.', "
+                "FileNotFoundError(2, 'No such file or directory'))")
 
-    assert Broken().available() == ("no Docker engine answers (Error while fetching server "
-                                    "API version: connection refused)")
+
+class Unreachable(DockerBackend):
+    """docker-py's client made, its ping failing as on a host without an engine."""
+
+    def _api(self):
+        from docker import errors
+
+        class API:
+            def ping(self):
+                raise errors.DockerException(FETCH_FAILED)
+
+        return API()
+
+
+def test_no_engine_is_one_sentence_not_docker_pys_text() -> None:
+    """The skip reason and the error say what to do, never the library's exception text."""
+    from runner.backends.docker.engine import ENGINE_REFUSES, NO_ENGINE
+
+    assert Unreachable().available() == NO_ENGINE == (
+        "no Docker engine: start one, or run `nox -s matrix -- --backend host`")
+    with pytest.raises(BackendError) as info:
+        backends.resolve("docker", Unreachable())
+    assert str(info.value) == f"--backend docker: {NO_ENGINE}"
+
+    class Refused(DockerBackend):
+        def _api(self):
+            from docker import errors
+            raise errors.DockerException(
+                "Error while fetching server API version: ('Connection aborted.', "
+                "PermissionError(13, 'Permission denied'))")
+
+    assert Refused().available() == ENGINE_REFUSES
+
+
+def test_no_engine_with_backend_docker_is_exit_4_in_one_line(
+        tmp_path: Path, monkeypatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from runner import pipeline
+    from runner.__main__ import main
+
+    monkeypatch.setattr(pipeline, "DockerBackend", Unreachable)
+    assert main(["matrix", "--reports", str(tmp_path / "r"), "--backend", "docker",
+                 "--stack", "cpu-torch2.13", "--target", "cpu", "--mode", "plain"]) == 4
+    err = capsys.readouterr().err
+    assert err == ("error: --backend docker: no Docker engine: start one, or run "
+                   "`nox -s matrix -- --backend host`\n")
 
 
 def test_prune_removes_only_this_stacks_older_tags(tmp_path: Path) -> None:

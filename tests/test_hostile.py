@@ -29,11 +29,11 @@ import pytest
 from runner import report as report_mod
 from runner import report_json
 from runner.report import read_report, read_reports
+from tests.committed_reports import REFERENCE, committed_reports
 
 ROOT = Path(__file__).parent.parent
 DATA = Path(__file__).parent / "data"
 GOOD = DATA / "reports" / "host-plain-cuda.json"
-REFERENCE = ROOT / "reports" / "reference" / "gate_residual_b200.json"
 
 
 def _good() -> dict[str, Any]:
@@ -145,11 +145,11 @@ def test_bad_report_is_flagged_with_one_line(tmp_path: Path, name: str) -> None:
     assert expected in _broken(tmp_path, _good(), change).problem
 
 
-def test_every_report_here_passes_the_consistency_checks() -> None:
+def test_every_report_here_passes_the_consistency_checks(tmp_path: Path) -> None:
     """The checks are not stricter than what the runner writes: every committed report and
     every test report meant to be good is still read."""
-    paths = [*ROOT.glob("reports/*.json"), REFERENCE, *DATA.glob("tables/reports/*.json"),
-             GOOD, DATA / "reports" / "host-compile-cpu.json"]
+    paths = [*committed_reports(tmp_path).glob("*.json"), REFERENCE,
+             *DATA.glob("tables/reports/*.json"), GOOD, DATA / "reports" / "host-compile-cpu.json"]
     for path in paths:
         if path.name == "summary.json":
             continue

@@ -30,6 +30,7 @@ from runner.cell import skeleton
 from runner.config import load_matrix, parse_matrix
 from runner.errors import ConfigError
 from runner.report import read_report, write_report
+from tests.committed_reports import REFERENCE
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = {
@@ -419,7 +420,6 @@ def test_an_error_line_naming_a_bad_path_is_one_escaped_line(tmp_path: Path,
 # --------------------------------------------- 6. what the tables show as fact is checked
 
 GOOD = ROOT / "tests" / "data" / "reports" / "host-plain-cuda.json"
-REFERENCE = ROOT / "reports" / "reference" / "gate_residual_b200.json"
 
 
 def _doc(path: Path) -> dict:

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from runner.tables import write_tables
+from tests.committed_reports import REFERENCE
 
 ROOT = Path(__file__).parent.parent
 TABLES = Path(__file__).parent / "data" / "tables"
-REFERENCE = ROOT / "reports" / "reference" / "gate_residual_b200.json"
 H200 = Path(__file__).parent / "data" / "h200" / "host-plain-cuda.json"
 ARTIFACTS = ROOT / "artifacts"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -10,6 +10,7 @@ A few seconds in all.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ from runner.errors import (
     Regressed,
     ReportError,
 )
+from tests.committed_reports import HOST_PLAIN_CPU
 
 ROOT = Path(__file__).parent.parent
 
@@ -92,7 +94,7 @@ def test_refused_cell_is_exit_5(python_on_path: str, tmp_path: Path) -> None:
     matrix ran to its end, one cell did not end ok (5). No cell process runs."""
     reports = tmp_path / "reports"
     reports.mkdir()
-    shutil.copy(ROOT / "reports" / "host-plain-cpu.json", reports)
+    shutil.copy(HOST_PLAIN_CPU, reports)
     done = nox(python_on_path, "matrix", "--reports", str(reports), "--op", "gate_residual",
                "--stack", "host", "--mode", "plain", "--target", "cpu", "--case", "1",
                "--backend", "host")
@@ -117,6 +119,17 @@ def test_a_regressed_verdict_is_exit_6(python_on_path: str, tmp_path: Path) -> N
     assert "REGRESSED host-plain-cuda: numba vs eager out: bits:equal->differ" in done.stdout
     assert ("nox > Session compare failed: exit code 6 (a verdict regressed against the "
             "baseline).") in done.stdout.splitlines()
+
+
+def test_bench_without_a_gpu_is_exit_4_in_one_line(python_on_path: str, tmp_path: Path) -> None:
+    """No usage block: the benchmark's one line, then nox's result line with the code."""
+    if importlib.util.find_spec("torch") and __import__("torch").cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    done = nox(python_on_path, "bench", "--out", str(tmp_path / "bench"))
+    assert done.returncode == 4, done.stdout
+    mine = [line for line in done.stdout.splitlines() if not line.startswith("nox > ")]
+    assert len(mine) == 1 and mine[0].startswith("error: no CUDA device: "), done.stdout
+    assert "usage:" not in done.stdout and not (tmp_path / "bench").exists()
 
 
 def test_the_noxfile_knows_every_runner_exit_code() -> None:

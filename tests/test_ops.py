@@ -16,6 +16,7 @@ from runner.cell import run_cell
 from runner.cells import Cell, expand, select_cases
 from runner.config import load_matrix, parse_matrix
 from runner.inputs import build
+from tests.committed_reports import HOST_PLAIN_CPU, committed_reports
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,8 +49,8 @@ def test_unknown_op_and_tensor_are_one_line_errors():
 @pytest.mark.parametrize(("case", "dtype", "index_dtype"), [
     ("257", "bfloat16", "int64"), ("257-specials", "float16", "int32")])
 def test_gate_residual_inputs_keep_the_committed_bits(case, dtype, index_dtype):
-    """The spec-driven builder gives the input sha256 of reports/host-plain-cpu.json."""
-    report = json.loads((ROOT / "reports" / "host-plain-cpu.json").read_text())
+    """The spec-driven builder gives the input sha256 of a committed host-plain-cpu report."""
+    report = json.loads(HOST_PLAIN_CPU.read_text())
     key = case if dtype == "bfloat16" else f"{case}-{dtype}-{index_dtype}"
     p = report["problem"]
     x = build(ops.get("gate_residual"), n=257, sizes={"D": p["D"], "G": p["G"]}, dtype=dtype,
@@ -132,11 +133,11 @@ def test_a_version_1_report_is_upgraded_with_the_first_ops_tensors():
                                                 "x": 1}
 
 
-def test_every_committed_report_loads():
+def test_every_committed_report_loads(tmp_path):
     """Today's reports (version 1 and 2, ours and foreign) load and validate."""
     from runner.report import read_reports
 
-    loaded = read_reports(ROOT / "reports")
+    loaded = read_reports(committed_reports(tmp_path / "reports"))
     ours = [r for r in loaded if r.origin == "ours"]
     assert ours and all(r.problem is None for r in ours), [r.problem for r in ours if r.problem]
     assert all(r.data["schema_version"] == 2 and r.data["tensors"] for r in ours)

@@ -233,8 +233,28 @@ def test_outcomes_are_typed_and_refused_is_a_failure(tmp_path: Path) -> None:
     skipped = CellOutcome("c", Status.SKIPPED, "no GPU", tmp_path / "c.json")
     assert failed([ok, refused, skipped]) == [refused]
     lines = summary([ok, refused, skipped]).splitlines()
-    assert lines[2].split() == ["a", "ok", "(reused)"]
-    assert lines[3].split()[:2] == ["b", "refused"]
+    assert lines[0] == "3 cells: 1 ok (1 reused), 1 skipped, 1 refused"
+    assert lines[1] == "skipped: 1 cell (c): no GPU"
+    assert [line.split()[:2] for line in lines[2:]] == [["cell", "status"], ["------", "--------"],
+                                                        ["b", "refused"]]
+
+
+def test_the_summary_collapses_skipped_cells_and_lists_only_the_failed_ones(
+        tmp_path: Path) -> None:
+    """46 skipped cells of two reasons are two lines; ok cells are a count, not rows."""
+    engine = [CellOutcome(f"s{i}", Status.SKIPPED, "no Docker engine", tmp_path / "s.json")
+              for i in range(40)]
+    gpu = [CellOutcome(f"g{i}", Status.SKIPPED, "no CUDA device", tmp_path / "g.json")
+           for i in range(6)]
+    ok = [CellOutcome("a", Status.OK, None, tmp_path / "a.json"),
+          CellOutcome("b", Status.OK, None, tmp_path / "b.json", reused=True)]
+    oom = CellOutcome("c", Status.OOM, "out of memory", tmp_path / "c.json")
+    lines = summary([*engine, ok[0], *gpu, oom, ok[1]]).splitlines()
+    assert lines[:3] == ["49 cells: 2 ok (1 reused), 46 skipped, 1 oom",
+                         "skipped: 40 cells (s0, s1, s2, +37 more): no Docker engine",
+                         "skipped: 6 cells (g0, g1, g2, +3 more): no CUDA device"]
+    assert [line.split()[:2] for line in lines[5:]] == [["c", "oom"]] and len(lines) == 6
+    assert summary([]) == "0 cells: none selected"
 
 
 def test_connect_without_a_cluster_is_the_site_itself(request_: Request) -> None:

@@ -25,9 +25,9 @@ from runner.report import (
     validate,
     write_report,
 )
+from tests.committed_reports import REFERENCE
 
 DATA = Path(__file__).parent / "data" / "reports"
-REFERENCE = Path(__file__).parent.parent / "reports" / "reference" / "gate_residual_b200.json"
 SHARED_REFERENCE = (
     Path(__file__).parent.parent.parent / "shared" / "reference-reports" / "gate_residual_b200.json"
 )

@@ -27,6 +27,7 @@ from runner.cells import Cell, select_cases
 from runner.config import DockerStack, parse_matrix
 from runner.outcome import CellOutcome, failed
 from runner.report import read_report, write_report
+from tests.committed_reports import COMMITTED
 
 ROOT = Path(__file__).resolve().parent.parent
 MATRIX = ROOT / "matrix.yaml"
@@ -412,7 +413,7 @@ def test_a_cell_this_host_cannot_run_keeps_an_existing_report(tmp_path):
 
     from runner.pipeline import run_matrix
 
-    committed = Path(__file__).resolve().parent.parent / "reports" / "host-plain-cuda.json"
+    committed = COMMITTED / "host-plain-cuda.json"
     shutil.copy(committed, tmp_path / committed.name)
     before = (tmp_path / committed.name).read_bytes()
     outcomes = run_matrix(Path("matrix.yaml"), reports_dir=tmp_path, stacks=["host"],

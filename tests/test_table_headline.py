@@ -10,8 +10,9 @@ from pathlib import Path
 from runner.report import read_reports
 from runner.tables.model.cells import load_cells
 from runner.tables.model.headline import KERNEL_ONLY, headline
+from tests.committed_reports import COMMITTED
 
-REPORT = Path(__file__).resolve().parent.parent / "reports" / "host-plain-cuda.json"
+REPORT = COMMITTED / "host-plain-cuda.json"
 
 
 def _marks(tmp_path: Path, data: dict) -> dict[str, str]:

@@ -9,8 +9,9 @@ from pathlib import Path
 from runner.report import read_reports
 from runner.tables import format_cmp, load_cells
 from runner.tables.model.seed import seed_tables
+from tests.committed_reports import COMMITTED
 
-ROOT = Path(__file__).resolve().parent.parent / "reports"
+ROOT = COMMITTED  # copies of committed reports: never the working tree's reports/
 
 
 def _tables(tmp_path: Path, *ours: str):

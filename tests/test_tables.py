@@ -30,12 +30,12 @@ from runner.tables import (
     write_tables,
 )
 from runner.tables.model.summary_rows import COLUMNS
+from tests.committed_reports import REFERENCE
 
 DATA = Path(__file__).parent / "data"
 REPORTS = DATA / "reports"
 TABLES = DATA / "tables"
 H200 = DATA / "h200" / "host-plain-cuda.json"
-REFERENCE = Path(__file__).parent.parent / "reports" / "reference" / "gate_residual_b200.json"
 REF = "reference:gate_residual_b200 (NVIDIA B200)"
 HEAD = "0123456789abcdef"  # the "current commit" of the golden files: every report is stale
 

@@ -29,10 +29,10 @@ from runner.tables.model.cases import base_case, case_dtypes, index_rows
 from runner.tables.model.verdicts import describe_dtypes, verdict_table
 from runner.tables.render.html import render_html
 from runner.tables.render.summary import render_csv
+from tests.committed_reports import REFERENCE
 
 DATA = Path(__file__).parent / "data"
 H200 = DATA / "h200" / "host-plain-cuda.json"
-REFERENCE = Path(__file__).parent.parent / "reports" / "reference" / "gate_residual_b200.json"
 
 
 def section(text: str, title: str) -> str:

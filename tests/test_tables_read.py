@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from runner import report as report_mod
+from tests.committed_reports import REFERENCE
 
 DATA = Path(__file__).parent / "data"
 FILES = sorted([*(DATA / "reports").glob("*.json"), *(DATA / "tables" / "reports").glob("*.json"),
                 DATA / "h200" / "host-plain-cuda.json",
-                Path(__file__).parent.parent / "reports" / "reference" / "gate_residual_b200.json"])
+                REFERENCE])
 CMP = ["results", "numba", "vs eager", "257", "grads", "gate"]
 BREAKS = [
     (["status"], "crashed"), (["unknown_top_level"], 1), (["cell", "id"], "../evil"),

@@ -36,6 +36,7 @@ import contextlib
 import json
 import math
 import re
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,6 +47,7 @@ import torch
 from ops.gate_residual.bench_peers import LIBRARIES, Peer, peers
 from ops.gate_residual.bench_rounds import split_iters, time_peer, time_peers
 from runner import environment
+from runner.errors import BackendError
 from runner.timing import median_ms
 
 __all__ = ["LIBRARIES", "PLAN", "Peer", "copy_bandwidth", "input_sets", "main", "markdown", "run",
@@ -274,7 +276,9 @@ _case.__name__ = "DTYPE:N (bfloat16, float16 or float32, 1 <= N < 10**9)"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; print the table; write the JSON and the Markdown. Returns 0."""
+    """Run the benchmark; print the table; write the JSON and the Markdown. Returns 0, or 4
+    (:class:`runner.errors.BackendError`'s code, one line on stderr) where no CUDA device is
+    there and neither ``--smoke`` nor ``--host`` is given. Bad options: argparse's exit 2."""
     parser = argparse.ArgumentParser(prog="python -m ops.gate_residual.bench", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("reports/bench"))
     parser.add_argument("--iters", type=int, default=1000,
@@ -310,9 +314,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--rounds {args.rounds} with --iters {args.iters}: expected 1 <= "
                      "--rounds <= --iters (each round times at least one call per peer)")
     if not args.smoke and not args.host and not torch.cuda.is_available():
-        parser.error("no CUDA device: the benchmark needs a GPU (--smoke runs its code path "
-                     "on tiny CPU shapes, and its figures mean nothing; --host times the "
-                     "host path emulated)")
+        # not a usage mistake: one line and the runner's "cannot run here" code, no usage block
+        print("error: no CUDA device: the benchmark needs a GPU (--smoke runs its code path "
+              "on tiny CPU shapes, and its figures mean nothing; --host times the host path "
+              "emulated)", file=sys.stderr)
+        return BackendError.exit_code
     if args.host:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         host = host_overhead(device, 5376, 9, quick=False)

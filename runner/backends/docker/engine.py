@@ -36,6 +36,22 @@ except ImportError:  # pragma: no cover - exercised where docker-py is absent
 __all__ = ["DEFAULT_LOGS_DIR", "BuildResult", "Engine", "build_stacks", "docker_errors"]
 
 DEFAULT_LOGS_DIR = Path("build/logs")
+NO_ENGINE = "no Docker engine: start one, or run `nox -s matrix -- --backend host`"
+"""Why docker cells cannot run when no engine answers: a sentence, not docker-py's text."""
+ENGINE_REFUSES = ("the Docker engine refuses this user: join the docker group (or run as "
+                  "root), or run `nox -s matrix -- --backend host`")
+"""Why not, when the engine's socket is there but this user may not open it."""
+
+
+def _no_engine(err: BaseException) -> str:
+    """:data:`ENGINE_REFUSES` when ``err`` (or an error it wraps) is a permission error, else
+    :data:`NO_ENGINE`: what docker-py raises says neither in words a person reads."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, PermissionError) or "PermissionError" in str(seen):
+            return ENGINE_REFUSES
+        seen = seen.__cause__ or seen.__context__
+    return NO_ENGINE
 _STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)")
 
 
@@ -95,7 +111,7 @@ class Engine:
         except BackendError as err:  # already says what is missing
             return str(err)
         except (docker_errors.DockerException, requests.exceptions.RequestException) as err:
-            return f"no Docker engine answers ({_first_line(err)})"
+            return _no_engine(err)
         return None
 
     def _api(self):
@@ -105,7 +121,7 @@ class Engine:
             try:
                 self._client = docker.from_env(timeout=120).api
             except docker_errors.DockerException as err:
-                raise BackendError(f"no Docker engine answers ({_first_line(err)})") from err
+                raise BackendError(_no_engine(err)) from err
         return self._client
 
     def _inspect(self, ref: str) -> dict | None:
