@@ -19,6 +19,7 @@ import pytest
 
 from runner.__main__ import main
 from runner.compare_reports import RULES, Rules, compare, load_set
+from tests.committed_reports import REFERENCE, committed_reports
 
 ROOT = Path(__file__).resolve().parent.parent
 H200 = ROOT / "tests" / "data" / "h200" / "host-plain-cuda.json"
@@ -189,7 +190,8 @@ def test_each_rule_fires_with_its_default_and_its_exit_code(rule, tmp_path, caps
 
 
 def test_the_committed_reports_pass_against_themselves(tmp_path, capsys) -> None:
-    code, out, err = run(capsys, str(ROOT / "reports"), str(ROOT / "reports"),
+    committed = committed_reports(tmp_path / "committed")
+    code, out, err = run(capsys, str(committed), str(committed),
                          "--compare-out", str(tmp_path))
     doc = json.loads((tmp_path / "compare.json").read_text())
     assert (code, err, doc["changes"], doc["cells"]["only_new"]) == (0, "", [], [])
@@ -307,7 +309,7 @@ def test_an_unknown_rule_on_the_command_line_is_exit_2(tmp_path, capsys) -> None
 def foreign_only(directory: Path) -> None:
     directory.mkdir()
     (directory / "b200.json").write_bytes(
-        (ROOT / "reports" / "reference" / "gate_residual_b200.json").read_bytes())
+        REFERENCE.read_bytes())
 
 
 def elsewhere(data: dict[str, Any]) -> dict[str, Any]:
