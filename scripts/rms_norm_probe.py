@@ -9,10 +9,11 @@ Usage (from the repository root, on a CUDA machine with torch, triton and numba-
 (``vllm/model_executor/determinism/batch_invariant.py``),
 ``vllm-omni-0.30.0_indexed_modulation.py`` (``vllm_omni/diffusion/layers/``) and
 ``vllm-omni-0.28.0_minimax_h3_modulation.py`` (``vllm_omni/diffusion/attention/ops/``).
-A stand-in loader (not the libraries' import path: their packages import whole serving
-stacks) copies the named top-level functions of each file, unchanged, into a module that
-imports only torch and triton, and calls the libraries' own launch functions
-(``rms_norm_batch_invariant``, ``rms_norm_indexed_scale_shift``).
+The stand-in loader of ``tests/rms_norm_library_kernels.py`` (not the libraries' import path:
+their packages import whole serving stacks) copies the named top-level functions of each
+file, unchanged, into a module that imports only torch and triton; the probe calls the
+libraries' own launch functions (``rms_norm_batch_invariant``,
+``rms_norm_indexed_scale_shift``).
 
 It prints, per op / dtype / candidate, how many output elements differ in their bits from
 the library kernel at N in {1, 255, 256, 257, 4097, 32768} (D = 5376, specials planted in
@@ -27,11 +28,8 @@ square root) and ``ours-nofma`` (no FMA in the sums of squares), which should di
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib.util
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -45,42 +43,6 @@ D, G, EPS = 5376, 9, 1e-6
 NS = (1, 255, 256, 257, 4097, 32768)
 ORACLE_MAX_N = 257
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-VLLM = ("_rms_norm_kernel", "rms_norm_batch_invariant")
-OMNI = ("_MAX_1D_GRID_SIZE", "_iter_row_chunks", "_launch_row_chunks",
-        "_rms_norm_indexed_scale_shift_kernel", "rms_norm_indexed_scale_shift")
-LIBS = {
-    "vllm-0.30.0": ("vllm-0.30.0_batch_invariant.py", VLLM),
-    "vllm-0.33.0": ("vllm-0.33.0_batch_invariant.py", VLLM),
-    "vllm-omni-0.30.0": ("vllm-omni-0.30.0_indexed_modulation.py", OMNI),
-    "vllm-omni-0.28.0": ("vllm-omni-0.28.0_minimax_h3_modulation.py", OMNI),
-}
-HEADER = "import torch\nimport triton\nimport triton.language as tl\n\n\n"
-
-
-def load_library(path: Path, names: tuple[str, ...], label: str):
-    """A module with the named top-level definitions of ``path`` (decorators kept)."""
-    source = path.read_text()
-    lines = source.splitlines()
-    parts = []
-    for node in ast.parse(source).body:
-        name = getattr(node, "name", None)
-        if name is None and isinstance(node, ast.Assign) and isinstance(node.targets[0],
-                                                                         ast.Name):
-            name = node.targets[0].id
-        if name in names:
-            start = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
-            parts.append("\n".join(lines[start - 1:node.end_lineno]))
-    folder = Path(tempfile.mkdtemp(prefix="norm-probe-"))
-    module_name = "probe_" + label.replace("-", "_").replace(".", "_")
-    file = folder / f"{module_name}.py"
-    file.write_text(HEADER + "\n\n\n".join(parts) + "\n")
-    spec = importlib.util.spec_from_file_location(module_name, file)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def make_inputs(n: int, dtype: torch.dtype, seed: int) -> dict[str, torch.Tensor]:
     """Random normal inputs with special values planted in rows 1-10 and 16 random rows."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -118,34 +80,6 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 def ndiff(a: torch.Tensor, b: torch.Tensor) -> int:
     return int((bits(a) != bits(b)).sum())
-
-
-def gpu_math():
-    """(rcp, sqrt, rsqrt): MUFU.RCP / MUFU.SQRT / MUFU.RSQ evaluated elementwise on the GPU
-    (``kernels/rms_norm_ptx.py``), for the oracle."""
-    from numba import cuda
-
-    from kernels.rms_norm_ptx import rcp_approx, rsqrt_approx, sqrt_approx
-
-    @cuda.jit
-    def k_unary(out, a, which):
-        i = cuda.grid(1)
-        if i < out.size:
-            if which == 0:
-                out[i] = rcp_approx(a[i])
-            elif which == 1:
-                out[i] = sqrt_approx(a[i])
-            else:
-                out[i] = rsqrt_approx(a[i])
-
-    def run(a, which):
-        a = np.asarray(a, np.float32)
-        x = torch.from_numpy(np.ascontiguousarray(a).ravel()).cuda()
-        out = torch.empty_like(x)
-        k_unary[max(1, -(-x.numel() // 256)), 256](out, x, which)
-        return out.cpu().numpy().reshape(a.shape)
-
-    return (lambda a: run(a, 0), lambda a: run(a, 1), lambda a: run(a, 2))
 
 
 def oracle_diffs(op: str, ins: dict, out: torch.Tensor, math) -> int:
@@ -233,18 +167,18 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=20261202)
     args = parser.parse_args()
     t_start = time.time()
+    from rms_norm_library_kernels import LIBS, load_all
+
     from kernels.rms_norm import forward_variant
 
-    libs = {}
-    for label, (file, names) in LIBS.items():
-        path = args.libs / file
-        if path.exists():
-            libs[label] = load_library(path, names, label)
-        else:
-            print(f"missing {path}: {label} skipped")
+    libs = load_all(args.libs)
+    for label in LIBS.keys() - libs.keys():
+        print(f"missing {args.libs / LIBS[label][0]}: {label} skipped")
     vllm = {k: v for k, v in libs.items() if k.startswith("vllm-0")}
     omni = {k: v for k, v in libs.items() if k.startswith("vllm-omni")}
-    math = gpu_math()
+    import rms_norm_gpu_math as M
+
+    math = (M.rcp, M.sqrt, M.rsqrt)
     print(f"GPU {torch.cuda.get_device_name()}; torch {torch.__version__}; "
           f"triton {__import__('triton').__version__}")
 
