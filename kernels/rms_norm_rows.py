@@ -14,19 +14,21 @@ Two ways to fetch a slot, fixed per kernel when it is built (:func:`make_row_fun
 * *element*: one element load per column from an array of the storage element type (bfloat16
   as int16 bits), for any D.
 
-Both give the same float32 values, so the same bits.
+Both give the same float32 values, so the same bits. Under the CUDA simulator, which has no
+warp shuffles, the warp butterfly exchanges the same values through shared memory.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda
+from numba import config, cuda, float32
 
 from kernels.rms_norm_order import Layout
 from kernels.rms_norm_ptx import fma_rn
 from kernels.rounding import CODECS, LANE_CODECS, add_rn, mul_rn
 from kernels.vector import load_vec, store_vec
 
+SIMULATOR = bool(config.ENABLE_CUDASIM)
 FULL_MASK = np.uint32(0xFFFFFFFF)
 _ZERO = np.float32(0.0)
 
@@ -125,13 +127,28 @@ def make_row_functions(layout: Layout, dtype: str, vector: bool):
                 acc = add_rn(mul_rn(e, e), acc)
         return acc
 
-    @cuda.jit(device=True, inline="always")
-    def warp_butterfly(acc):
-        offset = 16
-        while offset > 0:
-            acc = add_rn(acc, cuda.shfl_xor_sync(FULL_MASK, acc, offset))
-            offset >>= 1
-        return acc
+    if not SIMULATOR:
+        @cuda.jit(device=True, inline="always")
+        def warp_butterfly(acc):
+            offset = 16
+            while offset > 0:
+                acc = add_rn(acc, cuda.shfl_xor_sync(FULL_MASK, acc, offset))
+                offset >>= 1
+            return acc
+    else:  # pragma: no cover - the simulator has no shuffles: the same exchange through
+        # shared memory (every thread of the block calls it, as every lane calls shfl)
+        def warp_butterfly(acc):
+            t = cuda.threadIdx.x
+            lanes = cuda.shared.array(threads, float32)
+            offset = 16
+            while offset > 0:
+                lanes[t] = acc
+                cuda.syncthreads()
+                other = lanes[t ^ offset]
+                cuda.syncthreads()
+                acc = add_rn(acc, other)
+                offset >>= 1
+            return acc
 
     if warps == 4:
         @cuda.jit(device=True, inline="always")
