@@ -49,6 +49,10 @@ BACKWARD_ORDER = (
     "in increasing chunk order and rounded once to the storage dtype."
 )
 
+#: Largest shared memory for grad_weight's per-thread accumulators, bytes (static shared
+#: memory is at most 48 KiB per block).
+SHARED_ACC_BYTES = 40 * 1024
+
 _ONE = np.float32(1.0)
 _ZERO = np.float32(0.0)
 _NAN = np.float32(np.nan)
@@ -62,15 +66,31 @@ def backward_layout(d: int, itemsize: int) -> Layout:
 def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
     itemsize = 4 if dtype == "float32" else 2
     layout = backward_layout(d, itemsize)
-    fetch, emit, rnd, sum_squares, block_sum = make_row_functions(layout, dtype, vector)
+    rows = make_row_functions(layout, dtype, vector)
+    fetch, emit, fetch_slot = rows.fetch, rows.emit, rows.fetch_slot
+    rnd, sum_squares, block_sum = rows.rnd, rows.sum_squares, rows.block_sum
     n_vals = layout.slots * layout.size
-    size, span, slots = layout.size, layout.span, layout.slots
+    size, span, slots, threads = layout.size, layout.span, layout.slots, layout.threads
     n_part = layout.blocks * layout.warps
     chunk_rows = CHUNK_ROWS[op]
     eps32 = np.float32(eps)
     inv_d = np.float32(1.0) / np.float32(d)
     d32 = np.float32(d)
     scaled = op == "rms_norm_scale_shift"
+    # grad_weight's accumulators: in shared memory (slot i of thread t at [i, t]) when they
+    # fit, else in registers ([i, 0]); the same operations either way
+    in_shared = n_vals * threads * 4 <= SHARED_ACC_BYTES
+    acc_cols = threads if in_shared else 1
+    sh = 1 if in_shared else 0
+
+    if in_shared:
+        @cuda.jit(device=True, inline="always")
+        def weight_accumulators():
+            return cuda.shared.array((n_vals, acc_cols), float32)
+    else:
+        @cuda.jit(device=True, inline="always")
+        def weight_accumulators():
+            return cuda.local.array((n_vals, acc_cols), float32)
 
     @cuda.jit(device=True, inline="always")
     def put_partial(partial, chunk, p, t, acc):
@@ -81,24 +101,43 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
                     partial[chunk, p, col] = acc[s * size + k]
 
     @cuda.jit(device=True, inline="always")
-    def row_grad(vals, gv, wv, sc, acc_w, acc_s, acc_h, t, part):
-        # vals: v; gv: grad_out; on return gv holds dv (float32, not rounded)
+    def put_weight_partial(partial, chunk, t, acc_w):
+        for s in range(slots):
+            for k in range(size):
+                col = s * span + t * size + k
+                if col < d:
+                    partial[chunk, 0, col] = acc_w[s * size + k, t * sh]
+
+    @cuda.jit(device=True, inline="always")
+    def row_grad(vals, gv, weight, scale, k_row, wv, sc, acc_w, acc_s, acc_h, t, part):
+        # vals: v; gv: grad_out; on return gv holds dv (float32, not rounded). The weight
+        # (and scale) slots are read when needed (L1-resident), not held for the row
         r = div_rn(_ONE, sqrt_rn(fma_rn(sum_squares(vals, t, part), inv_d, eps32)))
         p = _ZERO
-        for i in range(n_vals):
-            g = gv[i]
-            u = mul_rn(g, add_rn(_ONE, sc[i])) if scaled else g
-            n = mul_rn(vals[i], r)
-            gw = mul_rn(u, wv[i])
-            p = add_rn(p, mul_rn(gw, vals[i]))
-            acc_w[i] = add_rn(acc_w[i], mul_rn(u, n))
+        for s in range(slots):
+            fetch_slot(wv, 0, weight, 0, t, s)
             if scaled:
-                acc_s[i] = add_rn(acc_s[i], mul_rn(g, mul_rn(n, wv[i])))
-                acc_h[i] = add_rn(acc_h[i], g)
-            gv[i] = gw
+                fetch_slot(sc, 0, scale, k_row, t, s)
+            for j in range(size):
+                i = s * size + j
+                g = gv[i]
+                u = mul_rn(g, add_rn(_ONE, sc[j])) if scaled else g
+                n = mul_rn(vals[i], r)
+                gw = mul_rn(u, wv[j])
+                p = add_rn(p, mul_rn(gw, vals[i]))
+                acc_w[i, t * sh] = add_rn(acc_w[i, t * sh], mul_rn(u, n))
+                if scaled:
+                    acc_s[i] = add_rn(acc_s[i], mul_rn(g, mul_rn(n, wv[j])))
+                    acc_h[i] = add_rn(acc_h[i], g)
+                gv[i] = gw
         coef = div_rn(mul_rn(mul_rn(mul_rn(r, r), r), block_sum(p, t, part)), d32)
         for i in range(n_vals):
             gv[i] = add_rn(mul_rn(gv[i], r), -mul_rn(vals[i], coef))
+
+    @cuda.jit(device=True, inline="always")
+    def clear_weight(acc_w, t):
+        for i in range(n_vals):
+            acc_w[i, t * sh] = _ZERO
 
     if op == "rms_norm":
         @cuda.jit
@@ -106,23 +145,21 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
             t = cuda.threadIdx.x
             vals = cuda.local.array(n_vals, float32)
             gv = cuda.local.array(n_vals, float32)
-            wv = cuda.local.array(n_vals, float32)
-            acc_w = cuda.local.array(n_vals, float32)
+            wv = cuda.local.array(size, float32)
+            acc_w = weight_accumulators()
             part = cuda.shared.array(n_part, float32)
-            fetch(wv, weight, 0, t, 0)
             chunk = cuda.blockIdx.x
             while chunk < partial.shape[0]:
-                for i in range(n_vals):
-                    acc_w[i] = _ZERO
+                clear_weight(acc_w, t)
                 for row in range(chunk * chunk_rows, min((chunk + 1) * chunk_rows,
                                                          x.shape[0])):
-                    fetch(vals, x, row, t, 0)
-                    fetch(gv, grad_out, row, t, 0)
-                    row_grad(vals, gv, wv, wv, acc_w, acc_w, acc_w, t, part)
+                    fetch(vals, x, row, t)
+                    fetch(gv, grad_out, row, t)
+                    row_grad(vals, gv, weight, weight, 0, wv, wv, acc_w, vals, vals, t, part)
                     for i in range(n_vals):
                         gv[i] = rnd(gv[i])
                     emit(grad_x, row, t, gv)
-                put_partial(partial, chunk, 0, t, acc_w)
+                put_weight_partial(partial, chunk, t, acc_w)
                 chunk += cuda.gridDim.x
 
         return backward
@@ -133,27 +170,26 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
             t = cuda.threadIdx.x
             vals = cuda.local.array(n_vals, float32)
             gv = cuda.local.array(n_vals, float32)
-            wv = cuda.local.array(n_vals, float32)
-            acc_w = cuda.local.array(n_vals, float32)
+            wv = cuda.local.array(size, float32)
+            acc_w = weight_accumulators()
             part = cuda.shared.array(n_part, float32)
-            fetch(wv, weight, 0, t, 0)
             chunk = cuda.blockIdx.x
             while chunk < partial.shape[0]:
-                for i in range(n_vals):
-                    acc_w[i] = _ZERO
+                clear_weight(acc_w, t)
                 for row in range(chunk * chunk_rows, min((chunk + 1) * chunk_rows,
                                                          x.shape[0])):
-                    fetch(vals, x, row, t, 0)
-                    fetch(gv, residual, row, t, 0)
-                    for i in range(n_vals):
-                        vals[i] = rnd(add_rn(vals[i], gv[i]))
-                    fetch(gv, grad_out, row, t, 0)
-                    row_grad(vals, gv, wv, wv, acc_w, acc_w, acc_w, t, part)
-                    fetch(vals, grad_h, row, t, 0)
+                    for s in range(slots):
+                        fetch_slot(vals, s * size, x, row, t, s)
+                        fetch_slot(wv, 0, residual, row, t, s)
+                        for j in range(size):
+                            vals[s * size + j] = rnd(add_rn(vals[s * size + j], wv[j]))
+                    fetch(gv, grad_out, row, t)
+                    row_grad(vals, gv, weight, weight, 0, wv, wv, acc_w, vals, vals, t, part)
+                    fetch(vals, grad_h, row, t)
                     for i in range(n_vals):
                         gv[i] = rnd(add_rn(vals[i], gv[i]))
                     emit(grad_x, row, t, gv)
-                put_partial(partial, chunk, 0, t, acc_w)
+                put_weight_partial(partial, chunk, t, acc_w)
                 chunk += cuda.gridDim.x
 
         return backward
@@ -163,30 +199,28 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
         t = cuda.threadIdx.x
         vals = cuda.local.array(n_vals, float32)
         gv = cuda.local.array(n_vals, float32)
-        wv = cuda.local.array(n_vals, float32)
-        sc = cuda.local.array(n_vals, float32)
-        acc_w = cuda.local.array(n_vals, float32)
+        wv = cuda.local.array(size, float32)
+        sc = cuda.local.array(size, float32)
+        acc_w = weight_accumulators()
         acc_s = cuda.local.array(n_vals, float32)
         acc_h = cuda.local.array(n_vals, float32)
         part = cuda.shared.array(n_part, float32)
         n_groups = scale.shape[0]
-        fetch(wv, weight, 0, t, 0)
         chunk = cuda.blockIdx.x
         while chunk < partial.shape[0]:
             start = chunk * chunk_rows
             stop = min(start + chunk_rows, x.shape[0])
-            for i in range(n_vals):
-                acc_w[i] = _ZERO
+            clear_weight(acc_w, t)
             for k in range(n_groups):
                 for i in range(n_vals):
                     acc_s[i] = _ZERO
                     acc_h[i] = _ZERO
-                fetch(sc, scale, k, t, 0)
                 for row in range(start, stop):
                     if index[row] == k:
-                        fetch(vals, x, row, t, 0)
-                        fetch(gv, grad_out, row, t, 0)
-                        row_grad(vals, gv, wv, sc, acc_w, acc_s, acc_h, t, part)
+                        fetch(vals, x, row, t)
+                        fetch(gv, grad_out, row, t)
+                        row_grad(vals, gv, weight, scale, k, wv, sc, acc_w, acc_s, acc_h, t,
+                                 part)
                         for i in range(n_vals):
                             gv[i] = rnd(gv[i])
                         emit(grad_x, row, t, gv)
@@ -200,7 +234,7 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
                     for i in range(n_vals):
                         gv[i] = add_rn(_NAN, _ZERO)
                     emit(grad_x, row, t, gv)
-            put_partial(partial, chunk, 0, t, acc_w)
+            put_weight_partial(partial, chunk, t, acc_w)
             chunk += cuda.gridDim.x
 
     return backward

@@ -20,6 +20,8 @@ warp shuffles, the warp butterfly exchanges the same values through shared memor
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import config, cuda, float32
 
@@ -38,12 +40,28 @@ def vector_mode(layout: Layout, itemsize: int) -> bool:
     return layout.size * itemsize == 16 and (layout.d * itemsize) % 16 == 0
 
 
-def make_row_functions(layout: Layout, dtype: str, vector: bool):
-    """(fetch, emit, rnd, sum_squares, block_sum) device functions for one layout and dtype.
+class RowFunctions(NamedTuple):
+    """The device functions of one layout and dtype (see :func:`make_row_functions`)."""
 
-    * ``fetch(vals, arr, row, t, s0)``: slot values of ``row`` of ``arr`` into ``vals[s0 ..]``
-      (``s0`` = 0 for a row; ``arr`` a uint32 word view in vector mode, else the element view);
+    fetch: object
+    emit: object
+    fetch_slot: object
+    emit_slot: object
+    rnd: object
+    sum_squares: object
+    block_sum: object
+
+
+def make_row_functions(layout: Layout, dtype: str, vector: bool) -> RowFunctions:
+    """The device functions that move rows and reduce them, for one layout and dtype.
+
+    * ``fetch(vals, arr, row, t)``: thread ``t``'s values of ``row`` of ``arr`` into ``vals``
+      (slot ``s`` at ``vals[s * S ..]``; ``arr`` a uint32 word view in vector mode, else the
+      element view; 0.0 beyond D);
     * ``emit(arr, row, t, vals)``: ``vals`` rounded to the storage dtype into ``row``;
+    * ``fetch_slot(vals, at, arr, row, t, s)`` / ``emit_slot(arr, row, t, s, vals, at)``: the
+      same for slot ``s`` alone, at ``vals[at ..]`` (so that a kernel need not hold a whole
+      parameter row in registers);
     * ``rnd(x)``: float32 rounded to the storage dtype, as float32;
     * ``sum_squares(vals, t, part)``: the row's float32 sum of squares in the layout's order
       (``part``: shared float32 scratch of ``blocks * warps``; two barriers);
@@ -63,18 +81,16 @@ def make_row_functions(layout: Layout, dtype: str, vector: bool):
                 vals[at + j] = get(word, j)
 
         @cuda.jit(device=True, inline="always")
-        def fetch(vals, arr, row, t, s0):
-            for s in range(slots):
-                at = (s0 + s) * size
-                if s * span + t * size < d:
-                    w0, w1, w2, w3 = load_vec(arr, row, s * threads + t)
-                    _unpack(vals, at, w0)
-                    _unpack(vals, at + word_lanes, w1)
-                    _unpack(vals, at + 2 * word_lanes, w2)
-                    _unpack(vals, at + 3 * word_lanes, w3)
-                else:
-                    for k in range(size):
-                        vals[at + k] = _ZERO
+        def fetch_slot(vals, at, arr, row, t, s):
+            if s * span + t * size < d:
+                w0, w1, w2, w3 = load_vec(arr, row, s * threads + t)
+                _unpack(vals, at, w0)
+                _unpack(vals, at + word_lanes, w1)
+                _unpack(vals, at + 2 * word_lanes, w2)
+                _unpack(vals, at + 3 * word_lanes, w3)
+            else:
+                for k in range(size):
+                    vals[at + k] = _ZERO
 
         @cuda.jit(device=True, inline="always")
         def _pack(vals, at):
@@ -84,28 +100,34 @@ def make_row_functions(layout: Layout, dtype: str, vector: bool):
             return word
 
         @cuda.jit(device=True, inline="always")
-        def emit(arr, row, t, vals):
-            for s in range(slots):
-                if s * span + t * size < d:
-                    at = s * size
-                    store_vec(arr, row, s * threads + t, _pack(vals, at),
-                              _pack(vals, at + word_lanes), _pack(vals, at + 2 * word_lanes),
-                              _pack(vals, at + 3 * word_lanes))
+        def emit_slot(arr, row, t, s, vals, at):
+            if s * span + t * size < d:
+                store_vec(arr, row, s * threads + t, _pack(vals, at),
+                          _pack(vals, at + word_lanes), _pack(vals, at + 2 * word_lanes),
+                          _pack(vals, at + 3 * word_lanes))
     else:
         @cuda.jit(device=True, inline="always")
-        def fetch(vals, arr, row, t, s0):
-            for s in range(slots):
-                for k in range(size):
-                    col = s * span + t * size + k
-                    vals[(s0 + s) * size + k] = load(arr[row, col]) if col < d else _ZERO
+        def fetch_slot(vals, at, arr, row, t, s):
+            for k in range(size):
+                col = s * span + t * size + k
+                vals[at + k] = load(arr[row, col]) if col < d else _ZERO
 
         @cuda.jit(device=True, inline="always")
-        def emit(arr, row, t, vals):
-            for s in range(slots):
-                for k in range(size):
-                    col = s * span + t * size + k
-                    if col < d:
-                        arr[row, col] = store(vals[s * size + k])
+        def emit_slot(arr, row, t, s, vals, at):
+            for k in range(size):
+                col = s * span + t * size + k
+                if col < d:
+                    arr[row, col] = store(vals[at + k])
+
+    @cuda.jit(device=True, inline="always")
+    def fetch(vals, arr, row, t):
+        for s in range(slots):
+            fetch_slot(vals, s * size, arr, row, t, s)
+
+    @cuda.jit(device=True, inline="always")
+    def emit(arr, row, t, vals):
+        for s in range(slots):
+            emit_slot(arr, row, t, s, vals, s * size)
 
     @cuda.jit(device=True, inline="always")
     def chain(vals, c):
@@ -188,7 +210,7 @@ def make_row_functions(layout: Layout, dtype: str, vector: bool):
         cuda.syncthreads()
         return total
 
-    return fetch, emit, rnd, sum_squares, block_sum
+    return RowFunctions(fetch, emit, fetch_slot, emit_slot, rnd, sum_squares, block_sum)
 
 
 __all__ = ["FULL_MASK", "make_row_functions", "vector_mode"]
