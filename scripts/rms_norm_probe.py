@@ -43,6 +43,8 @@ D, G, EPS = 5376, 9, 1e-6
 NS = (1, 255, 256, 257, 4097, 32768)
 ORACLE_MAX_N = 257
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
 def make_inputs(n: int, dtype: torch.dtype, seed: int) -> dict[str, torch.Tensor]:
     """Random normal inputs with special values planted in rows 1-10 and 16 random rows."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -257,7 +259,7 @@ def backward_cases(full) -> list:
 
     return [
         ("rms_norm fwd+bwd", "ours", 5, fb(rms_norm, full["x"], full["weight"])),
-        ("add_rms_norm fwd+bwd", "ours", 8, fb(
+        ("add_rms_norm fwd+bwd", "ours", 9, fb(
             lambda x, r, w: add_rms_norm(x, r, w), full["x"], full["residual"],
             full["weight"])),
         ("rms_norm_scale_shift fwd+bwd", "ours", 5, fb(
