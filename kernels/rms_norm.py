@@ -6,8 +6,9 @@ engines' batch-invariant kernels, a batch-invariant backward, and autograd Funct
   ``_rms_norm_kernel``) for D a multiple of 16;
 * ``add_rms_norm(x, residual, weight)``: ``h = round(x + residual)`` then ``rms_norm(h)``
   (vLLM's batch-invariant order on ``h``); returns ``(out, h)``. vLLM itself routes the
-  residual case to its CUDA ``fused_add_rms_norm``, whose launch changes with the number of
-  tokens, so it is not the reference here;
+  residual case to its CUDA ``fused_add_rms_norm``, whose block size (so its reduction
+  order) depends on the number of tokens unless a batch-invariant mode pins it; it is not
+  the reference here;
 * ``rms_norm_scale_shift(x, weight, scale, shift, index)``: ``RMSNorm(x) * (1 +
   scale[index]) + shift[index]``, bitwise equal to vllm-omni's
   ``rms_norm_indexed_scale_shift`` for D a multiple of 16 (``scale``, ``shift``: (G, D);
