@@ -254,7 +254,8 @@ def backward_cases(full) -> list:
         def step():
             ts = [t.detach().requires_grad_() for t in leaves]
             out = fn(*ts)
-            (out[0] if isinstance(out, tuple) else out).backward(go)
+            outs = out if isinstance(out, tuple) else (out,)
+            torch.autograd.backward(outs, (go,) * len(outs))
         return step
 
     return [
