@@ -1,7 +1,8 @@
 """The RMSNorm backward kernels (numba.cuda): batch-invariant and repeatable by construction.
 
 For ``y = n * w`` with ``n = v * r``, ``r = 1 / sqrt(mean(v^2) + eps)`` (``v``: the row
-``x``, or ``h = round(x + residual)`` for add_rms_norm) and an upstream ``u`` into ``y``
+``x``, or for add_rms_norm the forward's output ``h = round(x + residual)``, which the
+backward reads instead of ``x`` and ``residual``) and an upstream ``u`` into ``y``
 (``grad_out``; for rms_norm_scale_shift ``grad_out * (1 + scale[k])``), the gradients are
 ``grad_v = r * (u * w) - v * (r^3 * sum(u * w * v) / D)``, ``grad_w = sum over rows of
 u * n``, and for rms_norm_scale_shift ``grad_scale[k] = sum of grad_out * (n * w)`` and
@@ -32,8 +33,9 @@ from kernels.rounding import CODECS, add_rn, mul_rn
 CHUNK_ROWS = {"rms_norm": 64, "add_rms_norm": 64, "rms_norm_scale_shift": 256}
 
 BACKWARD_ORDER = (
-    "Per row: v (x, or h = round(x + residual)); ss = the sum of squares of v in vllm-omni's "
-    "forward order (kernels/rms_norm_order.py: 256 threads, fma chains, butterflies); "
+    "Per row: v (x, or add_rms_norm's h = round(x + residual)); ss = the sum of squares of "
+    "v in vllm-omni's forward order (kernels/rms_norm_order.py: 256 threads, fma chains, "
+    "butterflies); "
     "r = div_rn(1, sqrt_rn(fma(ss, RN(1/D), eps))); per column u = grad_out (rms_norm, "
     "add_rms_norm) or mul_rn(grad_out, add_rn(1, scale[k])) (rms_norm_scale_shift), "
     "n = mul_rn(v, r), gw = mul_rn(u, w); dot: each of the 256 threads sums "
@@ -166,7 +168,7 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
 
     if op == "add_rms_norm":
         @cuda.jit
-        def backward(grad_x, partial, grad_out, grad_h, x, residual, weight):
+        def backward(grad_x, partial, grad_out, grad_h, h, weight):
             t = cuda.threadIdx.x
             vals = cuda.local.array(n_vals, float32)
             gv = cuda.local.array(n_vals, float32)
@@ -177,12 +179,8 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
             while chunk < partial.shape[0]:
                 clear_weight(acc_w, t)
                 for row in range(chunk * chunk_rows, min((chunk + 1) * chunk_rows,
-                                                         x.shape[0])):
-                    for s in range(slots):
-                        fetch_slot(vals, s * size, x, row, t, s)
-                        fetch_slot(wv, 0, residual, row, t, s)
-                        for j in range(size):
-                            vals[s * size + j] = rnd(add_rn(vals[s * size + j], wv[j]))
+                                                         h.shape[0])):
+                    fetch(vals, h, row, t)
                     fetch(gv, grad_out, row, t)
                     row_grad(vals, gv, weight, weight, 0, wv, wv, acc_w, vals, vals, t, part)
                     fetch(vals, grad_h, row, t)

@@ -260,7 +260,7 @@ def backward_cases(full) -> list:
 
     return [
         ("rms_norm fwd+bwd", "ours", 5, fb(rms_norm, full["x"], full["weight"])),
-        ("add_rms_norm fwd+bwd", "ours", 9, fb(
+        ("add_rms_norm fwd+bwd", "ours", 8, fb(
             lambda x, r, w: add_rms_norm(x, r, w), full["x"], full["residual"],
             full["weight"])),
         ("rms_norm_scale_shift fwd+bwd", "ours", 5, fb(

@@ -110,8 +110,9 @@ def run_case(op: str, n: int, d: int, dtype: str, ins: dict, grid_rows: int) -> 
     if op == "rms_norm":
         kernel[grid, blay.threads](grad_x, partial, b["grad_out"], b["x"], b["weight"])
     elif op == "add_rms_norm":
-        kernel[grid, blay.threads](grad_x, partial, b["grad_out"], b["grad_h"], b["x"],
-                                   b["residual"], b["weight"])
+        h_bits = result["h"]  # the forward's h, as the autograd Function saves it
+        kernel[grid, blay.threads](grad_x, partial, b["grad_out"], b["grad_h"],
+                                   arrays(h_bits, dtype, bvec), b["weight"])
     else:
         kernel[grid, blay.threads](grad_x, partial, b["grad_out"], b["x"], b["weight"],
                                    b["scale"], ins["index"], np.ones(1, np.uint8))

@@ -60,8 +60,7 @@ def cpu_outputs(op: str, dtype: str, ins: dict) -> dict:
         return {"out": C.rms_norm_cpu(t["x"], w), "grad_x": grad_x, "params": grad_w[None]}
     if op == "add_rms_norm":
         out, h = C.add_rms_norm_cpu(t["x"], t["residual"], w)
-        grad_x, grad_w = C.add_rms_norm_backward_cpu(t["grad_out"], t["grad_h"], t["x"],
-                                                     t["residual"], w)
+        grad_x, grad_w = C.add_rms_norm_backward_cpu(t["grad_out"], t["grad_h"], h, w)
         return {"out": out, "h": h, "grad_x": grad_x, "params": grad_w[None]}
     out = C.rms_norm_scale_shift_cpu(t["x"], w, t["scale"], t["shift"], t["index"])
     grad_x, grad_w, grad_s, grad_h = C.rms_norm_scale_shift_backward_cpu(
