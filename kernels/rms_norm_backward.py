@@ -73,7 +73,9 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
     rnd, sum_squares, block_sum = rows.rnd, rows.sum_squares, rows.block_sum
     n_vals = layout.slots * layout.size
     size, span, slots, threads = layout.size, layout.span, layout.slots, layout.threads
+    warps = layout.warps
     n_part = layout.blocks * layout.warps
+    n_scratch = 2 * (n_part + warps)  # sums of squares, then dot products; two areas each
     chunk_rows = CHUNK_ROWS[op]
     eps32 = np.float32(eps)
     inv_d = np.float32(1.0) / np.float32(d)
@@ -111,10 +113,12 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
                     partial[chunk, 0, col] = acc_w[s * size + k, t * sh]
 
     @cuda.jit(device=True, inline="always")
-    def row_grad(vals, gv, weight, scale, k_row, wv, sc, acc_w, acc_s, acc_h, t, part):
+    def row_grad(vals, gv, weight, scale, k_row, wv, sc, acc_w, acc_s, acc_h, t, part, odd):
         # vals: v; gv: grad_out; on return gv holds dv (float32, not rounded). The weight
-        # (and scale) slots are read when needed (L1-resident), not held for the row
-        r = div_rn(_ONE, sqrt_rn(fma_rn(sum_squares(vals, t, part), inv_d, eps32)))
+        # (and scale) slots are read when needed (L1-resident), not held for the row. ``odd``
+        # (0 or 1) alternates the scratch areas of part from one row to the next
+        ss = sum_squares(vals, t, part, odd * n_part)
+        r = div_rn(_ONE, sqrt_rn(fma_rn(ss, inv_d, eps32)))
         p = _ZERO
         for s in range(slots):
             fetch_slot(wv, 0, weight, 0, t, s)
@@ -132,7 +136,8 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
                     acc_s[i] = add_rn(acc_s[i], mul_rn(g, mul_rn(n, wv[j])))
                     acc_h[i] = add_rn(acc_h[i], g)
                 gv[i] = gw
-        coef = div_rn(mul_rn(mul_rn(mul_rn(r, r), r), block_sum(p, t, part)), d32)
+        dot = block_sum(p, t, part, 2 * n_part + odd * warps)
+        coef = div_rn(mul_rn(mul_rn(mul_rn(r, r), r), dot), d32)
         for i in range(n_vals):
             gv[i] = add_rn(mul_rn(gv[i], r), -mul_rn(vals[i], coef))
 
@@ -149,7 +154,8 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
             gv = cuda.local.array(n_vals, float32)
             wv = cuda.local.array(size, float32)
             acc_w = weight_accumulators()
-            part = cuda.shared.array(n_part, float32)
+            part = cuda.shared.array(n_scratch, float32)
+            odd = 0
             chunk = cuda.blockIdx.x
             while chunk < partial.shape[0]:
                 clear_weight(acc_w, t)
@@ -157,7 +163,9 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
                                                          x.shape[0])):
                     fetch(vals, x, row, t)
                     fetch(gv, grad_out, row, t)
-                    row_grad(vals, gv, weight, weight, 0, wv, wv, acc_w, vals, vals, t, part)
+                    row_grad(vals, gv, weight, weight, 0, wv, wv, acc_w, vals, vals, t, part,
+                             odd)
+                    odd = 1 - odd
                     for i in range(n_vals):
                         gv[i] = rnd(gv[i])
                     emit(grad_x, row, t, gv)
@@ -174,7 +182,8 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
             gv = cuda.local.array(n_vals, float32)
             wv = cuda.local.array(size, float32)
             acc_w = weight_accumulators()
-            part = cuda.shared.array(n_part, float32)
+            part = cuda.shared.array(n_scratch, float32)
+            odd = 0
             chunk = cuda.blockIdx.x
             while chunk < partial.shape[0]:
                 clear_weight(acc_w, t)
@@ -182,7 +191,9 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
                                                          h.shape[0])):
                     fetch(vals, h, row, t)
                     fetch(gv, grad_out, row, t)
-                    row_grad(vals, gv, weight, weight, 0, wv, wv, acc_w, vals, vals, t, part)
+                    row_grad(vals, gv, weight, weight, 0, wv, wv, acc_w, vals, vals, t, part,
+                             odd)
+                    odd = 1 - odd
                     fetch(vals, grad_h, row, t)
                     for i in range(n_vals):
                         gv[i] = rnd(add_rn(vals[i], gv[i]))
@@ -202,7 +213,8 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
         acc_w = weight_accumulators()
         acc_s = cuda.local.array(n_vals, float32)
         acc_h = cuda.local.array(n_vals, float32)
-        part = cuda.shared.array(n_part, float32)
+        part = cuda.shared.array(n_scratch, float32)
+        odd = 0
         n_groups = scale.shape[0]
         chunk = cuda.blockIdx.x
         while chunk < partial.shape[0]:
@@ -218,7 +230,8 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
                         fetch(vals, x, row, t)
                         fetch(gv, grad_out, row, t)
                         row_grad(vals, gv, weight, scale, k, wv, sc, acc_w, acc_s, acc_h, t,
-                                 part)
+                                 part, odd)
+                        odd = 1 - odd
                         for i in range(n_vals):
                             gv[i] = rnd(gv[i])
                         emit(grad_x, row, t, gv)

@@ -72,17 +72,19 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool, variant: str):
     rnd, sum_squares = rows.rnd, rows.sum_squares
     size, slots = layout.size, layout.slots
     n_vals = slots * size
-    n_part = layout.blocks * layout.warps
+    n_part = layout.blocks * layout.warps  # per scratch area; two alternate (rows module)
+    n_scratch = 2 * n_part
     eps32 = np.float32(eps)
     inv_d = np.float32(1.0) / np.float32(d)  # what ptxas folds div.full by a constant D into
     # elements per word of the arrays the kernel gets (uint32 words in vector mode)
     per_word = 4 // ITEMSIZE[dtype] if vector else 1
 
     @cuda.jit(device=True, inline="always")
-    def vllm_scale(vals, t, part, width):
+    def vllm_scale(vals, t, part, base, width):
         # div.full(sum_sq, D) + eps == fma(sum_sq, MUFU.RCP(D), eps) (SASS); D at run time,
         # as vLLM passes n_cols, so that ptxas cannot fold the reciprocal
-        mean_eps = fma_rn(sum_squares(vals, t, part), rcp(float32(width * per_word)), eps32)
+        mean_eps = fma_rn(sum_squares(vals, t, part, base), rcp(float32(width * per_word)),
+                          eps32)
         return rcp(sqrt(mean_eps))
 
     @cuda.jit(device=True, inline="always")
@@ -101,11 +103,13 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool, variant: str):
             t = cuda.threadIdx.x
             vals = cuda.local.array(n_vals, float32)
             wv = cuda.local.array(size, float32)
-            part = cuda.shared.array(n_part, float32)
+            part = cuda.shared.array(n_scratch, float32)
+            base = 0
             row = cuda.blockIdx.x
             while row < x.shape[0]:
                 fetch(vals, x, row, t)
-                inv = vllm_scale(vals, t, part, x.shape[1])
+                inv = vllm_scale(vals, t, part, base, x.shape[1])
+                base = n_part - base
                 emit_normalized(out, row, t, vals, inv, weight, wv)
                 row += cuda.gridDim.x
 
@@ -117,7 +121,8 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool, variant: str):
             t = cuda.threadIdx.x
             vals = cuda.local.array(n_vals, float32)
             res = cuda.local.array(size, float32)
-            part = cuda.shared.array(n_part, float32)
+            part = cuda.shared.array(n_scratch, float32)
+            base = 0
             row = cuda.blockIdx.x
             while row < x.shape[0]:
                 for s in range(slots):
@@ -126,7 +131,8 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool, variant: str):
                     for k in range(size):
                         vals[s * size + k] = rnd(add_rn(vals[s * size + k], res[k]))
                     emit_slot(h, row, t, s, vals, s * size)
-                inv = vllm_scale(vals, t, part, x.shape[1])
+                inv = vllm_scale(vals, t, part, base, x.shape[1])
+                base = n_part - base
                 emit_normalized(out, row, t, vals, inv, weight, res)
                 row += cuda.gridDim.x
 
@@ -139,12 +145,14 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool, variant: str):
         wv = cuda.local.array(size, float32)
         sc = cuda.local.array(size, float32)
         sh = cuda.local.array(size, float32)
-        part = cuda.shared.array(n_part, float32)
+        part = cuda.shared.array(n_scratch, float32)
+        base = 0
         row = cuda.blockIdx.x
         while row < x.shape[0]:
             k = index[row]
             fetch(vals, x, row, t)
-            r = rsqrt(fma_rn(sum_squares(vals, t, part), inv_d, eps32))
+            r = rsqrt(fma_rn(sum_squares(vals, t, part, base), inv_d, eps32))
+            base = n_part - base
             bad = k < 0 or k >= scale.shape[0]
             if bad and t == 0:
                 flag[0] = np.uint8(0)

@@ -63,10 +63,15 @@ def make_row_functions(layout: Layout, dtype: str, vector: bool) -> RowFunctions
       same for slot ``s`` alone, at ``vals[at ..]`` (so that a kernel need not hold a whole
       parameter row in registers);
     * ``rnd(x)``: float32 rounded to the storage dtype, as float32;
-    * ``sum_squares(vals, t, part)``: the row's float32 sum of squares in the layout's order
-      (``part``: shared float32 scratch of ``blocks * warps``; two barriers);
-    * ``block_sum(value, t, part)``: a thread value summed over the block by the same warp
-      and cross-warp butterflies (``part``: at least ``warps`` floats; two barriers).
+    * ``sum_squares(vals, t, part, base)``: the row's float32 sum of squares in the layout's
+      order (``part[base ..]``: shared float32 scratch of ``blocks * warps``);
+    * ``block_sum(value, t, part, base)``: a thread value summed over the block by the same
+      warp and cross-warp butterflies (``part[base ..]``: ``warps`` floats).
+
+    Each reduction has one barrier, between the warps' writes and the reads: a caller
+    alternates between two scratch areas from one call to the next (the reads of call k are
+    done before any thread passes the barrier of call k + 1, so call k + 2 may write the
+    first area again).
     """
     size, threads, span, reps = layout.size, layout.threads, layout.span, layout.reps
     slots, blocks, fused, d, warps = layout.slots, layout.blocks, layout.fused, layout.d, \
@@ -186,29 +191,26 @@ def make_row_functions(layout: Layout, dtype: str, vector: bool) -> RowFunctions
         raise ValueError(f"a block of {warps} warps: the layouts use 4 or 8")
 
     @cuda.jit(device=True, inline="always")
-    def sum_squares(vals, t, part):
+    def sum_squares(vals, t, part, base):
         lane = t & 31
         warp = t >> 5
         for c in range(blocks):
             acc = warp_butterfly(chain(vals, c))
             if lane == 0:
-                part[c * warps + warp] = acc
+                part[base + c * warps + warp] = acc
         cuda.syncthreads()
         total = _ZERO
         for c in range(blocks):
-            total = add_rn(total, across(part, c * warps))
-        cuda.syncthreads()  # part is written again for the next row
+            total = add_rn(total, across(part, base + c * warps))
         return total
 
     @cuda.jit(device=True, inline="always")
-    def block_sum(value, t, part):
+    def block_sum(value, t, part, base):
         acc = warp_butterfly(value)
         if (t & 31) == 0:
-            part[t >> 5] = acc
+            part[base + (t >> 5)] = acc
         cuda.syncthreads()
-        total = across(part, 0)
-        cuda.syncthreads()
-        return total
+        return across(part, base)
 
     return RowFunctions(fetch, emit, fetch_slot, emit_slot, rnd, sum_squares, block_sum)
 
