@@ -70,6 +70,7 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
     layout = backward_layout(d, itemsize)
     rows = make_row_functions(layout, dtype, vector)
     fetch, emit, fetch_slot = rows.fetch, rows.emit, rows.fetch_slot
+    stage_buffer, stage, unstage = rows.stage_buffer, rows.stage, rows.unstage
     rnd, sum_squares, block_sum = rows.rnd, rows.sum_squares, rows.block_sum
     n_vals = layout.slots * layout.size
     size, span, slots, threads = layout.size, layout.span, layout.slots, layout.threads
@@ -81,6 +82,10 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
     inv_d = np.float32(1.0) / np.float32(d)
     d32 = np.float32(d)
     scaled = op == "rms_norm_scale_shift"
+    # rms_norm / add_rms_norm load the next row while computing one, where the two staged
+    # rows still leave two blocks per SM (16-byte words of 2-byte dtypes, D = 5376: 128
+    # registers); float32 rows would take twice the registers, so they load on demand
+    prefetch = vector and itemsize == 2
     # grad_weight's accumulators: in shared memory (slot i of thread t at [i, t]) when they
     # fit, else in registers ([i, 0]); the same operations either way
     in_shared = n_vals * threads * 4 <= SHARED_ACC_BYTES
@@ -156,13 +161,26 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
             acc_w = weight_accumulators()
             part = cuda.shared.array(n_scratch, float32)
             odd = 0
+            next_x = stage_buffer()
+            next_g = stage_buffer()
             chunk = cuda.blockIdx.x
             while chunk < partial.shape[0]:
                 clear_weight(acc_w, t)
-                for row in range(chunk * chunk_rows, min((chunk + 1) * chunk_rows,
-                                                         x.shape[0])):
-                    fetch(vals, x, row, t)
-                    fetch(gv, grad_out, row, t)
+                start = chunk * chunk_rows
+                stop = min(start + chunk_rows, x.shape[0])
+                if prefetch:
+                    stage(next_x, x, start, t)
+                    stage(next_g, grad_out, start, t)
+                for row in range(start, stop):
+                    if prefetch:
+                        unstage(vals, next_x)
+                        unstage(gv, next_g)
+                        if row + 1 < stop:  # the next row's loads fly while this one computes
+                            stage(next_x, x, row + 1, t)
+                            stage(next_g, grad_out, row + 1, t)
+                    else:
+                        fetch(vals, x, row, t)
+                        fetch(gv, grad_out, row, t)
                     row_grad(vals, gv, weight, weight, 0, wv, wv, acc_w, vals, vals, t, part,
                              odd)
                     odd = 1 - odd
@@ -184,13 +202,26 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
             acc_w = weight_accumulators()
             part = cuda.shared.array(n_scratch, float32)
             odd = 0
+            next_h = stage_buffer()
+            next_g = stage_buffer()
             chunk = cuda.blockIdx.x
             while chunk < partial.shape[0]:
                 clear_weight(acc_w, t)
-                for row in range(chunk * chunk_rows, min((chunk + 1) * chunk_rows,
-                                                         h.shape[0])):
-                    fetch(vals, h, row, t)
-                    fetch(gv, grad_out, row, t)
+                start = chunk * chunk_rows
+                stop = min(start + chunk_rows, h.shape[0])
+                if prefetch:
+                    stage(next_h, h, start, t)
+                    stage(next_g, grad_out, start, t)
+                for row in range(start, stop):
+                    if prefetch:
+                        unstage(vals, next_h)
+                        unstage(gv, next_g)
+                        if row + 1 < stop:  # the next row's loads fly while this one computes
+                            stage(next_h, h, row + 1, t)
+                            stage(next_g, grad_out, row + 1, t)
+                    else:
+                        fetch(vals, h, row, t)
+                        fetch(gv, grad_out, row, t)
                     row_grad(vals, gv, weight, weight, 0, wv, wv, acc_w, vals, vals, t, part,
                              odd)
                     odd = 1 - odd

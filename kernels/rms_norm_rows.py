@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import config, cuda, float32
+from numba import config, cuda, float32, uint32
 
 from kernels.rms_norm_order import Layout
 from kernels.rms_norm_ptx import fma_rn
@@ -50,6 +50,9 @@ class RowFunctions(NamedTuple):
     rnd: object
     sum_squares: object
     block_sum: object
+    stage_buffer: object
+    stage: object
+    unstage: object
 
 
 def make_row_functions(layout: Layout, dtype: str, vector: bool) -> RowFunctions:
@@ -68,6 +71,10 @@ def make_row_functions(layout: Layout, dtype: str, vector: bool) -> RowFunctions
     * ``block_sum(value, t, part, base)``: a thread value summed over the block by the same
       warp and cross-warp butterflies (``part[base ..]``: ``warps`` floats).
 
+    * ``stage_buffer()``, ``stage(buf, arr, row, t)``, ``unstage(vals, buf)``: a row's loads
+      issued into a buffer (raw 16-byte words in vector mode) and decoded later, so that a
+      kernel can load the next row while it computes one.
+
     Each reduction has one barrier, between the warps' writes and the reads: a caller
     alternates between two scratch areas from one call to the next (the reads of call k are
     done before any thread passes the barrier of call k + 1, so call k + 2 may write the
@@ -77,6 +84,8 @@ def make_row_functions(layout: Layout, dtype: str, vector: bool) -> RowFunctions
     slots, blocks, fused, d, warps = layout.slots, layout.blocks, layout.fused, layout.d, \
         layout.warps
     get, put, rnd, word_lanes = LANE_CODECS[dtype]
+    # a row's raw data as loaded: 4 words per slot (vector mode) or its float32 values
+    n_stage = 4 * slots if vector else slots * size
     load, store, _ = CODECS[dtype]
 
     if vector:
@@ -123,6 +132,43 @@ def make_row_functions(layout: Layout, dtype: str, vector: bool) -> RowFunctions
                 col = s * span + t * size + k
                 if col < d:
                     arr[row, col] = store(vals[at + k])
+
+    if vector:
+        @cuda.jit(device=True, inline="always")
+        def stage_buffer():
+            return cuda.local.array(n_stage, uint32)
+
+        @cuda.jit(device=True, inline="always")
+        def stage(buf, arr, row, t):
+            for s in range(slots):
+                if s * span + t * size < d:
+                    w0, w1, w2, w3 = load_vec(arr, row, s * threads + t)
+                else:
+                    w0 = w1 = w2 = w3 = np.uint32(0)
+                buf[4 * s] = w0
+                buf[4 * s + 1] = w1
+                buf[4 * s + 2] = w2
+                buf[4 * s + 3] = w3
+
+        @cuda.jit(device=True, inline="always")
+        def unstage(vals, buf):
+            for s in range(slots):
+                for w in range(4):
+                    _unpack(vals, s * size + w * word_lanes, buf[4 * s + w])
+    else:
+        @cuda.jit(device=True, inline="always")
+        def stage_buffer():
+            return cuda.local.array(n_stage, float32)
+
+        @cuda.jit(device=True, inline="always")
+        def stage(buf, arr, row, t):
+            for s in range(slots):
+                fetch_slot(buf, s * size, arr, row, t, s)
+
+        @cuda.jit(device=True, inline="always")
+        def unstage(vals, buf):
+            for i in range(n_stage):
+                vals[i] = buf[i]
 
     @cuda.jit(device=True, inline="always")
     def fetch(vals, arr, row, t):
@@ -212,7 +258,8 @@ def make_row_functions(layout: Layout, dtype: str, vector: bool) -> RowFunctions
         cuda.syncthreads()
         return across(part, base)
 
-    return RowFunctions(fetch, emit, fetch_slot, emit_slot, rnd, sum_squares, block_sum)
+    return RowFunctions(fetch, emit, fetch_slot, emit_slot, rnd, sum_squares, block_sum,
+                        stage_buffer, stage, unstage)
 
 
 __all__ = ["FULL_MASK", "make_row_functions", "vector_mode"]

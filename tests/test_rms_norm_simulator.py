@@ -83,8 +83,12 @@ def test_simulator_matches_cpu_twin_bit_for_bit(simulated):
 
 def test_cases_cover_both_load_paths(simulated):
     worker, _, _ = simulated
+    from kernels.rms_norm_backward import backward_layout
     from kernels.rms_norm_forward import ITEMSIZE, layout_for
     from kernels.rms_norm_rows import vector_mode
 
     modes = {vector_mode(layout_for(op, d, dt), ITEMSIZE[dt]) for op, _, d, dt in worker.CASES}
     assert modes == {True, False}
+    prefetched = {op for op, _, d, dt in worker.CASES if op != "rms_norm_scale_shift"
+                  and ITEMSIZE[dt] == 2 and vector_mode(backward_layout(d, 2), 2)}
+    assert prefetched == {"rms_norm", "add_rms_norm"}
