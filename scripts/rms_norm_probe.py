@@ -21,9 +21,10 @@ rows 1-10 and in random rows), how many differ from the numpy oracle of
 ``tests/rms_norm_oracle.py`` (with the GPU's approximate instructions evaluated on the GPU;
 at N = 1 and 257)
 and from the same rows of the N = 32768 run (batch invariance); then CUDA-event timings
-(median of ``--reps`` after warm-up) at N = 32768 bfloat16 of ours, theirs and a
-device-to-device copy. Candidates: ``ours`` (the op), ``ours-ieee`` (IEEE division and
-square root) and ``ours-nofma`` (no FMA in the sums of squares), which should differ.
+(median of ``--reps`` samples of 10 back-to-back calls, after warm-up) at N = 32768
+bfloat16 of ours, theirs and a device-to-device copy. Candidates: ``ours`` (the op),
+``ours-ieee`` (correctly rounded reciprocal and square root instead of the MUFU
+approximations) and ``ours-nofma`` (no FMA in the sums of squares), which should differ.
 """
 
 from __future__ import annotations
@@ -148,25 +149,28 @@ def compare(op: str, full: dict, variants: list[str], refs: dict, math) -> dict:
     return table
 
 
-def timed(fn, reps: int) -> float:
-    """Median milliseconds of ``fn`` over ``reps`` CUDA-event timings after 5 warm-ups."""
+def timed(fn, reps: int, inner: int = 10) -> float:
+    """Milliseconds per call of ``fn``: the median over ``reps`` CUDA-event timings of
+    ``inner`` back-to-back calls (so that the host's launch cost hides behind the GPU's
+    work, as in a training step), after 5 warm-up calls."""
     for _ in range(5):
         fn()
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(inner):
+            fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / inner)
     return statistics.median(times)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--libs", type=Path, required=True)
-    parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--no-variants", action="store_true")
     parser.add_argument("--seed", type=int, default=20261202)
     args = parser.parse_args()
