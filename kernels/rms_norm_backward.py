@@ -26,7 +26,7 @@ from numba import cuda, float32
 
 from kernels.rms_norm_order import Layout, omni_layout
 from kernels.rms_norm_ptx import div_rn, fma_rn, sqrt_rn
-from kernels.rms_norm_rows import make_row_functions
+from kernels.rms_norm_rows import SIMULATOR, make_row_functions
 from kernels.rounding import CODECS, add_rn, mul_rn
 
 #: Rows per chunk of the parameter-gradient sums, per op. Part of the summation order.
@@ -54,6 +54,12 @@ BACKWARD_ORDER = (
 #: Largest shared memory for grad_weight's per-thread accumulators, bytes (static shared
 #: memory is at most 48 KiB per block).
 SHARED_ACC_BYTES = 40 * 1024
+
+#: Register cap of the backward kernels: two blocks of 256 threads per SM (ptxas fits
+#: rms_norm_scale_shift's D = 5376 bfloat16 kernel in it without spilling; uncapped it takes
+#: 135 and one block per SM).
+MAX_REGISTERS = 128
+_OPTIONS = {} if SIMULATOR else {"max_registers": MAX_REGISTERS}  # the simulator has no cap
 
 _ONE = np.float32(1.0)
 _ZERO = np.float32(0.0)
@@ -152,7 +158,7 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
             acc_w[i, t * sh] = _ZERO
 
     if op == "rms_norm":
-        @cuda.jit
+        @cuda.jit(**_OPTIONS)
         def backward(grad_x, partial, grad_out, x, weight):
             t = cuda.threadIdx.x
             vals = cuda.local.array(n_vals, float32)
@@ -193,7 +199,7 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
         return backward
 
     if op == "add_rms_norm":
-        @cuda.jit
+        @cuda.jit(**_OPTIONS)
         def backward(grad_x, partial, grad_out, grad_h, h, weight):
             t = cuda.threadIdx.x
             vals = cuda.local.array(n_vals, float32)
@@ -234,7 +240,7 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool):
 
         return backward
 
-    @cuda.jit
+    @cuda.jit(**_OPTIONS)
     def backward(grad_x, partial, grad_out, x, weight, scale, index, flag):
         t = cuda.threadIdx.x
         vals = cuda.local.array(n_vals, float32)
