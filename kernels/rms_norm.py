@@ -6,8 +6,9 @@ engines' batch-invariant kernels, a batch-invariant backward, and autograd Funct
   ``_rms_norm_kernel``) for D a multiple of 16;
 * ``add_rms_norm(x, residual, weight)``: ``h = round(x + residual)`` then ``rms_norm(h)``
   (vLLM's batch-invariant order on ``h``); returns ``(out, h)``. vLLM itself routes the
-  residual case to its CUDA ``fused_add_rms_norm``, whose launch changes with the number of
-  tokens, so it is not the reference here;
+  residual case to its CUDA ``fused_add_rms_norm``, whose block size (so its reduction
+  order) depends on the number of tokens unless a batch-invariant mode pins it; it is not
+  the reference here;
 * ``rms_norm_scale_shift(x, weight, scale, shift, index)``: ``RMSNorm(x) * (1 +
   scale[index]) + shift[index]``, bitwise equal to vllm-omni's
   ``rms_norm_indexed_scale_shift`` for D a multiple of 16 (``scale``, ``shift``: (G, D);
@@ -135,17 +136,16 @@ def rms_norm_backward(grad_out, x, weight, eps: float = EPS):
     return grad_x, grads[0]
 
 
-def add_rms_norm_backward(grad_out, grad_h, x, residual, weight, eps: float = EPS):
+def add_rms_norm_backward(grad_out, grad_h, h, weight, eps: float = EPS):
     """(grad_x, grad_weight) of add_rms_norm for upstreams ``grad_out`` (into ``out``) and
-    ``grad_h`` (into ``h``), either None for zeros; grad_residual equals grad_x. Raises
-    :class:`kernels.errors.OpInputError`."""
-    _check_forward("add_rms_norm backward", x, weight, residual=residual)
-    x, residual, weight = dense(x), dense(residual), dense(weight)
-    grad_out = _grad(grad_out, x, "grad_out", "add_rms_norm")
-    grad_h = _grad(grad_h, x, "grad_h", "add_rms_norm")
-    grad_x = torch.empty_like(x)
-    grads = launch_backward("add_rms_norm", grad_x, (grad_out, grad_h, x, residual), weight,
-                            eps, 1)
+    ``grad_h`` (into ``h``), either None for zeros, given the forward's ``h`` (N, D);
+    grad_residual equals grad_x. Raises :class:`kernels.errors.OpInputError`."""
+    _check_forward("add_rms_norm backward", h, weight)
+    h, weight = dense(h), dense(weight)
+    grad_out = _grad(grad_out, h, "grad_out", "add_rms_norm")
+    grad_h = _grad(grad_h, h, "grad_h", "add_rms_norm")
+    grad_x = torch.empty_like(h)
+    grads = launch_backward("add_rms_norm", grad_x, (grad_out, grad_h, h), weight, eps, 1)
     return grad_x, grads[0]
 
 
@@ -198,15 +198,14 @@ class AddRMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, residual, weight, eps=EPS):
         out, h = add_rms_norm_forward(x, residual, weight, eps)
-        ctx.save_for_backward(dense(x), dense(residual), dense(weight))
+        ctx.save_for_backward(h, dense(weight))
         ctx.eps = eps
         return out, h
 
     @staticmethod
     def backward(ctx, grad_out, grad_h):
-        x, residual, weight = ctx.saved_tensors
-        grad_x, grad_weight = add_rms_norm_backward(grad_out, grad_h, x, residual, weight,
-                                                    ctx.eps)
+        h, weight = ctx.saved_tensors
+        grad_x, grad_weight = add_rms_norm_backward(grad_out, grad_h, h, weight, ctx.eps)
         return grad_x, grad_x, grad_weight, None
 
 

@@ -319,13 +319,13 @@ def rms_norm_backward_cpu(grad_out, x, weight, eps: float = EPS):
     return grad_x, params[0]
 
 
-def add_rms_norm_backward_cpu(grad_out, grad_h, x, residual, weight, eps: float = EPS):
-    """(grad_x, grad_weight) of add_rms_norm on CPU tensors (None upstreams are zeros);
-    grad_residual equals grad_x. The GPU's bits."""
-    _check("add_rms_norm backward", x, weight, residual=residual)
-    grad_out = _grad(grad_out, x, "grad_out", "add_rms_norm")
-    grad_h = _grad(grad_h, x, "grad_h", "add_rms_norm")
-    grad_x, params = _backward("add_rms_norm", grad_out, _h(x, residual), weight, eps,
+def add_rms_norm_backward_cpu(grad_out, grad_h, h, weight, eps: float = EPS):
+    """(grad_x, grad_weight) of add_rms_norm on CPU tensors, given the forward's ``h``
+    (None upstreams are zeros); grad_residual equals grad_x. The GPU's bits."""
+    _check("add_rms_norm backward", h, weight)
+    grad_out = _grad(grad_out, h, "grad_out", "add_rms_norm")
+    grad_h = _grad(grad_h, h, "grad_h", "add_rms_norm")
+    grad_x, params = _backward("add_rms_norm", grad_out, as_f32(dense(h)), weight, eps,
                                grad_h=grad_h)
     return grad_x, params[0]
 
@@ -361,15 +361,15 @@ class AddRMSNormCPU(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, residual, weight, eps=EPS):
-        ctx.save_for_backward(x, residual, weight)
+        out, h = add_rms_norm_cpu(x, residual, weight, eps)
+        ctx.save_for_backward(h, weight)
         ctx.eps = eps
-        return add_rms_norm_cpu(x, residual, weight, eps)
+        return out, h
 
     @staticmethod
     def backward(ctx, grad_out, grad_h):
-        x, residual, weight = ctx.saved_tensors
-        grad_x, grad_weight = add_rms_norm_backward_cpu(grad_out, grad_h, x, residual, weight,
-                                                        ctx.eps)
+        h, weight = ctx.saved_tensors
+        grad_x, grad_weight = add_rms_norm_backward_cpu(grad_out, grad_h, h, weight, ctx.eps)
         return grad_x, grad_x, grad_weight, None
 
 

@@ -67,36 +67,50 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool, variant: str):
     if variant == "nofma":
         layout = dataclasses.replace(layout, fused=0)
     rcp, sqrt, rsqrt = _MATH[variant == "ieee"]
-    fetch, emit, rnd, sum_squares, _ = make_row_functions(layout, dtype, vector)
-    n_vals = layout.slots * layout.size
-    n_part = layout.blocks * layout.warps
+    rows = make_row_functions(layout, dtype, vector)
+    fetch, fetch_slot, emit_slot = rows.fetch, rows.fetch_slot, rows.emit_slot
+    rnd, sum_squares = rows.rnd, rows.sum_squares
+    size, slots = layout.size, layout.slots
+    n_vals = slots * size
+    n_part = layout.blocks * layout.warps  # per scratch area; two alternate (rows module)
+    n_scratch = 2 * n_part
     eps32 = np.float32(eps)
     inv_d = np.float32(1.0) / np.float32(d)  # what ptxas folds div.full by a constant D into
     # elements per word of the arrays the kernel gets (uint32 words in vector mode)
     per_word = 4 // ITEMSIZE[dtype] if vector else 1
 
     @cuda.jit(device=True, inline="always")
-    def vllm_scale(vals, t, part, width):
+    def vllm_scale(vals, t, part, base, width):
         # div.full(sum_sq, D) + eps == fma(sum_sq, MUFU.RCP(D), eps) (SASS); D at run time,
         # as vLLM passes n_cols, so that ptxas cannot fold the reciprocal
-        mean_eps = fma_rn(sum_squares(vals, t, part), rcp(float32(width * per_word)), eps32)
+        mean_eps = fma_rn(sum_squares(vals, t, part, base), rcp(float32(width * per_word)),
+                          eps32)
         return rcp(sqrt(mean_eps))
+
+    @cuda.jit(device=True, inline="always")
+    def emit_normalized(out, row, t, vals, inv, weight, wv):
+        # (x * inv) * w per slot, the weight slot read when needed (L1-resident, and not
+        # held in registers for the whole row)
+        for s in range(slots):
+            fetch_slot(wv, 0, weight, 0, t, s)
+            for k in range(size):
+                vals[s * size + k] = mul_rn(mul_rn(vals[s * size + k], inv), wv[k])
+            emit_slot(out, row, t, s, vals, s * size)
 
     if op == "rms_norm":
         @cuda.jit
         def forward(out, x, weight):
             t = cuda.threadIdx.x
             vals = cuda.local.array(n_vals, float32)
-            wv = cuda.local.array(n_vals, float32)
-            part = cuda.shared.array(n_part, float32)
-            fetch(wv, weight, 0, t, 0)
+            wv = cuda.local.array(size, float32)
+            part = cuda.shared.array(n_scratch, float32)
+            base = 0
             row = cuda.blockIdx.x
             while row < x.shape[0]:
-                fetch(vals, x, row, t, 0)
-                inv = vllm_scale(vals, t, part, x.shape[1])
-                for i in range(n_vals):
-                    vals[i] = mul_rn(mul_rn(vals[i], inv), wv[i])
-                emit(out, row, t, vals)
+                fetch(vals, x, row, t)
+                inv = vllm_scale(vals, t, part, base, x.shape[1])
+                base = n_part - base
+                emit_normalized(out, row, t, vals, inv, weight, wv)
                 row += cuda.gridDim.x
 
         return forward
@@ -106,21 +120,20 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool, variant: str):
         def forward(out, h, x, residual, weight):
             t = cuda.threadIdx.x
             vals = cuda.local.array(n_vals, float32)
-            res = cuda.local.array(n_vals, float32)
-            wv = cuda.local.array(n_vals, float32)
-            part = cuda.shared.array(n_part, float32)
-            fetch(wv, weight, 0, t, 0)
+            res = cuda.local.array(size, float32)
+            part = cuda.shared.array(n_scratch, float32)
+            base = 0
             row = cuda.blockIdx.x
             while row < x.shape[0]:
-                fetch(vals, x, row, t, 0)
-                fetch(res, residual, row, t, 0)
-                for i in range(n_vals):
-                    vals[i] = rnd(add_rn(vals[i], res[i]))
-                emit(h, row, t, vals)
-                inv = vllm_scale(vals, t, part, x.shape[1])
-                for i in range(n_vals):
-                    vals[i] = mul_rn(mul_rn(vals[i], inv), wv[i])
-                emit(out, row, t, vals)
+                for s in range(slots):
+                    fetch_slot(vals, s * size, x, row, t, s)
+                    fetch_slot(res, 0, residual, row, t, s)
+                    for k in range(size):
+                        vals[s * size + k] = rnd(add_rn(vals[s * size + k], res[k]))
+                    emit_slot(h, row, t, s, vals, s * size)
+                inv = vllm_scale(vals, t, part, base, x.shape[1])
+                base = n_part - base
+                emit_normalized(out, row, t, vals, inv, weight, res)
                 row += cuda.gridDim.x
 
         return forward
@@ -129,28 +142,33 @@ def _build(op: str, d: int, dtype: str, eps: float, vector: bool, variant: str):
     def forward(out, x, weight, scale, shift, index, flag):
         t = cuda.threadIdx.x
         vals = cuda.local.array(n_vals, float32)
-        wv = cuda.local.array(n_vals, float32)
-        sc = cuda.local.array(n_vals, float32)
-        sh = cuda.local.array(n_vals, float32)
-        part = cuda.shared.array(n_part, float32)
-        fetch(wv, weight, 0, t, 0)
+        wv = cuda.local.array(size, float32)
+        sc = cuda.local.array(size, float32)
+        sh = cuda.local.array(size, float32)
+        part = cuda.shared.array(n_scratch, float32)
+        base = 0
         row = cuda.blockIdx.x
         while row < x.shape[0]:
             k = index[row]
-            fetch(vals, x, row, t, 0)
-            r = rsqrt(fma_rn(sum_squares(vals, t, part), inv_d, eps32))
-            if k < 0 or k >= scale.shape[0]:
-                if t == 0:
-                    flag[0] = np.uint8(0)
-                for i in range(n_vals):
-                    vals[i] = add_rn(_NAN, np.float32(0.0))
-            else:
-                fetch(sc, scale, k, t, 0)
-                fetch(sh, shift, k, t, 0)
-                for i in range(n_vals):
-                    n = mul_rn(mul_rn(vals[i], r), wv[i])
-                    vals[i] = fma_rn(n, add_rn(_ONE, sc[i]), sh[i])
-            emit(out, row, t, vals)
+            fetch(vals, x, row, t)
+            r = rsqrt(fma_rn(sum_squares(vals, t, part, base), inv_d, eps32))
+            base = n_part - base
+            bad = k < 0 or k >= scale.shape[0]
+            if bad and t == 0:
+                flag[0] = np.uint8(0)
+            for s in range(slots):
+                at = s * size
+                if bad:
+                    for j in range(size):
+                        vals[at + j] = add_rn(_NAN, np.float32(0.0))
+                else:
+                    fetch_slot(wv, 0, weight, 0, t, s)
+                    fetch_slot(sc, 0, scale, k, t, s)
+                    fetch_slot(sh, 0, shift, k, t, s)
+                    for j in range(size):
+                        n = mul_rn(mul_rn(vals[at + j], r), wv[j])
+                        vals[at + j] = fma_rn(n, add_rn(_ONE, sc[j]), sh[j])
+                emit_slot(out, row, t, s, vals, at)
             row += cuda.gridDim.x
 
     return forward

@@ -9,29 +9,29 @@ Usage (from the repository root, on a CUDA machine with torch, triton and numba-
 (``vllm/model_executor/determinism/batch_invariant.py``),
 ``vllm-omni-0.30.0_indexed_modulation.py`` (``vllm_omni/diffusion/layers/``) and
 ``vllm-omni-0.28.0_minimax_h3_modulation.py`` (``vllm_omni/diffusion/attention/ops/``).
-A stand-in loader (not the libraries' import path: their packages import whole serving
-stacks) copies the named top-level functions of each file, unchanged, into a module that
-imports only torch and triton, and calls the libraries' own launch functions
-(``rms_norm_batch_invariant``, ``rms_norm_indexed_scale_shift``).
+The stand-in loader of ``tests/rms_norm_library_kernels.py`` (not the libraries' import path:
+their packages import whole serving stacks) copies the named top-level functions of each
+file, unchanged, into a module that imports only torch and triton; the probe calls the
+libraries' own launch functions (``rms_norm_batch_invariant``,
+``rms_norm_indexed_scale_shift``).
 
 It prints, per op / dtype / candidate, how many output elements differ in their bits from
 the library kernel at N in {1, 255, 256, 257, 4097, 32768} (D = 5376, specials planted in
 rows 1-10 and in random rows), how many differ from the numpy oracle of
-``tests/rms_norm_oracle.py`` (with the GPU's approximate instructions evaluated on the GPU)
+``tests/rms_norm_oracle.py`` (with the GPU's approximate instructions evaluated on the GPU;
+at N = 1 and 257)
 and from the same rows of the N = 32768 run (batch invariance); then CUDA-event timings
-(median of ``--reps`` after warm-up) at N = 32768 bfloat16 of ours, theirs and a
-device-to-device copy. Candidates: ``ours`` (the op), ``ours-ieee`` (IEEE division and
-square root) and ``ours-nofma`` (no FMA in the sums of squares), which should differ.
+(median of ``--reps`` samples of 10 back-to-back calls, after warm-up) at N = 32768
+bfloat16 of ours, theirs and a device-to-device copy. Candidates: ``ours`` (the op),
+``ours-ieee`` (correctly rounded reciprocal and square root instead of the MUFU
+approximations) and ``ours-nofma`` (no FMA in the sums of squares), which should differ.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib.util
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -43,42 +43,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 D, G, EPS = 5376, 9, 1e-6
 NS = (1, 255, 256, 257, 4097, 32768)
-ORACLE_MAX_N = 257
+ORACLE_NS = (1, 257)  # the numpy oracle runs on the CPU: two sizes keep the probe short
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-VLLM = ("_rms_norm_kernel", "rms_norm_batch_invariant")
-OMNI = ("_MAX_1D_GRID_SIZE", "_iter_row_chunks", "_launch_row_chunks",
-        "_rms_norm_indexed_scale_shift_kernel", "rms_norm_indexed_scale_shift")
-LIBS = {
-    "vllm-0.30.0": ("vllm-0.30.0_batch_invariant.py", VLLM),
-    "vllm-0.33.0": ("vllm-0.33.0_batch_invariant.py", VLLM),
-    "vllm-omni-0.30.0": ("vllm-omni-0.30.0_indexed_modulation.py", OMNI),
-    "vllm-omni-0.28.0": ("vllm-omni-0.28.0_minimax_h3_modulation.py", OMNI),
-}
-HEADER = "import torch\nimport triton\nimport triton.language as tl\n\n\n"
-
-
-def load_library(path: Path, names: tuple[str, ...], label: str):
-    """A module with the named top-level definitions of ``path`` (decorators kept)."""
-    source = path.read_text()
-    lines = source.splitlines()
-    parts = []
-    for node in ast.parse(source).body:
-        name = getattr(node, "name", None)
-        if name is None and isinstance(node, ast.Assign) and isinstance(node.targets[0],
-                                                                         ast.Name):
-            name = node.targets[0].id
-        if name in names:
-            start = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
-            parts.append("\n".join(lines[start - 1:node.end_lineno]))
-    folder = Path(tempfile.mkdtemp(prefix="norm-probe-"))
-    module_name = "probe_" + label.replace("-", "_").replace(".", "_")
-    file = folder / f"{module_name}.py"
-    file.write_text(HEADER + "\n\n\n".join(parts) + "\n")
-    spec = importlib.util.spec_from_file_location(module_name, file)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def make_inputs(n: int, dtype: torch.dtype, seed: int) -> dict[str, torch.Tensor]:
@@ -120,34 +86,6 @@ def ndiff(a: torch.Tensor, b: torch.Tensor) -> int:
     return int((bits(a) != bits(b)).sum())
 
 
-def gpu_math():
-    """(rcp, sqrt, rsqrt): MUFU.RCP / MUFU.SQRT / MUFU.RSQ evaluated elementwise on the GPU
-    (``kernels/rms_norm_ptx.py``), for the oracle."""
-    from numba import cuda
-
-    from kernels.rms_norm_ptx import rcp_approx, rsqrt_approx, sqrt_approx
-
-    @cuda.jit
-    def k_unary(out, a, which):
-        i = cuda.grid(1)
-        if i < out.size:
-            if which == 0:
-                out[i] = rcp_approx(a[i])
-            elif which == 1:
-                out[i] = sqrt_approx(a[i])
-            else:
-                out[i] = rsqrt_approx(a[i])
-
-    def run(a, which):
-        a = np.asarray(a, np.float32)
-        x = torch.from_numpy(np.ascontiguousarray(a).ravel()).cuda()
-        out = torch.empty_like(x)
-        k_unary[max(1, -(-x.numel() // 256)), 256](out, x, which)
-        return out.cpu().numpy().reshape(a.shape)
-
-    return (lambda a: run(a, 0), lambda a: run(a, 1), lambda a: run(a, 2))
-
-
 def oracle_diffs(op: str, ins: dict, out: torch.Tensor, math) -> int:
     import rms_norm_oracle as O
 
@@ -184,10 +122,14 @@ def theirs(op: str, lib, ins: dict) -> torch.Tensor:
 
 
 def compare(op: str, full: dict, variants: list[str], refs: dict, math) -> dict:
-    """(candidate, reference) -> differing elements per N of NS."""
+    """(candidate, reference) -> {N: differing elements}."""
     big = {v: ours(op, full, v) for v in variants}
     big_ref = {label: theirs(op, lib, full) for label, lib in refs.items()}
-    table: dict[tuple, list] = {}
+    table: dict[tuple, dict] = {}
+
+    def put(candidate: str, reference: str, n: int, count: int) -> None:
+        table.setdefault((candidate, reference), {})[n] = count
+
     for n in NS:
         ins = {k: (v[:n] if v.dim() and v.shape[0] == max(NS) else v) for k, v in full.items()}
         for v in variants:
@@ -196,55 +138,55 @@ def compare(op: str, full: dict, variants: list[str], refs: dict, math) -> dict:
             big_out = big[v][0] if op == "add_rms_norm" else big[v]
             name = "ours" if v == "triton" else f"ours-{v}"
             for label, lib in refs.items():
-                table.setdefault((name, label), []).append(ndiff(out, theirs(op, lib, ins)))
-            table.setdefault((name, "prefix of N=32768"), []).append(ndiff(out, big_out[:n]))
+                put(name, label, n, ndiff(out, theirs(op, lib, ins)))
+            put(name, "prefix of N=32768", n, ndiff(out, big_out[:n]))
             if op == "add_rms_norm":
-                table.setdefault((name + " h", "x + residual (eager)"), []).append(
-                    ndiff(h, ins["x"] + ins["residual"]))
-            if v == "triton" and n <= ORACLE_MAX_N:
-                table.setdefault((name, "numpy oracle"), []).append(
-                    oracle_diffs(op, ins, out, math))
+                put(name + " h", "x + residual (eager)", n, ndiff(h, ins["x"] + ins["residual"]))
+            if v == "triton" and n in ORACLE_NS:
+                put(name, "numpy oracle", n, oracle_diffs(op, ins, out, math))
         for label, lib in refs.items():
-            table.setdefault((label, "prefix of N=32768"), []).append(
-                ndiff(theirs(op, lib, ins), big_ref[label][:n]))
+            put(label, "prefix of N=32768", n, ndiff(theirs(op, lib, ins), big_ref[label][:n]))
     return table
 
 
-def timed(fn, reps: int) -> float:
-    """Median milliseconds of ``fn`` over ``reps`` CUDA-event timings after 5 warm-ups."""
+def timed(fn, reps: int, inner: int = 10) -> float:
+    """Milliseconds per call of ``fn``: the median over ``reps`` CUDA-event timings of
+    ``inner`` back-to-back calls (so that the host's launch cost hides behind the GPU's
+    work, as in a training step), after 5 warm-up calls."""
     for _ in range(5):
         fn()
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(inner):
+            fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / inner)
     return statistics.median(times)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--libs", type=Path, required=True)
-    parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--no-variants", action="store_true")
     parser.add_argument("--seed", type=int, default=20261202)
     args = parser.parse_args()
     t_start = time.time()
+    from rms_norm_library_kernels import LIBS, load_all
+
     from kernels.rms_norm import forward_variant
 
-    libs = {}
-    for label, (file, names) in LIBS.items():
-        path = args.libs / file
-        if path.exists():
-            libs[label] = load_library(path, names, label)
-        else:
-            print(f"missing {path}: {label} skipped")
+    libs = load_all(args.libs)
+    for label in LIBS.keys() - libs.keys():
+        print(f"missing {args.libs / LIBS[label][0]}: {label} skipped")
     vllm = {k: v for k, v in libs.items() if k.startswith("vllm-0")}
     omni = {k: v for k, v in libs.items() if k.startswith("vllm-omni")}
-    math = gpu_math()
+    import rms_norm_gpu_math as M
+
+    math = (M.rcp, M.sqrt, M.rsqrt)
     print(f"GPU {torch.cuda.get_device_name()}; torch {torch.__version__}; "
           f"triton {__import__('triton').__version__}")
 
@@ -257,7 +199,7 @@ def main() -> None:
         for op in ("rms_norm", "add_rms_norm", "rms_norm_scale_shift"):
             refs = omni if op == "rms_norm_scale_shift" else vllm
             for (cand, ref), counts in compare(op, full, variants, refs, math).items():
-                rows.append((op, dname, cand, ref, *counts, *["-"] * (len(NS) - len(counts))))
+                rows.append((op, dname, cand, ref, *(counts.get(n, "-") for n in NS)))
             torch.cuda.synchronize()
         print(f"{dname}: compared in {time.time() - t_start:.0f} s", flush=True)
 
@@ -318,7 +260,8 @@ def backward_cases(full) -> list:
         def step():
             ts = [t.detach().requires_grad_() for t in leaves]
             out = fn(*ts)
-            (out[0] if isinstance(out, tuple) else out).backward(go)
+            outs = out if isinstance(out, tuple) else (out,)
+            torch.autograd.backward(outs, (go,) * len(outs))
         return step
 
     return [
