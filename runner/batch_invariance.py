@@ -15,7 +15,9 @@ row, its group outputs (sums over the rows that share an index value) compared w
   max_size)``, the first ``s`` rows run alone give the row outputs of the first ``M`` rows
   run together; and each group output of the ``s`` rows equals that of the ``M`` rows with
   rows ``s..M`` made to contribute exact zeros (the spec's ``zero_rows`` inputs zeroed
-  there), i.e. the reduction does not depend on how many rows surround it.
+  there), i.e. the reduction does not depend on how many rows surround it. That second
+  comparison is made only where zeroed rows add exact zeros: not when an input without N
+  rows holds Inf or NaN (a case with specials in a weight), where ``0 * Inf`` is NaN.
   ``first_failing_size`` is the smallest ``s`` that fails (None when none does).
 
 Bits are compared as integers (:func:`runner.compare.bits`), NaN payloads included.
@@ -111,6 +113,15 @@ def sub_batches(impl, inputs: dict, full: dict, spec) -> bool:
                    for k in spec.row_outputs() if k in full)
 
 
+def _padding_is_exact(inputs: dict, spec) -> bool:
+    """Whether rows with the spec's ``zero_rows`` zeroed add exact zeros to every group
+    output: not when an input without N rows (a weight, an AdaLN row) holds Inf or NaN,
+    since ``0 * Inf`` is NaN (e.g. ``grad_scale`` sums ``grad_out * (n * weight)``)."""
+    per_row = set(spec.row_inputs())
+    return all(bool(torch.isfinite(v).all()) for k, v in inputs.items()
+               if k not in per_row and v.is_floating_point())
+
+
 def size_sweep(impl, inputs: dict, max_size: int, spec,
                extra: tuple[int, ...] = ()) -> int | None:
     """The smallest sweep size that breaks the size sweep (see module), or None."""
@@ -118,12 +129,13 @@ def size_sweep(impl, inputs: dict, max_size: int, spec,
     with gpu_lock.shared():
         top = _rows(inputs, 0, m, spec)
         whole = _run(impl, top)
+        padded_exact = _padding_is_exact(top, spec)
     for s in sweep_sizes(m, extra):
         with gpu_lock.shared():
             prefix = _run(impl, _rows(inputs, 0, s, spec))
             if not _rows_equal(prefix, whole, 0, s, spec):
                 return s
-        groups = [k for k in spec.group_outputs() if k in prefix]
+        groups = [k for k in spec.group_outputs() if k in prefix] if padded_exact else []
         if groups:
             with gpu_lock.shared():
                 padded = dict(top)

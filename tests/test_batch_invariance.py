@@ -95,3 +95,22 @@ def test_inference_mode_runs_forward_only(test_only):
     env = r["environment"]
     assert env["cpu_threads"] >= 1 and env["cpus_available"] >= 1
     assert all(isinstance(env["load_average"][k], float) for k in ("start", "end"))
+
+
+def test_the_padded_comparison_needs_finite_inputs_without_rows():
+    """Zeroed rows add exact zeros only while the weights are finite: with an Inf in
+    ``weight`` a zeroed row adds ``0 * Inf`` = NaN to grad_scale, so the comparison is not
+    made (the prefix rows still are); a fixed-order kernel passes either way."""
+    import ops
+    from ops.rms_norm_scale_shift.numba_kernel import NUMBA
+    from runner import batch_invariance
+    from runner.inputs import build
+
+    spec = ops.get("rms_norm_scale_shift")
+    x = build(spec, n=20, sizes={"D": 16, "G": 3}, dtype="float32", index_dtype="int64",
+              seed=5).tensors
+    assert batch_invariance._padding_is_exact(x, spec)
+    x["weight"][3] = float("inf")
+    assert not batch_invariance._padding_is_exact(x, spec)
+    x["x"][4, 2] = float("nan")  # a row input's special is zeroed with its row: still not exact
+    assert batch_invariance.size_sweep(NUMBA, x, 20, spec) is None
