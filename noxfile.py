@@ -1,4 +1,5 @@
-"""Nox sessions: thin wrappers over ``python -m runner``; the logic lives in the package.
+"""Nox sessions: thin wrappers over ``python -m gate_residual_matrix``; the logic lives in the
+package.
 
     nox -s matrix                       # every cell this host can run, then the tables
     nox -s matrix -- --target cpu --case 257
@@ -92,28 +93,28 @@ def matrix(session: nox.Session) -> None:
     """Run the matrix (docker stacks whose image exists, in containers), then the tables."""
     cluster = any(a == "--cluster" or a.startswith("--cluster=") for a in session.posargs)
     install_project(session, "docker", "report", *(["ray"] if cluster else []))
-    run_runner(session, "runner", "matrix", *session.posargs, **STOP)
+    run_runner(session, "gate_residual_matrix.runner", "matrix", *session.posargs, **STOP)
 
 
 @nox.session(venv_params=VENV)
 def build(session: nox.Session) -> None:
     """Build the images of the docker stacks that are missing (posargs: --stack NAME ...)."""
     install_project(session, "docker")
-    run_runner(session, "runner", "build", *session.posargs, **STOP)
+    run_runner(session, "gate_residual_matrix.runner", "build", *session.posargs, **STOP)
 
 
 @nox.session(venv_params=VENV)
 def base_image(session: nox.Session) -> None:
     """Make the local base image without a registry: debootstrap + docker import (root)."""
     install_project(session, "docker")
-    run_runner(session, "runner", "base-image", *session.posargs)
+    run_runner(session, "gate_residual_matrix.runner", "base-image", *session.posargs)
 
 
 @nox.session(venv_params=VENV)
 def report(session: nox.Session) -> None:
     """Render reports/README.md, index.html, summary.csv|json (filters: docs/tables.md)."""
     install_project(session, "report")
-    run_runner(session, "runner", "report", *session.posargs)
+    run_runner(session, "gate_residual_matrix.runner", "report", *session.posargs)
 
 
 @nox.session(venv_params=VENV)
@@ -122,7 +123,7 @@ def compare(session: nox.Session) -> None:
     one regressed (posargs: BASELINE_DIR [NEW_DIR] --rules FILE --allow RULE --fail RULE;
     docs/ci.md)."""
     install_project(session, "report")
-    run_runner(session, "runner", "compare", *session.posargs)
+    run_runner(session, "gate_residual_matrix.runner", "compare", *session.posargs)
 
 
 @nox.session(venv_params=VENV)
@@ -152,7 +153,7 @@ def lint(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmark (GPU: CUDA events, medians, copy bandwidth); writes reports/bench/*.json."""
     install_project(session)
-    run_runner(session, "ops.gate_residual.bench", *session.posargs)
+    run_runner(session, "gate_residual_matrix.ops.gate_residual.bench", *session.posargs)
 
 
 @nox.session(venv_params=VENV)
@@ -162,9 +163,10 @@ def kernel_wheelhouse(session: nox.Session) -> None:
     ``pip download --no-deps`` of each library version matrix.yaml's ``libraries.versions``
     names, keeping only the kernel modules, RECORD and a manifest, content-addressed, under
     ``libraries.wheelhouse`` (default ``.carry/kernel-wheelhouse``, git-ignored): about 1 MB to
-    carry to an offline GPU host. Posargs go to ``python -m runner.wheelhouse`` (--matrix,
+    carry to an offline GPU host. Posargs go to ``python -m gate_residual_matrix.wheelhouse``
+    (--matrix,
     repeatable: the union of their versions; --out, --cache; --extensions: also vllm's compiled
     ``_C_stable_libtorch.abi3.so`` per version, 78-93 MB each, for the vllm_*_cuda rows).
     """
     session.install("pyyaml>=6")
-    session.run("python", "-m", "runner.wheelhouse", *session.posargs)
+    session.run("python", "-m", "gate_residual_matrix.runner.wheelhouse", *session.posargs)

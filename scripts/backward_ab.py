@@ -44,7 +44,7 @@ def old_reduce(dtype: str):
     additions in chunk order (kernels/gate_residual_kernels.py at 300c066)."""
     from numba import cuda, float32
 
-    from kernels.rounding import CODECS, add_rn
+    from gate_residual_matrix.kernels.rounding import CODECS, add_rn
 
     store = CODECS[dtype][1]
 
@@ -127,13 +127,13 @@ def inputs(n: int, device: str, dtype=torch.bfloat16) -> dict:
 
 def now() -> int:
     """The current stream (a graph capture switches it)."""
-    from kernels import gate_residual_plans as P
+    from gate_residual_matrix.kernels import gate_residual_plans as P
 
     return P._raw_stream(0)
 
 
 def plan_of(x):
-    from kernels import gate_residual as K
+    from gate_residual_matrix.kernels import gate_residual as K
 
     K.gate_residual_backward(x["grad_out"], x["gate"], x["y"], x["index"], check_index=False)
     return K._BACKWARD_PLANS.get(K._key(x["grad_out"], x["gate"], x["y"], x["index"],
@@ -141,8 +141,8 @@ def plan_of(x):
 
 
 def fused_vs_two(time, device: str, stream: int) -> list[dict]:
-    from kernels import gate_residual_backward_plan as B
-    from kernels.gate_residual_plans import _launcher
+    from gate_residual_matrix.kernels import gate_residual_backward_plan as B
+    from gate_residual_matrix.kernels.gate_residual_plans import _launcher
 
     rows = []
     for n in (1, 129, 257, 1024, 2048, 4097):
@@ -183,8 +183,8 @@ def fused_vs_two(time, device: str, stream: int) -> list[dict]:
 def reduce_variants(time, device: str, stream: int, x: dict) -> list[dict]:
     from numba.cuda import types
 
-    from kernels.gate_residual_plans import _F32_3D, _launcher, _p2, _p3
-    from kernels.launch import Launcher, array_type
+    from gate_residual_matrix.kernels.gate_residual_plans import _F32_3D, _launcher, _p2, _p3
+    from gate_residual_matrix.kernels.launch import Launcher, array_type
 
     plan = plan_of(x)
     partial, _, _ = plan.scratch(stream, x["gate"].device)
@@ -212,7 +212,7 @@ def reduce_variants(time, device: str, stream: int, x: dict) -> list[dict]:
 
 
 def chunk_shapes(time, device: str, stream: int, x: dict) -> list[dict]:
-    from kernels import gate_residual as K
+    from gate_residual_matrix.kernels import gate_residual as K
 
     plan = plan_of(x)
     partial, _, _ = plan.scratch(stream, x["gate"].device)
@@ -248,9 +248,9 @@ def chunk_shapes(time, device: str, stream: int, x: dict) -> list[dict]:
 def deep_rows(time, device: str, stream: int) -> list[dict]:
     from numba.cuda import types
 
-    from kernels import gate_residual as K
-    from kernels.gate_residual_plans import _F32_3D, _FLAG_TYPE, _U32_2D
-    from kernels.launch import Launcher, array_type
+    from gate_residual_matrix.kernels import gate_residual as K
+    from gate_residual_matrix.kernels.gate_residual_plans import _F32_3D, _FLAG_TYPE, _U32_2D
+    from gate_residual_matrix.kernels.launch import Launcher, array_type
 
     argtypes = (_U32_2D, _F32_3D, _U32_2D, _U32_2D, _U32_2D, array_type(types.int64, 1),
                 _FLAG_TYPE)
@@ -293,12 +293,12 @@ def main() -> int:
     args = parser.parse_args()
     import contextlib
 
-    from ops.gate_residual.bench_host import emulate_on_cpu
+    from gate_residual_matrix.ops.gate_residual.bench_host import emulate_on_cpu
 
     device = "cpu" if args.dry else "cuda"
     context = emulate_on_cpu() if args.dry else contextlib.nullcontext()
     with context:
-        from kernels import gate_residual_plans as P
+        from gate_residual_matrix.kernels import gate_residual_plans as P
 
         stream = P._raw_stream(0) if device == "cuda" else 0
         time = timer(args.dry, args.reps, args.iters)

@@ -34,9 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runner.report import read_reports  # noqa: E402
-from runner.tables import OUTPUTS, build_tables, markdown, write_tables  # noqa: E402
-from runner.tables.render import html, summary  # noqa: E402
+from gate_residual_matrix.runner.report import read_reports  # noqa: E402
+from gate_residual_matrix.runner.tables import OUTPUTS, build_tables, markdown, write_tables  # noqa: E402
+from gate_residual_matrix.runner.tables.render import html, summary  # noqa: E402
 
 TEMPLATE = ROOT / "tests" / "data" / "h200" / "host-plain-cuda.json"
 TORCH = ("2.11.0", "2.12.1", "2.13.0", "2.14.0")

@@ -3,7 +3,7 @@
 Starts a head (no CPU) and N worker nodes of one CPU each on this machine
 (tests/ray_cluster.py: every process in the node's own process group, all ended at the
 end), runs a small CPU matrix of ``--cells`` cells (D = 8, N = 1, 2 and 2 with specials;
-eager, numba, fp64; one mode per cell) with ``python -m runner matrix --cluster ...
+eager, numba, fp64; one mode per cell) with ``python -m gate_residual_matrix matrix --cluster ...
 --force``, and prints the wall time and cells per minute, beside the same matrix on the
 host backend without a cluster.
 
@@ -42,7 +42,8 @@ def matrix(cells: int) -> dict:
 
 def timed(argv: list[str]) -> float:
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "runner", "matrix", *argv], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "gate_residual_matrix.runner", "matrix", *argv],
+                          cwd=ROOT,
                           capture_output=True, text=True,
                           env={**os.environ, "GATE_RESIDUAL_PROGRESS": "off"})
     took = time.perf_counter() - start

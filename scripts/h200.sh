@@ -12,7 +12,7 @@ set -uo pipefail
 # --stamp` (here, on a clean checkout) records HEAD and a digest of the source files in
 # .carry/source.json; there, the reports name that commit only if the digest still matches.
 source_digest() {
-  find runner ops kernels scripts tests containers docs noxfile.py matrix*.yaml pyproject.toml \
+  find gate_residual_matrix scripts tests containers docs noxfile.py matrix*.yaml pyproject.toml \
     README.md -type f -not -path '*/__pycache__/*' -not -name '*.pyc' -print0 2>/dev/null \
     | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-64
 }
@@ -56,7 +56,7 @@ for step in $steps; do
     env)    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
             python3 -c "import torch, numba, numpy, numba_cuda; print('torch', torch.__version__, 'numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'numpy', numpy.__version__)" ;;
     smoke)  # the cuLaunchKernel path first: if the driver refuses it, use cuda.core.launch
-            python3 -c "import torch; from kernels.gate_residual import gate_residual_forward as f; x = torch.ones(3, 5376, device='cuda', dtype=torch.bfloat16); i = torch.zeros(3, dtype=torch.int64, device='cuda'); assert torch.equal(f(x, x[:1], x, i), x + x[:1] * x); print('launch ok')" \
+            python3 -c "import torch; from gate_residual_matrix.kernels.gate_residual import gate_residual_forward as f; x = torch.ones(3, 5376, device='cuda', dtype=torch.bfloat16); i = torch.zeros(3, dtype=torch.int64, device='cuda'); assert torch.equal(f(x, x[:1], x, i), x + x[:1] * x); print('launch ok')" \
               || { export GATE_RESIDUAL_LAUNCH=core; echo "cuLaunchKernel failed: GATE_RESIDUAL_LAUNCH=core"; rc=1; } ;;
     tests)  python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py ${GPU_TESTS_ARGS:-} 2>&1 | tee "$out/gpu-tests.log" | tail -25 || rc=1 ;;
     rlbuild) # RL-Kernel's extension, built once into $RLK_BUILD_DIR (an install step, ~80 s)
@@ -68,11 +68,11 @@ for step in $steps; do
             # SIGTERM before the device tool's own limit: the runner keeps a stopped cell's
             # finished cases (status partial) and the next call resumes it.
             timer=""; [ -x /usr/bin/time ] && timer="/usr/bin/time -v"
-            $timer timeout -s TERM "${MATRIX_TIMEOUT:-540}" python3 -m runner matrix ${MATRIX_ARGS:---stack host --target cuda} 2>&1 | tee "$out/matrix.log" | tail -60 || rc=1
+            $timer timeout -s TERM "${MATRIX_TIMEOUT:-540}" python3 -m gate_residual_matrix.runner matrix ${MATRIX_ARGS:---stack host --target cuda} 2>&1 | tee "$out/matrix.log" | tail -60 || rc=1
             tar czf "$out/matrix-reports.tgz" reports/*-cuda.json reports/README.md reports/index.html reports/summary.* reports/*.svg 2>/dev/null ;;
     modes)  # MODES (default: the host stack's six) on this one GPU, in one command:
             # 1. one pool of compile workers fills inductor's caches for every mode
-            #    (python -m runner.precompile: the first mode, then the rest, whose graphs
+            #    (python -m gate_residual_matrix.runner.precompile: the first mode, then the rest, whose graphs
             #    reuse its Triton kernels), while RL-Kernel's extension builds beside it;
             # 2. the cells one after another (MODE_JOBS at a time, default 1), each cell as
             #    several processes (runner/shards.py: one per dtype group of its cases, up to
@@ -93,7 +93,7 @@ for step in $steps; do
             # MATRICES: the matrix files (default matrix.yaml), each precompiled in turn
             matrices=${MATRICES:-matrix.yaml}
             for mx in $matrices; do
-              timeout -s TERM $(( deadline - $(date +%s) )) python3 -m runner.precompile --matrix "$mx" --target "${MODE_TARGET:-cuda}" $(printf -- '--mode %s ' $modes) ${PRECOMPILE_ARGS:-} >> "$out/matrix-precompile.log" 2>&1
+              timeout -s TERM $(( deadline - $(date +%s) )) python3 -m gate_residual_matrix.runner.precompile --matrix "$mx" --target "${MODE_TARGET:-cuda}" $(printf -- '--mode %s ' $modes) ${PRECOMPILE_ARGS:-} >> "$out/matrix-precompile.log" 2>&1
               echo "precompile $mx: exit $? after $(( $(date +%s) - t0 )) s: $(tail -c 300 "$out/matrix-precompile.log")"
             done
             wait $build; echo "rlbuild: done after $(( $(date +%s) - t0 )) s: $(tail -n 1 "$out/rlbuild.log")"
@@ -106,9 +106,9 @@ for step in $steps; do
             fi
             left=$(( deadline - $(date +%s) ))
             printf '%s\n' $modes | xargs -P "$jobs" -I{} \
-              sh -c "timeout -s TERM $left python3 -m runner matrix $(printf -- '--matrix %s ' $matrices) --stack host --target ${MODE_TARGET:-cuda} --mode {} --reports '$reports' ${MATRIX_ARGS:-} > '$out/matrix-{}.log' 2>&1; echo '{}: exit' \$? after \$(( \$(date +%s) - $t0 )) s; flock '$PWD/build/tar.lock' sh -c 'cd \"$reports\" && tar czf \"$out/.modes-reports.tgz\" \$(ls *.json | grep -v ^summary) && mv \"$out/.modes-reports.tgz\" \"$out/modes-reports.tgz\"'"
+              sh -c "timeout -s TERM $left python3 -m gate_residual_matrix.runner matrix $(printf -- '--matrix %s ' $matrices) --stack host --target ${MODE_TARGET:-cuda} --mode {} --reports '$reports' ${MATRIX_ARGS:-} > '$out/matrix-{}.log' 2>&1; echo '{}: exit' \$? after \$(( \$(date +%s) - $t0 )) s; flock '$PWD/build/tar.lock' sh -c 'cd \"$reports\" && tar czf \"$out/.modes-reports.tgz\" \$(ls *.json | grep -v ^summary) && mv \"$out/.modes-reports.tgz\" \"$out/modes-reports.tgz\"'"
             echo "all modes: $(( $(date +%s) - t0 )) s wall"
-            # (the tables are rendered where the reports are committed: python -m runner report)
+            # (the tables are rendered where the reports are committed: python -m gate_residual_matrix.runner report)
             python3 -c "import json, glob; [print(r['cell']['id'], r['status'], r['duration_s'], 's', len(r['cases']), 'cases', {k: v for k, v in r.get('phases', {}).items() if not isinstance(v, dict)}) for r in (json.load(open(p)) for p in sorted(glob.glob('$reports/*.json'))) if 'cell' in r]" 2>&1 || true
             # the device tool returns a few files only: the reports travel as one archive
             tar czf "$out/modes-reports.tgz" -C "$reports" $(cd "$reports" && ls *.json | grep -v '^summary') && rm -rf "$reports"
@@ -124,7 +124,7 @@ for step in $steps; do
             PYTHONPATH=$PWD/.carry/rl-kernel-h3:$PYTHONPATH python3 -c "import time; t = time.time(); from rl_engine.kernels.ops import base; print('rl_engine._C built:', base._EXT_AVAILABLE, getattr(base, '_EXT_ERROR', None), f'{time.time() - t:.0f} s')" > "$out/rlbuild.log" 2>&1 &
             pids="$!"
             for m in $(printf '%s\n' $cells | cut -d: -f1 | sort -u); do
-              timeout -s TERM $(( deadline - $(date +%s) )) python3 -m runner.precompile --matrix "$m" --target "${MODE_TARGET:-cuda}" $(printf '%s\n' $cells | grep "^$m:" | cut -d: -f2 | sed 's/^/--mode /') ${PRECOMPILE_ARGS:-} > "$out/precompile-$(basename "$m" .yaml).log" 2>&1 &
+              timeout -s TERM $(( deadline - $(date +%s) )) python3 -m gate_residual_matrix.runner.precompile --matrix "$m" --target "${MODE_TARGET:-cuda}" $(printf '%s\n' $cells | grep "^$m:" | cut -d: -f2 | sed 's/^/--mode /') ${PRECOMPILE_ARGS:-} > "$out/precompile-$(basename "$m" .yaml).log" 2>&1 &
               pids="$pids $!"
             done
             wait $pids; echo "precompile + rlbuild: $(( $(date +%s) - t0 )) s: $(cat "$out"/precompile-*.log | tail -c 800) $(tail -n 1 "$out/rlbuild.log")"
@@ -136,19 +136,19 @@ for step in $steps; do
               spy=""; command -v py-spy >/dev/null && [ -n "${PYSPY_RATE:-}" ] && \
                 case " ${PYSPY_CELLS:-$c} " in *" $c "*) true ;; *) false ;; esac && \
                 spy="py-spy record --idle --threads --subprocesses ${PYSPY_NATIVE:+--native} --rate $PYSPY_RATE --format raw -o $out/pyspy-$(basename "${c%%:*}" .yaml)-${c##*:}.txt --"
-              timeout -s TERM $(( deadline - $(date +%s) )) $spy python3 -m runner matrix --matrix "${c%%:*}" --stack host --target "${MODE_TARGET:-cuda}" --mode "${c##*:}" --reports "$reports" ${MATRIX_ARGS:-} > "$out/matrix-cell-$(basename "${c%%:*}" .yaml)-${c##*:}.log" 2>&1
+              timeout -s TERM $(( deadline - $(date +%s) )) $spy python3 -m gate_residual_matrix.runner matrix --matrix "${c%%:*}" --stack host --target "${MODE_TARGET:-cuda}" --mode "${c##*:}" --reports "$reports" ${MATRIX_ARGS:-} > "$out/matrix-cell-$(basename "${c%%:*}" .yaml)-${c##*:}.log" 2>&1
               echo "$c: exit $? after $(( $(date +%s) - t1 )) s (alone)"
             done
             python3 -c "import json, glob; [print(r['cell']['id'], r['status'], r['duration_s'], 's', len(r['cases']), 'cases', {k: v for k, v in r.get('phases', {}).items() if not isinstance(v, dict)}) for r in (json.load(open(p)) for p in sorted(glob.glob('$reports/*.json'))) if 'cell' in r]" 2>&1 || true
             tar czf "$out/cells-reports.tgz" -C "$reports" $(cd "$reports" && ls *.json) && rm -rf "$reports"
             tar czf "$out/cells-logs.tgz" -C "$out" $(cd "$out" && ls matrix-cell-*.log precompile-*.log rlbuild.log) && rm -f "$out"/matrix-cell-*.log "$out"/precompile-*.log ;;
-    bench)  python3 -m ops.gate_residual.bench ${BENCH_ARGS:-} --out "$out" 2>&1 | tee "$out/bench.log" | tail -60 || rc=1 ;;
+    bench)  python3 -m gate_residual_matrix.ops.gate_residual.bench ${BENCH_ARGS:-} --out "$out" 2>&1 | tee "$out/bench.log" | tail -60 || rc=1 ;;
     benchruns) # the benchmark BENCH_RUNS times (default 4), each a fresh process, e.g. with
             # BENCH_ARGS="--case bfloat16:1 --peer eager --peer numba --rounds 20 --iters 1000":
             # run-to-run spread of a small-N verdict (issue 14); one archive comes back
             for i in $(seq "${BENCH_RUNS:-4}"); do
               mkdir -p "$out/bench-runs/run-$i"
-              python3 -m ops.gate_residual.bench ${BENCH_ARGS:-} --out "$out/bench-runs/run-$i" > "$out/bench-runs/run-$i/bench.log" 2>&1 \
+              python3 -m gate_residual_matrix.ops.gate_residual.bench ${BENCH_ARGS:-} --out "$out/bench-runs/run-$i" > "$out/bench-runs/run-$i/bench.log" 2>&1 \
                 || { rc=1; echo "run $i failed:"; tail -n 5 "$out/bench-runs/run-$i/bench.log"; continue; }
               grep -h "^| [a-z0-9]* | [0-9]* | " "$out/bench-runs/run-$i"/bench-*.md | sed "s/^/run $i: /"
             done

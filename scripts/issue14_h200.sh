@@ -2,8 +2,8 @@
 # Issue 14 on the device tool's H200 in one call (the device time is scarce):
 #   1. at once: the GPU tests of the kernels and entry points (three pytest processes),
 #      RL-Kernel's extension build, and torch.compile's graphs for the benchmark compiled
-#      into inductor's cache (ops.gate_residual.bench --precompile);
-#   2. then the benchmark alone on the GPU (ops.gate_residual.bench, every peer, host breakdown);
+#      into inductor's cache (gate_residual_matrix.ops.gate_residual.bench --precompile);
+#   2. then the benchmark alone on the GPU (gate_residual_matrix.ops.gate_residual.bench, every peer, host breakdown);
 #   3. everything into one tarball, OUT/issue14.tgz (the device tool returns few files).
 # Usage, from the repository root on the GPU machine:  bash scripts/issue14_h200.sh OUT
 # Runs the commit in .carry/issue14-src.tgz when there (made here by
@@ -43,7 +43,7 @@ for step in ${STEPS:-tests bench}; do
     tests)
       PYTHONPATH=$src/.carry/rl-kernel-h3:$PYTHONPATH python3 -c "import time; t = time.time(); from rl_engine.kernels.ops import base; print('rl_engine._C built:', base._EXT_AVAILABLE, getattr(base, '_EXT_ERROR', None), f'{time.time() - t:.0f} s')" > "$out/logs/rlbuild.log" 2>&1 &
       limit="timeout -s TERM ${TESTS_TIMEOUT:-150}"
-      $limit python3 -m ops.gate_residual.bench --precompile > "$out/logs/precompile.log" 2>&1 &
+      $limit python3 -m gate_residual_matrix.ops.gate_residual.bench --precompile > "$out/logs/precompile.log" 2>&1 &
       pytest="$limit python3 -m pytest -q -m gpu -p no:cacheprovider"
       $pytest tests/test_kernels_gpu.py -k "not default_index_check" > "$out/logs/gpu-kernels.log" 2>&1 &
       $pytest tests/test_kernels_gpu.py -k default_index_check > "$out/logs/gpu-device-assert.log" 2>&1 &
@@ -57,11 +57,11 @@ for step in ${STEPS:-tests bench}; do
       tail -n 2 "$out/logs/rlbuild.log"; tail -n 3 "$out/logs/precompile.log"
       grep -E "regs=" "$out/logs/sass-report.txt" | cut -c1-110 ;;
     bench)
-      timeout -s TERM "${BENCH_TIMEOUT:-240}" python3 -m ops.gate_residual.bench --out "$out/bench" \
+      timeout -s TERM "${BENCH_TIMEOUT:-240}" python3 -m gate_residual_matrix.ops.gate_residual.bench --out "$out/bench" \
         ${BENCH_ARGS:-} > "$out/logs/bench.log" 2>&1 || rc=1
       grep -E "^\| bfloat16 \| (1|32768) \|" "$out/bench/"*.md | head -20 ;;
     host)
-      python3 -m ops.gate_residual.bench --host > "$out/logs/host.log" 2>&1 || rc=1
+      python3 -m gate_residual_matrix.ops.gate_residual.bench --host > "$out/logs/host.log" 2>&1 || rc=1
       cat "$out/logs/host.log" ;;
   esac
 done

@@ -5,7 +5,7 @@ Usage::
 
     python scripts/profile_cell.py --target cuda --mode plain [--case 32768 ...] [--top 45]
 
-The cell runs as ``python -m runner cell`` would run it (every implementation of
+The cell runs as ``python -m gate_residual_matrix cell`` would run it (every implementation of
 matrix.yaml, repeats, batch invariance, timings), but nothing is written; the report's
 ``phases`` (when present) are printed too. GPU work is asynchronous, so cProfile charges it
 to the host call that waits for it (``torch.equal``, ``.cpu()``, synchronisations).
@@ -35,10 +35,10 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=45)
     args = parser.parse_args()
 
-    from runner import implementations, modes
-    from runner.cell import run_cell
-    from runner.cells import expand, select, select_cases
-    from runner.config import load_matrix
+    from gate_residual_matrix.runner import implementations, modes
+    from gate_residual_matrix.runner.cell import run_cell
+    from gate_residual_matrix.runner.cells import expand, select, select_cases
+    from gate_residual_matrix.runner.config import load_matrix
 
     matrix = load_matrix(args.matrix, known_implementations=implementations.known)
     (cell,) = select(expand(matrix), stacks=[args.stack], modes=[args.mode],

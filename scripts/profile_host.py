@@ -18,8 +18,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ops.gate_residual.inputs import make_inputs
-from runner.implementations import get
+from gate_residual_matrix.ops.gate_residual.inputs import make_inputs
+from gate_residual_matrix.runner.implementations import get
 
 CALLS = 300
 

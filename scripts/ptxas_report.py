@@ -28,7 +28,7 @@ STORAGE = {"bfloat16": "int16", "float16": "float16", "float32": "float32"}
 
 def signatures(dtype: str, index: str = "int64") -> dict:
     """(kernel, numba signature) of each kernel for one storage dtype."""
-    from kernels import gate_residual as K
+    from gate_residual_matrix.kernels import gate_residual as K
 
     a, u = f"{STORAGE[dtype]}[:, ::1]", "uint32[:, ::1]"
     forward, chunks, reduce, chunks_global = K.kernels_for(dtype)

@@ -5,7 +5,8 @@ Usage::
     python scripts/reliability_table.py > /tmp/tables.md     # about a minute, CPU only
 
 Nothing here is made up: each row comes from running the case now. The bad matrices are
-tests/test_config.py's list, each written to a file and given to ``python -m runner matrix``
+tests/test_config.py's list, each written to a file and given to ``python -m gate_residual_matrix
+matrix``
 (``runner.__main__.main``, in this process); the bad options are tests/test_cli.py's; the
 faults are tests/data/faults.yaml run by the real command line (cell processes and all,
 ``GATE_RESIDUAL_FAULTS=1``); the op inputs are tests/test_op_input.py's, given to the CPU
@@ -32,7 +33,7 @@ os.environ.pop("GATE_RESIDUAL_FAULTS", None)
 
 import yaml  # noqa: E402
 
-from runner.__main__ import main  # noqa: E402
+from gate_residual_matrix.runner.__main__ import main  # noqa: E402
 
 FAULTS = ROOT / "tests" / "data" / "faults.yaml"
 # The project state the fault runs report, pinned so that edits to this checkout while the
@@ -112,11 +113,12 @@ def bad_option_rows(tmp: Path) -> list[list[object]]:
 
 
 def fault_rows(tmp: Path) -> tuple[list[list[object]], str]:
-    from runner.report import read_report
+    from gate_residual_matrix.runner.report import read_report
 
     reports = tmp / "fault-reports"
     env = {**os.environ, "GATE_RESIDUAL_FAULTS": "1", **PINNED}
-    argv = [sys.executable, "-m", "runner", "matrix", "--matrix", str(FAULTS), "--reports",
+    argv = [sys.executable, "-m", "gate_residual_matrix.runner", "matrix", "--matrix", str(FAULTS),
+            "--reports",
             str(reports), "--target", "cpu", "--timeout", "15"]
     for mode in ("raise", "hang", "oom", "kill", "illegal", "plain"):
         argv += ["--mode", mode]
@@ -144,7 +146,8 @@ def interruption_rows(tmp: Path) -> list[list[object]]:
         reports.mkdir()
         (reports / kept.name).write_bytes(kept.read_bytes())
         parent = subprocess.Popen(
-            [sys.executable, "-m", "runner", "matrix", "--matrix", str(FAULTS), "--reports",
+            [sys.executable, "-m", "gate_residual_matrix.runner", "matrix", "--matrix", str(FAULTS),
+             "--reports",
              str(reports), "--target", "cpu", "--mode", "hang"],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -190,7 +193,10 @@ def op_rows() -> list[list[object]]:
     import torch
     from test_op_input import BAD, BAD_BACKWARD, _t, good
 
-    from kernels.gate_residual_cpu import gate_residual_backward_cpu, gate_residual_cpu
+    from gate_residual_matrix.kernels.gate_residual_cpu import (
+        gate_residual_backward_cpu,
+        gate_residual_cpu,
+    )
 
     rows = []
     for name, change, _, _ in BAD:
@@ -243,7 +249,7 @@ def security_rows() -> list[list[object]]:
     message for two of them."""
     from test_security import EVIL, RICH, RICH_SLOTS, _parse, _set
 
-    from runner.errors import ConfigError
+    from gate_residual_matrix.runner.errors import ConfigError
 
     rows, seen = [], set()
     for slot in RICH_SLOTS:
@@ -278,7 +284,8 @@ def rerun_rows(tmp: Path) -> list[list[object]]:
         run_env = dict(env)
         if what.startswith("project"):
             run_env["GATE_RESIDUAL_COMMIT"] = "1" * 40
-        done = subprocess.run([sys.executable, "-m", "runner", "matrix", "--matrix",
+        done = subprocess.run([sys.executable, "-m", "gate_residual_matrix.runner", "matrix",
+                               "--matrix",
                                str(FAULTS), "--reports", str(reports), "--target", "cpu",
                                *extra], cwd=ROOT, env=run_env, capture_output=True, text=True)
         ran = [line.split()[2].rstrip(":") for line in done.stdout.splitlines()
@@ -291,7 +298,7 @@ def rerun_rows(tmp: Path) -> list[list[object]]:
 
 def partial_rows(tmp: Path) -> list[list[object]]:
     """Partial runs (``--case``) over one cell's report: merged, reused, refused, replaced."""
-    from runner.report import read_report
+    from gate_residual_matrix.runner.report import read_report
 
     data = yaml.safe_load(FAULTS.read_text())
     data["cases"] = [{"n": 5}, {"n": 7}]
@@ -309,7 +316,8 @@ def partial_rows(tmp: Path) -> list[list[object]]:
         env = {**os.environ, "GATE_RESIDUAL_FAULTS": "1", **PINNED,
                **({"GATE_RESIDUAL_COMMIT": commit} if commit else {})}
         before = path.read_bytes() if path.exists() else None
-        done = subprocess.run([sys.executable, "-m", "runner", "matrix", "--matrix", str(matrix),
+        done = subprocess.run([sys.executable, "-m", "gate_residual_matrix.runner", "matrix",
+                               "--matrix", str(matrix),
                                "--reports", str(reports), "--target", "cpu", "--mode", "plain",
                                *extra], cwd=ROOT, env=env, capture_output=True, text=True)
         ran = any(line.startswith("[runner] cell host-plain-cpu: running")
@@ -328,7 +336,7 @@ def partial_rows(tmp: Path) -> list[list[object]]:
 def docker_auto_rows(tmp: Path) -> list[list[object]]:
     """Docker stacks this host cannot make, under --backend auto and docker (needs an engine;
     nothing is pulled or built: the base image and the wheelhouse are absent)."""
-    from runner.backends.docker import DockerBackend
+    from gate_residual_matrix.runner.backends.docker import DockerBackend
 
     why = DockerBackend().available()
     if why:
@@ -346,7 +354,8 @@ def docker_auto_rows(tmp: Path) -> list[list[object]]:
     rows = []
     for backend in ("auto", "docker"):
         reports = tmp / f"docker-{backend}"
-        done = subprocess.run([sys.executable, "-m", "runner", "matrix", "--matrix", str(matrix),
+        done = subprocess.run([sys.executable, "-m", "gate_residual_matrix.runner", "matrix",
+                               "--matrix", str(matrix),
                                "--reports", str(reports), "--backend", backend],
                               cwd=ROOT, capture_output=True, text=True)
         for stack in ("nobase", "nowheels"):
@@ -358,7 +367,8 @@ def docker_auto_rows(tmp: Path) -> list[list[object]]:
 
 
 def report_rows(tmp: Path) -> list[list[object]]:
-    """``python -m runner report`` on a missing directory, a file, good and bad reports."""
+    """``python -m gate_residual_matrix report`` on a missing directory, a file, good and bad
+    reports."""
     good = tmp / "report-good"
     good.mkdir()
     (good / "host-plain-cuda.json").write_bytes(
@@ -384,7 +394,7 @@ def report_rows(tmp: Path) -> list[list[object]]:
 def _same(a, b) -> bool:
     import torch
 
-    from runner.compare import bits
+    from gate_residual_matrix.runner.compare import bits
 
     nan = torch.isnan(a) & torch.isnan(b)
     return bool(((bits(a) == bits(b)) | nan).all())

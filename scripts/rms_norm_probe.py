@@ -107,7 +107,7 @@ def oracle_diffs(op: str, ins: dict, out: torch.Tensor, math) -> int:
 
 
 def ours(op: str, ins: dict, variant: str = "triton"):
-    from kernels.rms_norm import forward_variant
+    from gate_residual_matrix.kernels.rms_norm import forward_variant
 
     return forward_variant(op, variant, ins["x"], ins["weight"], residual=ins["residual"],
                            scale=ins["scale"], shift=ins["shift"], index=ins["index"])
@@ -177,7 +177,7 @@ def main() -> None:
     t_start = time.time()
     from rms_norm_library_kernels import LIBS, load_all
 
-    from kernels.rms_norm import forward_variant
+    from gate_residual_matrix.kernels.rms_norm import forward_variant
 
     libs = load_all(args.libs)
     for label in LIBS.keys() - libs.keys():
@@ -251,7 +251,11 @@ def backward_cases(full) -> list:
     """Forward + backward timings of ours (skipped while kernels/rms_norm_backward.py is
     absent)."""
     try:
-        from kernels.rms_norm import add_rms_norm, rms_norm, rms_norm_scale_shift
+        from gate_residual_matrix.kernels.rms_norm import (
+            add_rms_norm,
+            rms_norm,
+            rms_norm_scale_shift,
+        )
     except ImportError:
         return []
     go = torch.randn_like(full["x"], dtype=torch.float32).to(full["x"].dtype)

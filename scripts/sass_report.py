@@ -10,8 +10,8 @@ import re
 
 import torch
 
-from kernels import gate_residual as K
-from ops.gate_residual.inputs import make_inputs
+from gate_residual_matrix.kernels import gate_residual as K
+from gate_residual_matrix.ops.gate_residual.inputs import make_inputs
 
 
 def main() -> None:

@@ -49,7 +49,7 @@ def fresh_seed(request):
 
 def inputs(n, d, g, dtype, index_dtype, seed, specials=True):
     """Inputs for one test case, with special values planted by default."""
-    from ops.gate_residual.inputs import make_inputs
+    from gate_residual_matrix.ops.gate_residual.inputs import make_inputs
 
     return make_inputs(n=n, d=d, g=g, dtype=dtype, index_dtype=index_dtype, seed=seed,
                        specials=specials).tensors

@@ -9,7 +9,7 @@ Example::
 
     with LocalCluster() as cluster:
         cluster.add_worker("a", {"gpu:Test GPU A": 1})
-        ...  # python -m runner matrix --cluster cluster.client_address
+        ...  # python -m gate_residual_matrix matrix --cluster cluster.client_address
 """
 
 from __future__ import annotations

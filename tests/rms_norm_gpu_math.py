@@ -14,7 +14,7 @@ def _kernel():
     if not _KERNEL:
         from numba import cuda
 
-        from kernels.rms_norm_ptx import rcp_approx, rsqrt_approx, sqrt_approx
+        from gate_residual_matrix.kernels.rms_norm_ptx import rcp_approx, rsqrt_approx, sqrt_approx
 
         @cuda.jit
         def unary(out, a, which):

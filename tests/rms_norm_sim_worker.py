@@ -17,11 +17,11 @@ import numpy as np
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).parent)]
 
-from kernels.rms_norm_backward import backward_kernel, n_chunks, reduce_kernel  # noqa: E402
-from kernels.rms_norm_forward import ITEMSIZE, forward_kernel, layout_for  # noqa: E402
-from kernels.rms_norm_order import omni_layout  # noqa: E402
-from kernels.rms_norm_ptx import SIMULATOR  # noqa: E402
-from kernels.rms_norm_rows import vector_mode  # noqa: E402
+from gate_residual_matrix.kernels.rms_norm_backward import backward_kernel, n_chunks, reduce_kernel  # noqa: E402
+from gate_residual_matrix.kernels.rms_norm_forward import ITEMSIZE, forward_kernel, layout_for  # noqa: E402
+from gate_residual_matrix.kernels.rms_norm_order import omni_layout  # noqa: E402
+from gate_residual_matrix.kernels.rms_norm_ptx import SIMULATOR  # noqa: E402
+from gate_residual_matrix.kernels.rms_norm_rows import vector_mode  # noqa: E402
 
 G = 3
 # (op, N, D, dtype): vector loads where D allows (the vLLM layout from D * itemsize % 16 == 0;

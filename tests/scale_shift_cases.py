@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from runner.inputs import special_values
+from gate_residual_matrix.runner.inputs import special_values
 
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 INDEX_DTYPES = {"int64": torch.int64, "int32": torch.int32}

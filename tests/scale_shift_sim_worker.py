@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scale_shift_cases import make_case, storage
 
-from kernels import indexed_scale_shift as K
-from kernels.rounding import CODECS, SIMULATOR
+from gate_residual_matrix.kernels import indexed_scale_shift as K
+from gate_residual_matrix.kernels.rounding import CODECS, SIMULATOR
 
 CASES = [  # (n, d, g, dtype, index_dtype, kind)
     (1, 3, 1, "bfloat16", "int64", "normal"),

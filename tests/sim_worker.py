@@ -14,9 +14,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kernels import gate_residual as K
-from kernels.rounding import CODECS, SIMULATOR
-from ops.gate_residual.inputs import make_inputs
+from gate_residual_matrix.kernels import gate_residual as K
+from gate_residual_matrix.kernels.rounding import CODECS, SIMULATOR
+from gate_residual_matrix.ops.gate_residual.inputs import make_inputs
 
 CASES = [  # (n, d, g, dtype, index_dtype): d * itemsize % 16 == 0 also runs the vector kernels
     (1, 3, 1, "bfloat16", "int64"),

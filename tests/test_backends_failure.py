@@ -9,13 +9,23 @@ import signal
 
 import pytest
 
-from runner.backends import BACKENDS, Backend
-from runner.backends.base import cell_argv, skipped_lines
-from runner.backends.docker import CONTAINER_MATRIX, CONTAINER_REPORTS, cell_command
-from runner.backends.failure import LOG_TAIL_CHARS, Ending, classify, explain, log_tail
-from runner.backends.host import HostBackend
-from runner.cells import Cell
-from runner.status import Status
+from gate_residual_matrix.runner.backends import BACKENDS, Backend
+from gate_residual_matrix.runner.backends.base import cell_argv, skipped_lines
+from gate_residual_matrix.runner.backends.docker import (
+    CONTAINER_MATRIX,
+    CONTAINER_REPORTS,
+    cell_command,
+)
+from gate_residual_matrix.runner.backends.failure import (
+    LOG_TAIL_CHARS,
+    Ending,
+    classify,
+    explain,
+    log_tail,
+)
+from gate_residual_matrix.runner.backends.host import HostBackend
+from gate_residual_matrix.runner.cells import Cell
+from gate_residual_matrix.runner.status import Status
 
 OOM_LOG = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ops.gate_residual import SPEC, eager, faulty, numba_kernel
-from ops.gate_residual.inputs import make_inputs
-from runner import batch_invariance, implementations
-from runner.cell import run_cell
-from runner.cells import Cell, select_cases
-from runner.config import parse_matrix
+from gate_residual_matrix.ops.gate_residual import SPEC, eager, faulty, numba_kernel
+from gate_residual_matrix.ops.gate_residual.inputs import make_inputs
+from gate_residual_matrix.runner import batch_invariance, implementations
+from gate_residual_matrix.runner.cell import run_cell
+from gate_residual_matrix.runner.cells import Cell, select_cases
+from gate_residual_matrix.runner.config import parse_matrix
 
 FAULTS = Path(__file__).resolve().parent / "data" / "faults.yaml"
 
@@ -101,10 +101,10 @@ def test_the_padded_comparison_needs_finite_inputs_without_rows():
     """Zeroed rows add exact zeros only while the weights are finite: with an Inf in
     ``weight`` a zeroed row adds ``0 * Inf`` = NaN to grad_scale, so the comparison is not
     made (the prefix rows still are); a fixed-order kernel passes either way."""
-    import ops
-    from ops.rms_norm_scale_shift.numba_kernel import NUMBA
-    from runner import batch_invariance
-    from runner.inputs import build
+    from gate_residual_matrix import ops
+    from gate_residual_matrix.ops.rms_norm_scale_shift.numba_kernel import NUMBA
+    from gate_residual_matrix.runner import batch_invariance
+    from gate_residual_matrix.runner.inputs import build
 
     spec = ops.get("rms_norm_scale_shift")
     x = build(spec, n=20, sizes={"D": 16, "G": 3}, dtype="float32", index_dtype="int64",

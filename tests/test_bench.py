@@ -11,8 +11,8 @@ import json
 import pytest
 import torch
 
-from ops.gate_residual import bench, bench_rounds
-from runner import timing
+from gate_residual_matrix.ops.gate_residual import bench, bench_rounds
+from gate_residual_matrix.runner import timing
 
 
 def test_bench_smoke_writes_rows_peers_host_costs_and_a_table(tmp_path, capsys):

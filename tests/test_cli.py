@@ -1,6 +1,7 @@
 """Command-line options are validated before anything runs: exit 2, one line, nothing written.
 
-Each bad option or matrix is given to ``python -m runner`` (``runner.__main__.main``, in this
+Each bad option or matrix is given to ``python -m gate_residual_matrix`` (``runner.__main__.main``,
+in this
 process) with a reports directory that already holds a report and a stray file; after the
 error the directory must be exactly as it was (names, bytes, modification times), and a
 reports directory that did not exist must still not exist.
@@ -14,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from runner import implementations
-from runner import pipeline as run_mod
-from runner.__main__ import main
-from runner.config import load_matrix
+from gate_residual_matrix.runner import implementations
+from gate_residual_matrix.runner import pipeline as run_mod
+from gate_residual_matrix.runner.__main__ import main
+from gate_residual_matrix.runner.config import load_matrix
 
 # the registered implementations after the first three, as messages list them (the registry
 # run_matrix validates against)
@@ -146,7 +147,7 @@ def test_cell_command_refuses_cuda_without_a_gpu(reports, capsys, monkeypatch):
 
 
 def test_fault_implementation_is_unknown_without_the_switch(reports, capsys, monkeypatch):
-    from runner import implementations
+    from gate_residual_matrix.runner import implementations
 
     monkeypatch.setattr(implementations, "known", lambda op: ("eager", "numba", "fp64"))
     before = snapshot(reports)

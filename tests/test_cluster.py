@@ -24,13 +24,13 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from runner import cluster as cluster_mod
-from runner import pipeline as run_mod
-from runner.__main__ import main
-from runner.cells import Cell
-from runner.cluster_connect import parse_address
-from runner.config import load_matrix
-from runner.errors import ConfigError
+from gate_residual_matrix.runner import cluster as cluster_mod
+from gate_residual_matrix.runner import pipeline as run_mod
+from gate_residual_matrix.runner.__main__ import main
+from gate_residual_matrix.runner.cells import Cell
+from gate_residual_matrix.runner.cluster_connect import parse_address
+from gate_residual_matrix.runner.config import load_matrix
+from gate_residual_matrix.runner.errors import ConfigError
 from tests.ray_cluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,12 +131,14 @@ def test_a_cell_no_node_can_run_is_skipped_naming_the_resource(cluster, tmp_path
 
 
 class Driver:
-    """``python -m runner matrix --cluster ...`` in a subprocess, its output read as it comes."""
+    """``python -m gate_residual_matrix matrix --cluster ...`` in a subprocess, its output read as
+    it comes."""
 
     def __init__(self, cluster, matrix: Path, reports_dir: Path, *args: str) -> None:
         env = {**os.environ, "GATE_RESIDUAL_FAULTS": "1", "GATE_RESIDUAL_PROGRESS": "plain"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runner", "matrix", "--matrix", str(matrix), "--reports",
+            [sys.executable, "-m", "gate_residual_matrix.runner", "matrix", "--matrix", str(matrix),
+             "--reports",
              str(reports_dir), "--cluster", cluster.client_address, "--timeout", "300", *args],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
@@ -172,7 +174,7 @@ class Driver:
 
 def cell_processes() -> list[str]:
     """Cell processes that run a matrix a node copied (the tests' matrices are outside the
-    project): ``python -m runner cell --matrix /tmp/gate-residual-cluster-...``."""
+    project): ``python -m gate_residual_matrix cell --matrix /tmp/gate-residual-cluster-...``."""
     found = []
     for proc in Path("/proc").iterdir():
         try:
@@ -284,7 +286,7 @@ def test_needs_per_cell():
 
 def test_a_node_of_another_commit_does_not_run_the_cell(tmp_path, monkeypatch):
     """A node elsewhere (another checkout) at another commit: an error report, no cell."""
-    from runner import cluster_node, environment
+    from gate_residual_matrix.runner import cluster_node, environment
 
     node = SimpleNamespace(get_node_id=lambda: "c" * 56)
     monkeypatch.setitem(sys.modules, "ray", SimpleNamespace(get_runtime_context=lambda: node))
@@ -296,7 +298,7 @@ def test_a_node_of_another_commit_does_not_run_the_cell(tmp_path, monkeypatch):
     def run(*args, **kwargs):
         raise Ran
 
-    monkeypatch.setattr("runner.backends.HostBackend.run", run)
+    monkeypatch.setattr("gate_residual_matrix.runner.backends.HostBackend.run", run)
     text = yaml.safe_dump(SMALL)
     payload = {"cell": ("host", "plain", "cpu"), "cases": ["1"], "matrix_text": text,
                "matrix_rel": None, "matrix_sha256": "", "run_id": "r" * 32, "timeout_s": 60,

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runner.__main__ import main
-from runner.compare_reports import command
+from gate_residual_matrix.runner.__main__ import main
+from gate_residual_matrix.runner.compare_reports import command
 
 TINY = {
     "schema_version": 1, "op": "gate_residual",

@@ -4,7 +4,7 @@
 Fabricated pairs start from a real H200 report (tests/data/h200/host-plain-cuda.json: five
 cases, eager, numba, fp64) and change one verdict on one side, so each rule is seen firing,
 with its exit code; a real pair is the committed CPU cell at two commits (``git show``).
-Everything runs through ``python -m runner compare`` in this process (``main``).
+Everything runs through ``python -m gate_residual_matrix compare`` in this process (``main``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from runner.__main__ import main
-from runner.compare_reports import RULES, Rules, compare, load_set
+from gate_residual_matrix.runner.__main__ import main
+from gate_residual_matrix.runner.compare_reports import RULES, Rules, compare, load_set
 from tests.committed_reports import REFERENCE, committed_reports
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,8 +11,8 @@ import pydantic
 import pytest
 import yaml
 
-import ops
-from runner.config import (
+from gate_residual_matrix import ops
+from gate_residual_matrix.runner.config import (
     DTYPES,
     INDEX_DTYPES,
     Case,
@@ -20,7 +20,7 @@ from runner.config import (
     load_matrix,
     parse_matrix,
 )
-from runner.errors import ConfigError
+from gate_residual_matrix.runner.errors import ConfigError
 
 # the registered implementations after the first three, as messages list them
 KNOWN_IMPLEMENTATIONS = ops.get("gate_residual").implementation_names
@@ -455,8 +455,9 @@ def test_library_distributions_are_the_registry_s_versioned_ones() -> None:
     pytest.importorskip("torch")  # the implementations import torch; the rest of this file not
     import importlib
 
-    from runner.config import LIBRARY_DISTRIBUTIONS
+    from gate_residual_matrix.runner.config import LIBRARY_DISTRIBUTIONS
 
-    versioned = {impl.distribution for op in ops.OPS
-                 for impl in importlib.import_module(f"ops.{op}.libraries").LIBRARIES}
+    modules = [importlib.import_module(f"gate_residual_matrix.ops.{op}.libraries")
+               for op in ops.OPS]
+    versioned = {impl.distribution for m in modules for impl in m.LIBRARIES}
     assert set(LIBRARY_DISTRIBUTIONS) == versioned - {"RL-Kernel"}

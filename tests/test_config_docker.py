@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from runner.config import DockerStack, PipOptions, load_matrix, parse_matrix
-from runner.errors import ConfigError
+from gate_residual_matrix.runner.config import DockerStack, PipOptions, load_matrix, parse_matrix
+from gate_residual_matrix.runner.errors import ConfigError
 
 MATRIX = Path(__file__).parent.parent / "matrix.yaml"
 STACK = {"kind": "docker", "base_image": "gate-residual/base:bookworm-py3.11", "python": "3.11",

@@ -13,7 +13,7 @@ import re
 import pytest
 from numba import cuda
 
-from kernels import gate_residual as K
+from gate_residual_matrix.kernels import gate_residual as K
 
 STORAGE = {"bfloat16": "int16", "float16": "float16", "float32": "float32"}
 FMA = re.compile(r"\bfma\.")

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from kernels import cubin_cache
+from gate_residual_matrix.kernels import cubin_cache
 
 
 @pytest.fixture

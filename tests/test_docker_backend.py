@@ -13,9 +13,9 @@ import pytest
 import requests
 import yaml
 
-from runner import backends
-from runner.backends import docker as docker_backend
-from runner.backends.docker import (
+from gate_residual_matrix.runner import backends
+from gate_residual_matrix.runner.backends import docker as docker_backend
+from gate_residual_matrix.runner.backends.docker import (
     CONTAINER_MATRIX,
     CONTAINER_REPORTS,
     DockerBackend,
@@ -23,11 +23,11 @@ from runner.backends.docker import (
     container_config,
     gpu_request,
 )
-from runner.cells import Cell
-from runner.config import parse_matrix
-from runner.errors import BackendError, ConfigError, Interrupted
-from runner.images import IMAGE_UID, render
-from runner.report import read_report
+from gate_residual_matrix.runner.cells import Cell
+from gate_residual_matrix.runner.config import parse_matrix
+from gate_residual_matrix.runner.errors import BackendError, ConfigError, Interrupted
+from gate_residual_matrix.runner.images import IMAGE_UID, render
+from gate_residual_matrix.runner.report import read_report
 
 ROOT = Path(__file__).parent.parent
 MATRIX = ROOT / "matrix.yaml"
@@ -45,7 +45,8 @@ def config(target: str = "cuda", gpus: str = "all", tmp: Path = Path("/tmp/x"), 
 
 def test_command_is_the_cell_runner_with_container_paths() -> None:
     argv = cell_command(Cell("s", "plain", "cpu"), ["257", "257-specials"], "r1")
-    assert argv == ["python", "-m", "runner", "cell", "--matrix", CONTAINER_MATRIX,
+    assert argv == ["python", "-m", "gate_residual_matrix.runner", "cell", "--matrix",
+                    CONTAINER_MATRIX,
                     "--stack", "s", "--mode", "plain", "--target", "cpu",
                     "--reports", CONTAINER_REPORTS, "--run-id", "r1",
                     "--case", "257", "--case", "257-specials"]
@@ -273,7 +274,7 @@ def test_resolve() -> None:
 
 def test_docker_stacks_are_skipped_with_a_report_on_the_host_backend(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from runner.pipeline import run_matrix
+    from gate_residual_matrix.runner.pipeline import run_matrix
 
     outcomes = run_matrix(MATRIX, reports_dir=tmp_path, stacks=["cpu-torch2.13",
                                                                 "torch2.14-vllm0.33"],
@@ -292,7 +293,7 @@ def test_docker_stacks_are_skipped_with_a_report_on_the_host_backend(
 
 def test_auto_without_an_engine_says_so_and_skips(tmp_path: Path, monkeypatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    from runner import pipeline as run
+    from gate_residual_matrix.runner import pipeline as run
 
     monkeypatch.setattr(run, "DockerBackend", NoEngine)
     outcomes = run.run_matrix(MATRIX, reports_dir=tmp_path, stacks=["cpu-torch2.13"],
@@ -327,7 +328,7 @@ class Unreachable(DockerBackend):
 
 def test_no_engine_is_one_sentence_not_docker_pys_text() -> None:
     """The skip reason and the error say what to do, never the library's exception text."""
-    from runner.backends.docker.engine import ENGINE_REFUSES, NO_ENGINE
+    from gate_residual_matrix.runner.backends.docker.engine import ENGINE_REFUSES, NO_ENGINE
 
     assert Unreachable().available() == NO_ENGINE == (
         "no Docker engine: start one, or run `nox -s matrix -- --backend host`")
@@ -347,8 +348,8 @@ def test_no_engine_is_one_sentence_not_docker_pys_text() -> None:
 
 def test_no_engine_with_backend_docker_is_exit_4_in_one_line(
         tmp_path: Path, monkeypatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from runner import pipeline
-    from runner.__main__ import main
+    from gate_residual_matrix.runner import pipeline
+    from gate_residual_matrix.runner.__main__ import main
 
     monkeypatch.setattr(pipeline, "DockerBackend", Unreachable)
     assert main(["matrix", "--reports", str(tmp_path / "r"), "--backend", "docker",
@@ -404,7 +405,7 @@ def _no_base_matrix(tmp_path: Path) -> Path:
 @pytest.fixture
 def empty_engine(monkeypatch, tmp_path: Path) -> FakeAPI:
     """An engine answers, with no image at all (a fresh machine with Docker installed)."""
-    from runner import pipeline as run
+    from gate_residual_matrix.runner import pipeline as run
 
     api = FakeAPI(images=set())
 
@@ -426,7 +427,7 @@ def test_auto_skips_docker_stacks_this_host_cannot_make_and_exits_0(
         tmp_path: Path, empty_engine: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
     """The regression: on a fresh machine with an engine but no base image, `nox -s matrix`
     (--backend auto) exited 5 with every docker cell build_error."""
-    from runner.__main__ import main
+    from gate_residual_matrix.runner.__main__ import main
 
     reports = tmp_path / "reports"
     code = main(["matrix", "--matrix", str(_no_base_matrix(tmp_path)), "--reports",
@@ -471,7 +472,7 @@ def test_matrix_never_builds_a_missing_image_and_names_the_stack_once(
         tmp_path: Path, base_only_engine: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 11: `nox -s matrix` builds nothing on its own. The stack's two cells are
     skipped; the stack and the command that builds it are named once on the console."""
-    from runner.__main__ import main
+    from gate_residual_matrix.runner.__main__ import main
 
     reports = tmp_path / "reports"
     code = main(["matrix", "--matrix", str(_two_cells_matrix(tmp_path)), "--reports",
@@ -494,7 +495,7 @@ def test_matrix_never_builds_a_missing_image_and_names_the_stack_once(
 def test_build_option_builds_the_missing_image_first(
         tmp_path: Path, base_only_engine: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
     """`--build`: the image is built once, before the first container, and then used."""
-    from runner.__main__ import main
+    from gate_residual_matrix.runner.__main__ import main
 
     reports = tmp_path / "reports"
     main(["matrix", "--matrix", str(_two_cells_matrix(tmp_path)), "--reports", str(reports),
@@ -509,7 +510,7 @@ def test_explicit_docker_backend_without_an_image_stops_before_anything_runs(
         tmp_path: Path, base_only_engine: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
     """`--backend docker` asks for containers: a missing image is exit 4 (a backend cannot
     run), nothing run or written, with the command that builds it; not a silent skip."""
-    from runner.__main__ import main
+    from gate_residual_matrix.runner.__main__ import main
 
     reports = tmp_path / "reports"
     code = main(["matrix", "--matrix", str(_two_cells_matrix(tmp_path)), "--reports",
@@ -524,7 +525,7 @@ def test_explicit_docker_backend_without_an_image_stops_before_anything_runs(
 
 def test_explicit_docker_backend_with_build_reports_a_missing_base_as_build_error(
         tmp_path: Path, empty_engine: FakeAPI, capsys: pytest.CaptureFixture[str]) -> None:
-    from runner.__main__ import main
+    from gate_residual_matrix.runner.__main__ import main
 
     reports = tmp_path / "reports"
     code = main(["matrix", "--matrix", str(_no_base_matrix(tmp_path)), "--reports",
@@ -557,8 +558,8 @@ def test_a_backend_that_may_not_build_never_builds(tmp_path: Path) -> None:
 def test_auto_keeps_a_report_of_a_stack_it_cannot_make(tmp_path: Path,
                                                        empty_engine: FakeAPI) -> None:
     """A report made where the image could be built is not replaced by 'skipped'."""
-    from runner.pipeline import run_matrix
-    from runner.report import write_report
+    from gate_residual_matrix.runner.pipeline import run_matrix
+    from gate_residual_matrix.runner.report import write_report
 
     data = read_report(ROOT / "tests" / "data" / "reports" / "host-plain-cuda.json").data
     data["cell"] = {"id": "cpu-torch2.13-plain-cpu", "stack": "cpu-torch2.13", "mode": "plain",
@@ -603,7 +604,7 @@ def test_sigterm_while_the_container_runs_removes_it_and_the_staging_directory(
 def test_a_signal_during_the_create_lands_once_the_container_is_known(tmp_path: Path) -> None:
     """SIGTERM sent while the engine creates the container: held until the id is in hand,
     then raised, and the container is removed."""
-    from runner.__main__ import _signals_interrupt
+    from gate_residual_matrix.runner.__main__ import _signals_interrupt
 
     def signal_now():
         os.kill(os.getpid(), signal.SIGTERM)

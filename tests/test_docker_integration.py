@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runner import base_image
-from runner.backends.docker import DockerBackend
-from runner.backends.docker.engine import build_stacks
-from runner.pipeline import run_matrix
-from runner.report import read_report
+from gate_residual_matrix.runner import base_image
+from gate_residual_matrix.runner.backends.docker import DockerBackend
+from gate_residual_matrix.runner.backends.docker.engine import build_stacks
+from gate_residual_matrix.runner.pipeline import run_matrix
+from gate_residual_matrix.runner.report import read_report
 
 pytestmark = pytest.mark.docker
 
@@ -175,7 +175,8 @@ def test_sigterm_stops_and_removes_the_cell_container(run, small_matrix: Path,
     label = f"org.gate-residual-matrix.cell={STACK}-hang-cpu"
     assert _containers(label) == []
     runner = subprocess.Popen(
-        [sys.executable, "-m", "runner", "matrix", "--matrix", str(matrix), "--reports",
+        [sys.executable, "-m", "gate_residual_matrix.runner", "matrix", "--matrix", str(matrix),
+         "--reports",
          str(reports), "--backend", "docker", "--build", "--timeout", "600"],
         cwd=ROOT, env={**os.environ, "GATE_RESIDUAL_FAULTS": "1"}, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)

@@ -2,7 +2,8 @@
 
 ``tests/data/faults.yaml`` arms the test-only implementation ``fault``
 (runner/implementations/faulty.py) per mode: raise, hang, oom, kill; ``plain`` leaves it
-off and runs after the failing cells. One ``python -m runner matrix`` run over them (CPU)
+off and runs after the failing cells. One ``python -m gate_residual_matrix matrix`` run over them
+(CPU)
 must write one report per cell with the right status, reason, exit code and log tail, and
 exit 5 with a summary.
 """
@@ -20,13 +21,13 @@ import pytest
 import torch
 import yaml
 
-from ops.gate_residual import faulty
-from runner import implementations
-from runner.backends.failure import Ending, classify, explain, oom_kill_count
-from runner.cell import out_of_memory, run_cell
-from runner.cells import Cell, select_cases
-from runner.config import parse_matrix
-from runner.report import read_report
+from gate_residual_matrix.ops.gate_residual import faulty
+from gate_residual_matrix.runner import implementations
+from gate_residual_matrix.runner.backends.failure import Ending, classify, explain, oom_kill_count
+from gate_residual_matrix.runner.cell import out_of_memory, run_cell
+from gate_residual_matrix.runner.cells import Cell, select_cases
+from gate_residual_matrix.runner.config import parse_matrix
+from gate_residual_matrix.runner.report import read_report
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ROOT / "tests" / "data" / "faults.yaml"
@@ -37,10 +38,11 @@ PINNED_PROJECT = {"GATE_RESIDUAL_COMMIT": "0123456789abcdef0123456789abcdef01234
 
 
 def runner_cli(*args: str, env: dict | None = None, wait: bool = True):
-    """``python -m runner ARGS`` from the project root with fault injection enabled; the
+    """``python -m gate_residual_matrix ARGS`` from the project root with fault injection enabled;
+    the
     CompletedProcess, or with ``wait=False`` the Popen."""
     full_env = {**os.environ, "GATE_RESIDUAL_FAULTS": "1", **PINNED_PROJECT, **(env or {})}
-    argv = [sys.executable, "-m", "runner", *args]
+    argv = [sys.executable, "-m", "gate_residual_matrix.runner", *args]
     if not wait:
         return subprocess.Popen(argv, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
@@ -187,10 +189,11 @@ def test_unknown_fault_is_an_error_naming_the_choices(with_fault, monkeypatch):
 
 
 def test_fault_is_registered_only_when_enabled():
-    code = ("import importlib, os, runner.implementations.catalog as c; "
+    code = ("import importlib, os, gate_residual_matrix.runner.implementations.catalog as c; "
             "print(','.join(c.known('gate_residual'))); "
             "os.environ['GATE_RESIDUAL_FAULTS'] = '1'; "
-            "import ops.gate_residual.implementations as g; importlib.reload(g); "
+            "import gate_residual_matrix.ops.gate_residual.implementations as g; "
+            "importlib.reload(g); "
             "importlib.reload(c); print(','.join(c.known('gate_residual')))")
     env = {k: v for k, v in os.environ.items() if k != "GATE_RESIDUAL_FAULTS"}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
@@ -203,7 +206,7 @@ def test_fault_is_registered_only_when_enabled():
 
 
 def test_fault_matrix_is_a_config_error_without_the_switch(tmp_path, monkeypatch):
-    from runner.__main__ import main
+    from gate_residual_matrix.runner.__main__ import main
 
     # switch off
     monkeypatch.setattr(implementations, "known", lambda op: ("eager", "numba", "fp64"))
@@ -249,7 +252,8 @@ def test_oom_kill_count_reads_proc_vmstat():
 
 
 def _cell_processes(pid: int) -> list[int]:
-    """Children of ``pid`` that run ``python -m runner cell`` (not git, not a fork yet to exec)."""
+    """Children of ``pid`` that run ``python -m gate_residual_matrix cell`` (not git, not a fork
+    yet to exec)."""
     try:
         children = [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
@@ -277,7 +281,8 @@ def test_a_signal_kills_the_cell_process_keeps_the_reports_and_exits_128_plus_it
     before = kept.read_bytes()
     env = {**os.environ, "GATE_RESIDUAL_FAULTS": "1"}
     parent = subprocess.Popen(
-        [sys.executable, "-m", "runner", "matrix", "--matrix", str(FAULTS), "--reports",
+        [sys.executable, "-m", "gate_residual_matrix.runner", "matrix", "--matrix", str(FAULTS),
+         "--reports",
          str(tmp_path), "--target", "cpu", "--mode", "hang", "--timeout", "300"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         # A child inherits an ignored SIGINT, and Python then never installs its Ctrl-C
@@ -315,9 +320,9 @@ def shell_signals():
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_while_the_cell_process_starts_is_held_until_it_is_known(shell_signals,
                                                                           signum):
-    from runner.__main__ import _signals_interrupt
-    from runner.backends.interrupts import deferred
-    from runner.errors import Interrupted
+    from gate_residual_matrix.runner.__main__ import _signals_interrupt
+    from gate_residual_matrix.runner.backends.interrupts import deferred
+    from gate_residual_matrix.runner.errors import Interrupted
 
     reached_end = False
     with _signals_interrupt():

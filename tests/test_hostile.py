@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
-from runner import report as report_mod
-from runner import report_json
-from runner.report import read_report, read_reports
+from gate_residual_matrix.runner import report as report_mod
+from gate_residual_matrix.runner import report_json
+from gate_residual_matrix.runner.report import read_report, read_reports
 from tests.committed_reports import REFERENCE, committed_reports
 
 ROOT = Path(__file__).parent.parent
@@ -51,7 +51,8 @@ def _cmp(doc: dict[str, Any], impl: str = "numba", other: str = "eager", case: s
 
 
 def _report_cli(reports: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "runner", "report", "--reports", str(reports)],
+    return subprocess.run([sys.executable, "-m", "gate_residual_matrix.runner", "report",
+                           "--reports", str(reports)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
@@ -213,7 +214,7 @@ def test_our_report_without_schema_version_is_flagged_not_read_as_foreign(
         assert loaded.problem.startswith("schema_version: missing from a report of this "
                                          "runner"), loaded.problem
         assert name in loaded.problem and "not read as a foreign report" in loaded.problem
-    assert report_mod.OUR_KIND == __import__("runner.cell").cell.KIND
+    assert report_mod.OUR_KIND == __import__("gate_residual_matrix.runner.cell").runner.cell.KIND
 
 
 def test_duplicate_foreign_reports_keep_the_first_and_flag_the_rest(tmp_path: Path) -> None:
@@ -304,12 +305,13 @@ def _matrix_error(tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str],
     A matrix that is accepted fails the test without running any cell."""
     from unittest import mock
 
-    from runner.__main__ import main
+    from gate_residual_matrix.runner.__main__ import main
 
     path = tmp_path / "matrix.yaml"
     path.write_text(text, encoding="utf-8")
     reports = tmp_path / "reports"
-    with mock.patch("runner.pipeline.prepare", side_effect=AssertionError("matrix accepted")):
+    with mock.patch("gate_residual_matrix.runner.pipeline.prepare",
+                    side_effect=AssertionError("matrix accepted")):
         code = main(["matrix", "--matrix", str(path), "--reports", str(reports), *extra])
     assert code == 2, capsys.readouterr().err
     err = capsys.readouterr().err
@@ -393,8 +395,8 @@ def test_every_unknown_key_is_named_first(tmp_path: Path,
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_matrix_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
-    from runner.config import load_matrix
-    from runner.errors import ConfigError
+    from gate_residual_matrix.runner.config import load_matrix
+    from gate_residual_matrix.runner.errors import ConfigError
 
     os.mkfifo(tmp_path / "matrix.yaml")
     with pytest.raises(ConfigError, match="not a regular file"):
@@ -412,7 +414,7 @@ def test_every_tensor_counts_against_host_memory(
         old: str, new: str, key: str) -> None:
     """G used to be left out (G = 10**12 started a cell that grew until killed), and a D too
     big was reported against cases[0].n."""
-    from runner import pipeline as run_mod
+    from gate_residual_matrix.runner import pipeline as run_mod
 
     monkeypatch.setattr(run_mod, "host_memory_bytes", lambda: 2**40)
     line = _matrix_error(tmp_path, _replace(old, new), capsys, "--target", "cpu", "--case", "1")
@@ -420,8 +422,8 @@ def test_every_tensor_counts_against_host_memory(
 
 
 def test_memory_bound_counts_gate_rows() -> None:
-    from runner.case_sizes import case_bytes_at_least
-    from runner.config import load_matrix
+    from gate_residual_matrix.runner.case_sizes import case_bytes_at_least
+    from gate_residual_matrix.runner.config import load_matrix
 
     matrix = load_matrix(ROOT / "matrix.yaml")
     case = matrix.cases[0]
@@ -437,7 +439,7 @@ HOSTILE_TEXT = "<!--<script>x</script> | <img src=x onerror=alert(1)> `code` [a]
 
 
 def _hostile_tables(tmp_path: Path):
-    from runner.tables import build_tables
+    from gate_residual_matrix.runner.tables import build_tables
 
     doc = _good()
     # free text the schema asks only to be a non-empty string (stack and mode make the
@@ -457,7 +459,7 @@ def _hostile_tables(tmp_path: Path):
 def test_html_data_block_cannot_end_or_comment_out_the_script(tmp_path: Path) -> None:
     """``<!--<script>`` in a report string used to put the HTML parser in its "script data
     escaped" state, so the page's own script never ran and the filters stayed empty."""
-    from runner.tables.render.html import render_html
+    from gate_residual_matrix.runner.tables.render.html import render_html
 
     page = render_html(_hostile_tables(tmp_path))
     block = re.search(r'<script type="application/json" id="cells-data">(.*?)</script>', page,
@@ -470,7 +472,7 @@ def test_html_data_block_cannot_end_or_comment_out_the_script(tmp_path: Path) ->
 
 
 def test_markdown_cells_are_inert(tmp_path: Path) -> None:
-    from runner.tables import markdown, md_text
+    from gate_residual_matrix.runner.tables import markdown, md_text
 
     text = markdown(_hostile_tables(tmp_path))
     assert not re.search(r"(?<!\\)<", text.split("## Verdicts", 1)[1])  # every < escaped
@@ -492,7 +494,7 @@ def test_csv_formula_prefixes_are_quoted(tmp_path: Path) -> None:
     import csv
     import io
 
-    from runner.tables.render.summary import render_csv
+    from gate_residual_matrix.runner.tables.render.summary import render_csv
 
     rows = list(csv.DictReader(io.StringIO(render_csv(_hostile_tables(tmp_path)))))
     ops = {r["op"] for r in rows if r["cell"] == "host-plain-cuda"}
@@ -550,7 +552,7 @@ def test_second_run_bad_reports_are_flagged_not_crashed(tmp_path: Path, name: st
 
 
 def test_a_symlink_loop_as_matrix_is_one_line(tmp_path: Path, capsys) -> None:
-    from runner.__main__ import main
+    from gate_residual_matrix.runner.__main__ import main
 
     loop = tmp_path / "loop.yaml"
     loop.symlink_to(loop)
@@ -579,7 +581,8 @@ def test_a_reports_folder_that_takes_no_files_is_one_line_exit_3() -> None:
     """Third hostile run: --reports /proc/1 (it exists; nothing can be made in it) gave
     'internal error (FileNotFoundError ...)' from the staging folder."""
     done = subprocess.run(
-        [sys.executable, "-m", "runner", "matrix", "--target", "cpu", "--mode", "plain",
+        [sys.executable, "-m", "gate_residual_matrix.runner", "matrix", "--target", "cpu", "--mode",
+         "plain",
          "--stack", "host", "--case", "1", "--reports", "/proc/1"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 3, done.stderr

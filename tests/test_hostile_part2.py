@@ -24,12 +24,12 @@ from typing import ClassVar
 import pytest
 import yaml
 
-from runner import pipeline
-from runner.backends import BACKENDS
-from runner.cell import skeleton
-from runner.config import load_matrix, parse_matrix
-from runner.errors import ConfigError
-from runner.report import read_report, write_report
+from gate_residual_matrix.runner import pipeline
+from gate_residual_matrix.runner.backends import BACKENDS
+from gate_residual_matrix.runner.cell import skeleton
+from gate_residual_matrix.runner.config import load_matrix, parse_matrix
+from gate_residual_matrix.runner.errors import ConfigError
+from gate_residual_matrix.runner.report import read_report, write_report
 from tests.committed_reports import REFERENCE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,7 +64,7 @@ class CellLike:
     def run(self, matrix, cell, cases, *, matrix_path, reports_dir, run_id, timeout_s):
         while CellLike.during:
             CellLike.during.pop(0)()
-        loaded = load_matrix(matrix_path)  # what `python -m runner cell --matrix` does
+        loaded = load_matrix(matrix_path)  # what the cell command (--matrix) does
         CellLike.seen_problem.append(loaded.problem.as_report())
         cases = [c for c in loaded.cases if c.id in {k.id for k in cases}]
         report = skeleton(loaded, cell, cases, backend="host", run_id=run_id, status="ok",
@@ -164,7 +164,7 @@ def test_the_fingerprint_does_not_follow_pythonhashseed(tmp_path: Path) -> None:
     """The same file gives the same content hash in every process (a set used to follow
     PYTHONHASHSEED; now every accepted value is ordered)."""
     _write(tmp_path / "m.yaml", BASE)
-    code = ("from runner.config import load_matrix; "
+    code = ("from gate_residual_matrix.runner.config import load_matrix; "
             f"print(load_matrix({str(tmp_path / 'm.yaml')!r}).content_hash())")
     hashes = {subprocess.run([sys.executable, "-c", code], cwd=ROOT, text=True, check=True,
                              capture_output=True, env={**os.environ, "PYTHONHASHSEED": seed}
@@ -195,8 +195,8 @@ RACER = textwrap.dedent("""
     from pathlib import Path
     sys.path[:0] = [{root!r}, {tests!r}]
     import test_hostile_part2 as t
-    from runner import pipeline
-    from runner.backends import BACKENDS
+    from gate_residual_matrix.runner import pipeline
+    from gate_residual_matrix.runner.backends import BACKENDS
 
     pipeline.project_state = lambda: {{"commit": "ab" * 20, "dirty": False}}
     pipeline.uncommitted_digest = lambda: None
@@ -231,7 +231,7 @@ def test_two_case_runs_at_once_keep_every_case(tmp_path: Path, cell_like) -> Non
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     assert [o[0].split()[-2:] for o in outs] == [
-        ["ok", str(ROOT / "runner" / "pipeline.py")]] * 2, outs
+        ["ok", str(ROOT / "gate_residual_matrix" / "runner" / "pipeline.py")]] * 2, outs
     report = read_report(tmp_path / "reports" / f"{CELL}.json").data
     assert report["cases"] == [1, 5, 7]
     assert set(report["results"]["eager"]["sha256"]) == {"1", "5", "7"}
@@ -251,7 +251,7 @@ def test_an_empty_path_is_refused_not_taken_as_the_current_folder(
         tmp_path: Path, monkeypatch, capsys, argv: list[str]) -> None:
     """``--reports ""`` was the current folder: ``report`` in the project's root overwrote
     its README.md."""
-    from runner.__main__ import main
+    from gate_residual_matrix.runner.__main__ import main
 
     (tmp_path / "README.md").write_text("# mine\n", encoding="utf-8")
     (tmp_path / "reports").mkdir()
@@ -264,8 +264,8 @@ def test_an_empty_path_is_refused_not_taken_as_the_current_folder(
 
 
 def test_the_projects_root_is_never_a_reports_folder(tmp_path: Path, capsys) -> None:
-    from runner.__main__ import main
-    from runner.paths import PROJECT_ROOT, output_folder
+    from gate_residual_matrix.runner.__main__ import main
+    from gate_residual_matrix.runner.paths import PROJECT_ROOT, output_folder
 
     for folder in (PROJECT_ROOT, PROJECT_ROOT.parent, Path("/")):
         with pytest.raises(ConfigError, match="the project's own folder"):
@@ -288,7 +288,7 @@ def test_the_projects_root_is_never_a_reports_folder(tmp_path: Path, capsys) -> 
 
 def test_a_file_or_fifo_as_reports_folder_is_exit_2_before_anything(tmp_path: Path,
                                                                      capsys) -> None:
-    from runner.__main__ import main
+    from gate_residual_matrix.runner.__main__ import main
 
     (tmp_path / "file").write_text("x", encoding="utf-8")
     os.mkfifo(tmp_path / "fifo")
@@ -309,7 +309,7 @@ def test_a_symlink_to_a_kernel_file_is_refused_without_a_read(tmp_path: Path, ta
     """``x.json`` or ``--matrix`` a symlink to /proc/kmsg: the read blocked until killed
     (and, as root, consumed the kernel log). Files of /proc and /sys are refused from
     their device, before any read; one line each."""
-    from runner.__main__ import main
+    from gate_residual_matrix.runner.__main__ import main
 
     (tmp_path / "reports").mkdir()
     (tmp_path / "reports" / "x.json").symlink_to(target)
@@ -332,7 +332,7 @@ def test_a_file_that_would_block_is_refused_not_waited_on(tmp_path: Path,
     import stat as stat_mod
     import time
 
-    from runner import files
+    from gate_residual_matrix.runner import files
 
     fifo = tmp_path / "looks-regular.json"
     os.mkfifo(fifo)
@@ -359,7 +359,7 @@ def test_a_file_that_would_block_is_refused_not_waited_on(tmp_path: Path,
 
 
 def test_reading_is_bounded_in_time(tmp_path: Path, monkeypatch) -> None:
-    from runner import files
+    from gate_residual_matrix.runner import files
 
     big = tmp_path / "big.json"
     big.write_bytes(b" " * (3 << 20))
@@ -380,7 +380,7 @@ def test_bad_file_names_are_one_escaped_line_each_and_escaped_in_every_table(
     """A name that is not UTF-8 crashed ``report`` (UnicodeEncodeError) with only cells/*.md
     written; a newline in a name forged a second warning line; ESC and OSC bytes reached the
     terminal and README.md raw."""
-    from runner.__main__ import main
+    from gate_residual_matrix.runner.__main__ import main
 
     reports = tmp_path / "reports"
     reports.mkdir()
@@ -409,7 +409,7 @@ def test_bad_file_names_are_one_escaped_line_each_and_escaped_in_every_table(
 
 def test_an_error_line_naming_a_bad_path_is_one_escaped_line(tmp_path: Path,
                                                              capsys) -> None:
-    from runner.__main__ import main
+    from gate_residual_matrix.runner.__main__ import main
 
     bad = tmp_path / "m\n\x1b[2Jx.yaml"
     assert main(["matrix", "--matrix", str(bad), "--reports", str(tmp_path / "r")]) == 2
@@ -515,7 +515,7 @@ def test_an_incomplete_report_is_flagged_alone_in_its_folder(tmp_path: Path, cap
                                                              make, expected: str) -> None:
     """A foreign report missing a case, or with an extra implementation, rendered with exit 0
     and no warning when alone in its folder; a case id listed twice became an extra row."""
-    from runner.__main__ import main
+    from gate_residual_matrix.runner.__main__ import main
 
     reports = tmp_path / "reports"
     reports.mkdir()
@@ -533,7 +533,7 @@ def test_an_incomplete_report_is_flagged_alone_in_its_folder(tmp_path: Path, cap
                                      "ray://host:1 ", "ray://[zz::1]:1", "http://host:1"])
 def test_a_malformed_cluster_address_is_refused_in_one_line(address: str) -> None:
     """``ray://[::1`` was tried (Ray's retries) rather than refused."""
-    from runner.cluster_connect import parse_address
+    from gate_residual_matrix.runner.cluster_connect import parse_address
 
     with pytest.raises(ConfigError, match="expected ray://HOST:PORT") as err:
         parse_address(address)
@@ -543,7 +543,7 @@ def test_a_malformed_cluster_address_is_refused_in_one_line(address: str) -> Non
 @pytest.mark.parametrize("address", ["ray://[::1]:10001", "ray://10.0.0.1:10001",
                                      "node-1.example.org:6379", "ray://localhost:1"])
 def test_well_formed_cluster_addresses_pass(address: str) -> None:
-    from runner.cluster_connect import parse_address
+    from gate_residual_matrix.runner.cluster_connect import parse_address
 
     assert parse_address(address) == address
 
@@ -558,7 +558,8 @@ def _free_port() -> int:
 
 def _cluster_cli(tmp_path: Path, address: str) -> subprocess.Popen:
     matrix = _write(tmp_path / "m.yaml", BASE)
-    return subprocess.Popen([sys.executable, "-m", "runner", "matrix", "--matrix", str(matrix),
+    return subprocess.Popen([sys.executable, "-m", "gate_residual_matrix.runner", "matrix",
+                             "--matrix", str(matrix),
                              "--reports", str(tmp_path / "r"), "--cluster", address],
                             cwd=ROOT, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
@@ -610,7 +611,7 @@ def test_a_port_without_ray_is_one_line_within_the_stated_bound(tmp_path: Path,
     import time
 
     pytest.importorskip("ray")
-    from runner.cluster_connect import PROBE_TIMEOUT_S
+    from gate_residual_matrix.runner.cluster_connect import PROBE_TIMEOUT_S
 
     port, _ = silent_port
     start = time.monotonic()
@@ -678,7 +679,7 @@ def test_a_huge_report_is_flagged_not_expanded(tmp_path: Path, capsys, make,
     summary.json; 10^6 library entries made 1.8 GB of tables."""
     import time
 
-    from runner.__main__ import main
+    from gate_residual_matrix.runner.__main__ import main
 
     reports = tmp_path / "reports"
     reports.mkdir()

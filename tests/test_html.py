@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from runner.tables import write_tables
+from gate_residual_matrix.runner.tables import write_tables
 from tests.committed_reports import REFERENCE
 
 ROOT = Path(__file__).parent.parent

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from runner import images
-from runner.config import DockerStack, parse_matrix
-from runner.errors import ImageError
+from gate_residual_matrix.runner import images
+from gate_residual_matrix.runner.config import DockerStack, parse_matrix
+from gate_residual_matrix.runner.errors import ImageError
 
 ROOT = Path(__file__).parent.parent
 MATRIX = ROOT / "matrix.yaml"
@@ -25,7 +25,7 @@ def project(tmp_path: Path) -> Path:
     root = tmp_path / "project"
     root.mkdir()
     shutil.copy(ROOT / "pyproject.toml", root)
-    for top in ("runner", "kernels", "containers"):
+    for top in ("gate_residual_matrix", "containers"):
         shutil.copytree(ROOT / top, root / top, ignore=shutil.ignore_patterns("__pycache__"))
     return root
 
@@ -141,12 +141,14 @@ def test_rendering_refuses_what_validation_would_have(project: Path, tmp_path: P
 
 
 def test_project_files_are_baked_in_without_caches(project: Path) -> None:
-    (project / "runner" / "__pycache__").mkdir(exist_ok=True)
-    (project / "runner" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"x")
-    (project / "kernels" / ".swp").write_text("x")
+    (project / "gate_residual_matrix" / "runner" / "__pycache__").mkdir(exist_ok=True)
+    pycache = project / "gate_residual_matrix" / "runner" / "__pycache__"
+    (pycache / "x.cpython-311.pyc").write_bytes(b"x")
+    (project / "gate_residual_matrix" / "kernels" / ".swp").write_text("x")
     names = [name for name, _ in images.project_files(project)]
-    assert names[0] == "pyproject.toml" and "runner/cell.py" in names
-    assert "runner/schema/report.schema.json" in names and "kernels/gate_residual.py" in names
+    assert names[0] == "pyproject.toml" and "gate_residual_matrix/runner/cell.py" in names
+    assert "gate_residual_matrix/runner/schema/report.schema.json" in names
+    assert "gate_residual_matrix/kernels/gate_residual.py" in names
     assert not any("__pycache__" in n or n.endswith(".pyc") or "/." in n for n in names)
     assert not any(n.startswith(("tests/", "containers/")) for n in names)
 
@@ -186,10 +188,10 @@ def test_tag_changes_with_what_the_image_is_made_of(
     elif change == "new wheel":
         (wheelhouse / "numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"n")
     elif change == "project file":
-        path = project / "kernels" / "gate_residual.py"
+        path = project / "gate_residual_matrix" / "kernels" / "gate_residual.py"
         path.write_text(path.read_text() + "\n# changed\n")
     elif change == "new project file":
-        (project / "runner" / "new_module.py").write_text("X = 1\n")
+        (project / "gate_residual_matrix" / "runner" / "new_module.py").write_text("X = 1\n")
     elif change == "project dependency":
         path = project / "pyproject.toml"
         path.write_text(path.read_text().replace('"tabulate>=0.9",', '"tabulate>=0.10",'))
@@ -225,8 +227,10 @@ def test_the_tag_names_what_the_context_holds(project: Path, wheelhouse: Path,
                                               tmp_path: Path) -> None:
     """Files edited after rendering: project files were read already; a wheel is refused."""
     spec = render(matrix_with(stack(pip={"find_links": str(wheelhouse)})), project, tmp_path)
-    (project / "runner" / "cell.py").write_text("# edited after the tag was computed\n")
-    assert spec.files["project/runner/cell.py"] != b"# edited after the tag was computed\n"
+    (project / "gate_residual_matrix" / "runner" / "cell.py").write_text(
+        "# edited after the tag was computed\n")
+    edited = spec.files["project/gate_residual_matrix/runner/cell.py"]
+    assert edited != b"# edited after the tag was computed\n"
     spec.write_context(io.BytesIO())
     next(wheelhouse.glob("*.whl")).write_bytes(b"another wheel")
     with pytest.raises(ImageError, match=r"changed after image .* was named"):

@@ -10,14 +10,14 @@ import pytest
 import torch
 import yaml
 
-import ops
-from ops.gate_residual import compiled, eager, libraries
-from runner import implementations
-from runner.cell import run_cell
-from runner.cells import Cell, select_cases
-from runner.config import parse_matrix
-from runner.implementations import Implementation
-from runner.row_blocks import RowBlocks
+from gate_residual_matrix import ops
+from gate_residual_matrix.ops.gate_residual import compiled, eager, libraries
+from gate_residual_matrix.runner import implementations
+from gate_residual_matrix.runner.cell import run_cell
+from gate_residual_matrix.runner.cells import Cell, select_cases
+from gate_residual_matrix.runner.config import parse_matrix
+from gate_residual_matrix.runner.implementations import Implementation
+from gate_residual_matrix.runner.row_blocks import RowBlocks
 
 FAULTS = Path(__file__).resolve().parent / "data" / "faults.yaml"
 
@@ -71,7 +71,7 @@ def test_library_cells_go_on_and_record_the_reason_and_code_path():
         entry = r["results"][name]
         assert entry["status"] == "unavailable" and entry["reason"]
         assert entry["code_path"] == implementations.get(name).ran()
-    assert r["results"]["eager"]["code_path"] == "ops.gate_residual.eager.run"
+    assert r["results"]["eager"]["code_path"] == "gate_residual_matrix.ops.gate_residual.eager.run"
     assert libraries.SGLANG_RESIDUAL_GATE_ADD_JIT.ran() == (
         "sglang.kernels.kda_kernels.residual_gate_add_jit:residual_gate_add_cuda")
 
@@ -91,7 +91,7 @@ def test_a_baseline_that_cannot_run_on_the_target_makes_the_cell_an_error():
 
 
 def test_compiled_emulate_runs_on_the_cpu_and_does_not_leak_its_setting():
-    from ops.gate_residual.inputs import make_inputs
+    from gate_residual_matrix.ops.gate_residual.inputs import make_inputs
 
     before = torch._inductor.config.emulate_precision_casts
     x = make_inputs(n=5, d=64, g=3, dtype="bfloat16", index_dtype="int64", seed=7,
@@ -120,7 +120,7 @@ def test_compile_failure_is_an_error_and_the_cell_goes_on(monkeypatch):
 @pytest.mark.parametrize(("target", "tool", "env"), [("cpu", "g++", "CXX"), ("cuda", "cc", "CC")])
 def test_compiled_is_unavailable_without_a_compiler(tmp_path, monkeypatch, target, tool, env):
     """An image without gcc/g++ cannot run torch.compile: the cell says so, not an error."""
-    from ops.gate_residual import compiled
+    from gate_residual_matrix.ops.gate_residual import compiled
 
     monkeypatch.delenv(env, raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -150,7 +150,7 @@ def test_the_cpu_fp64_reference_by_blocks_has_the_bits_of_autograds_whole_graph(
     """Blocks of rows, ``grad_gate`` summed block after block, NaN, ±Inf, -0.0 and
     subnormals planted: every output bit for bit as autograd's (the reference's bits are in
     the reports: a change would show as a new sha256 there)."""
-    from ops.gate_residual import fp64
+    from gate_residual_matrix.ops.gate_residual import fp64
 
     gen = torch.Generator().manual_seed(n)
     d = 64

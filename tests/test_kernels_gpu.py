@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import DTYPES, INDEX_DTYPES, assert_bitwise, inputs
 
-from runner.errors import OpInputError
+from gate_residual_matrix.runner.errors import OpInputError
 
 pytestmark = pytest.mark.gpu
 
@@ -28,7 +28,7 @@ def eager(x):
 
 
 def ours(x):
-    from kernels.gate_residual import gate_residual
+    from gate_residual_matrix.kernels.gate_residual import gate_residual
 
     r, g, y = (x[k].clone().requires_grad_() for k in ("residual", "gate", "y"))
     out = gate_residual(r, g, y, x["index"])
@@ -56,8 +56,8 @@ def test_forward_grad_res_grad_y_bitwise_equal_to_eager(dtype, index_dtype, shap
 @pytest.mark.parametrize("shape", [(1, 7, 2), (4097, 5376, 9), (300, 64, 400)],
                          ids=lambda s: "x".join(map(str, s)))  # G=400: global accumulators
 def test_grad_gate_repeatable_and_equal_to_cpu_path(dtype, shape, fresh_seed):
-    from kernels.gate_residual import gate_residual_backward
-    from kernels.gate_residual_cpu import gate_residual_backward_cpu
+    from gate_residual_matrix.kernels.gate_residual import gate_residual_backward
+    from gate_residual_matrix.kernels.gate_residual_cpu import gate_residual_backward_cpu
 
     x = inputs(*shape, dtype, "int64", fresh_seed, specials=True)
     g = on_gpu(x)
@@ -72,7 +72,7 @@ def test_grad_gate_repeatable_and_equal_to_cpu_path(dtype, shape, fresh_seed):
 def test_fp32_forward_is_not_contracted_on_the_gpu():
     """g*y = 1 + 2**-11 + 2**-24 rounds to 1 + 2**-11, which r cancels: 0 with two
     roundings (eager), 2**-24 with an FMA (torch.addcmul, one rounding)."""
-    from kernels.gate_residual import gate_residual_forward
+    from gate_residual_matrix.kernels.gate_residual import gate_residual_forward
 
     g = torch.full((1, 4096), 1 + 2**-12, device="cuda")
     y = torch.full((2048, 4096), 1 + 2**-12, device="cuda")
@@ -87,7 +87,7 @@ def test_fp32_forward_is_not_contracted_on_the_gpu():
 
 
 def test_bad_input_rejected_on_gpu():
-    from kernels.gate_residual import gate_residual_forward
+    from gate_residual_matrix.kernels.gate_residual import gate_residual_forward
 
     r = torch.zeros(4, 8, device="cuda", dtype=torch.bfloat16)
     g = torch.zeros(3, 8, device="cuda", dtype=torch.bfloat16)
@@ -100,7 +100,7 @@ def test_bad_input_rejected_on_gpu():
 
 DEVICE_CHECK = """
 import sys, torch
-from kernels.gate_residual import gate_residual_forward
+from gate_residual_matrix.kernels.gate_residual import gate_residual_forward
 n, d, bad = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 r = torch.zeros(n, d, device="cuda", dtype=torch.bfloat16)
 g = torch.zeros(3, d, device="cuda", dtype=torch.bfloat16)
@@ -138,7 +138,7 @@ def test_default_index_check_fails_on_the_device_like_eager(n, d):
 def test_vector_launch_shapes_do_not_move_bits(dtype, fresh_seed):
     """The grid.y cap changes the launch only: same bits, specials too (N odd: a last step
     with one row)."""
-    from kernels import gate_residual as K
+    from gate_residual_matrix.kernels import gate_residual as K
 
     x = on_gpu(inputs(4099, 5376, 9, dtype, "int64", fresh_seed, specials=True))
     expected = x["residual"] + x["gate"].index_select(0, x["index"]) * x["y"]
@@ -153,7 +153,7 @@ def test_vector_launch_shapes_do_not_move_bits(dtype, fresh_seed):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", [128, 129])
 def test_unchecked_out_of_range_index_gives_nan_rows_and_no_stray_read(dtype, d, fresh_seed):
-    from kernels.gate_residual import GateResidual
+    from gate_residual_matrix.kernels.gate_residual import GateResidual
 
     x = on_gpu(inputs(300, d, 5, dtype, "int64", fresh_seed, specials=False))
     bad = x["index"].clone()
@@ -170,10 +170,10 @@ def test_unchecked_out_of_range_index_gives_nan_rows_and_no_stray_read(dtype, d,
 
 _CACHE_PROBE = """
 import hashlib, json, torch
-import kernels.indexed_scale_shift as scale_shift_module
-from kernels import gate_residual_plans
-from kernels.gate_residual import gate_residual
-from kernels.indexed_scale_shift import indexed_scale_shift
+import gate_residual_matrix.kernels.indexed_scale_shift as scale_shift_module
+from gate_residual_matrix.kernels import gate_residual_plans
+from gate_residual_matrix.kernels.gate_residual import gate_residual
+from gate_residual_matrix.kernels.indexed_scale_shift import indexed_scale_shift
 torch.manual_seed(0)
 digest = hashlib.sha256()
 for n, d in ((300, 5376), (7, 33)):  # vector kernels, element kernels
@@ -230,8 +230,8 @@ def test_cubin_cache_second_process_compiles_nothing(tmp_path):
 def fuse_eight(monkeypatch):
     """Backward plans made during the test fuse up to 8 chunks (the default is 1, as measured:
     kernels/gate_residual_kernels.py), so that the tickets' path runs; none survives it."""
-    from kernels import gate_residual as K
-    from kernels import gate_residual_backward_plan as B
+    from gate_residual_matrix.kernels import gate_residual as K
+    from gate_residual_matrix.kernels import gate_residual_backward_plan as B
 
     monkeypatch.setattr(B, "FUSED_MAX_CHUNKS", 8)
     K._BACKWARD_PLANS.clear()
@@ -245,9 +245,9 @@ def test_fused_backward_equals_two_launches_and_the_cpu_path(dtype, fresh_seed, 
     the bits of the chunk kernel then the reduction, and of the CPU twin, from one chunk to
     8 (the plans fuse up to 8 here; by default 1), specials included; each launch leaves
     its tickets at zero."""
-    from kernels import gate_residual as K
-    from kernels import gate_residual_backward_plan as B
-    from kernels.gate_residual_cpu import gate_residual_backward_cpu
+    from gate_residual_matrix.kernels import gate_residual as K
+    from gate_residual_matrix.kernels import gate_residual_backward_plan as B
+    from gate_residual_matrix.kernels.gate_residual_cpu import gate_residual_backward_cpu
 
     for n in (1, K.CHUNK_ROWS, K.CHUNK_ROWS + 1, 300, K.CHUNK_ROWS * 8):
         x = inputs(n, 5376, 9, dtype, "int64", fresh_seed, specials=True)
@@ -276,7 +276,7 @@ def test_fused_backward_under_cuda_graph_capture(fresh_seed, fuse_eight):
     """Under capture the partial sums and the tickets are made per call (the graph replays
     the zeroing): replays give the bits of an eager call, and the kept buffers are not
     baked into the graph (the plans fuse up to 8 chunks here)."""
-    from kernels import gate_residual as K
+    from gate_residual_matrix.kernels import gate_residual as K
 
     x = on_gpu(inputs(300, 5376, 9, "bfloat16", "int64", fresh_seed, specials=True))
     args = (x["grad_out"], x["gate"], x["y"], x["index"])
@@ -305,7 +305,7 @@ def test_sha256_of_a_cuda_tensor_is_that_of_its_host_bytes(dtype, monkeypatch, f
     (odd last piece), an empty tensor and a non-contiguous view."""
     import hashlib
 
-    from runner import compare
+    from gate_residual_matrix.runner import compare
 
     monkeypatch.setattr(compare, "_PINNED", {})
     monkeypatch.setattr(compare, "_CHUNK", 1000)  # many pieces, the last one short
@@ -318,7 +318,7 @@ def test_sha256_of_a_cuda_tensor_is_that_of_its_host_bytes(dtype, monkeypatch, f
 
 AUTOGRAD_FIRST = """
 import torch
-from kernels.gate_residual import gate_residual, gate_residual_backward
+from gate_residual_matrix.kernels.gate_residual import gate_residual, gate_residual_backward
 torch.manual_seed(0)
 r, y, go = (torch.randn(1, 5376, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 g = torch.randn(9, 5376, device="cuda", dtype=torch.bfloat16)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-KERNELS = ROOT / "kernels"
+KERNELS = ROOT / "gate_residual_matrix" / "kernels"
 
 
 def imports_of(path: Path) -> set[str]:
@@ -26,7 +26,8 @@ def imports_of(path: Path) -> set[str]:
 
 
 def kernel_graph() -> dict[str, set[str]]:
-    modules = {f"kernels.{p.stem}": p for p in KERNELS.glob("*.py") if p.stem != "__init__"}
+    modules = {f"gate_residual_matrix.kernels.{p.stem}": p for p in KERNELS.glob("*.py")
+               if p.stem != "__init__"}
     return {m: {n for n in imports_of(p) if n in modules and n != m} for m, p in modules.items()}
 
 
@@ -59,20 +60,22 @@ def test_cycle_finder_finds_a_cycle():
 
 def test_kernels_modules_form_no_import_cycle():
     graph = kernel_graph()
-    assert "kernels.rounding" in graph and "kernels.indexed_scale_shift" in graph
+    assert "gate_residual_matrix.kernels.rounding" in graph
+    assert "gate_residual_matrix.kernels.indexed_scale_shift" in graph
     assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
 
 
 def test_kernels_import_nothing_from_the_runner():
-    found = {p.name: sorted(n for n in imports_of(p) if n.split(".")[0] == "runner")
+    found = {p.name: sorted(n for n in imports_of(p) if n.startswith("gate_residual_matrix.runner"))
              for p in KERNELS.glob("*.py")}
     assert not {k: v for k, v in found.items() if v}
 
 
 def test_kernels_load_without_the_runner():
     """Importing every op module (GPU and CPU) loads no runner module."""
-    code = ("import sys, kernels.gate_residual_cpu, kernels.indexed_scale_shift_cpu; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'runner'))")
+    code = ("import sys, gate_residual_matrix.kernels.gate_residual_cpu, "
+            "gate_residual_matrix.kernels.indexed_scale_shift_cpu; "
+            "print(sorted(m for m in sys.modules if m.startswith('gate_residual_matrix.runner')))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

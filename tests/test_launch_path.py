@@ -17,11 +17,16 @@ import threading
 import pytest
 import torch
 
-from kernels import gate_residual as K
-from kernels.device_assert import FLAG_ASSERT, FLAG_CLEAN
-from kernels.errors import OpInputError
-from kernels.launch import _PARAM_BUFFER_POINTER, _PARAM_BUFFER_SIZE, _LaunchConfig, array_params
-from ops.gate_residual.bench_host import emulate_on_cpu
+from gate_residual_matrix.kernels import gate_residual as K
+from gate_residual_matrix.kernels.device_assert import FLAG_ASSERT, FLAG_CLEAN
+from gate_residual_matrix.kernels.errors import OpInputError
+from gate_residual_matrix.kernels.launch import (
+    _PARAM_BUFFER_POINTER,
+    _PARAM_BUFFER_SIZE,
+    _LaunchConfig,
+    array_params,
+)
+from gate_residual_matrix.ops.gate_residual.bench_host import emulate_on_cpu
 
 _EX = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                        ctypes.c_void_p)
@@ -132,7 +137,7 @@ def test_unaligned_and_narrow_rows_take_the_element_kernel(recorder):
 def fuse_eight(monkeypatch):
     """Plans made meanwhile fuse up to 8 chunks (the default is 1, as measured on the H200:
     kernels/gate_residual_kernels.py), so that the tickets' path is exercised."""
-    from kernels import gate_residual_backward_plan as B
+    from gate_residual_matrix.kernels import gate_residual_backward_plan as B
 
     monkeypatch.setattr(B, "FUSED_MAX_CHUNKS", 8)
 
@@ -157,7 +162,7 @@ def test_backward_of_few_chunks_is_one_fused_launch(recorder, fuse_eight):
                       *array_params(tickets, (grid[0],), 4), *words(go), *words(g),
                       *words(y), *array_params(i.data_ptr(), (300,), 8),
                       *array_params(flag(), (1,), 1)]
-    from kernels import gate_residual_backward_plan as B
+    from gate_residual_matrix.kernels import gate_residual_backward_plan as B
 
     kept = B._TICKETS[(-1, 0)]
     assert kept.data_ptr() == tickets and not kept.any() and kept.dtype == torch.int32
@@ -312,7 +317,7 @@ def test_kernels_assert_on_a_bad_index_through_assertfail():
 def test_a_driver_that_refuses_the_ex_launch_falls_back_to_cuLaunchKernel():
     """cuLaunchKernelEx answering CUDA_ERROR_INVALID_VALUE: the launch is made again with
     cuLaunchKernel (eleven arguments, the same parameter buffer), and so are later ones."""
-    from kernels import launch as L
+    from gate_residual_matrix.kernels import launch as L
 
     launch = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7,
                               ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
@@ -341,7 +346,7 @@ def test_a_thread_without_a_context_binds_the_primary_context_once(monkeypatch):
     """CUDA_ERROR_INVALID_CONTEXT (201): the launching thread has no current context (autograd's
     device thread, whose first launch was ours: H200 at 6e3cb9c). The primary context is made
     current once per thread and the launch made again; a second 201 in that thread raises."""
-    from kernels import launch as L
+    from gate_residual_matrix.kernels import launch as L
 
     answers, pushed = [201, 0, 201, 201], []
     monkeypatch.setattr(L, "_push_primary_context", pushed.append)

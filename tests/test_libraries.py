@@ -21,14 +21,19 @@ import pytest
 import torch
 import yaml
 
-from ops.gate_residual import libraries, rl_kernel_ops, sglang_ops, vllm_omni_ops
-from ops.gate_residual.eager import run as eager_run
-from ops.gate_residual.inputs import make_inputs
-from runner import compare, implementations
-from runner.cell import run_cell
-from runner.cells import Cell, select_cases
-from runner.config import parse_matrix
-from runner.implementations import library
+from gate_residual_matrix.ops.gate_residual import (
+    libraries,
+    rl_kernel_ops,
+    sglang_ops,
+    vllm_omni_ops,
+)
+from gate_residual_matrix.ops.gate_residual.eager import run as eager_run
+from gate_residual_matrix.ops.gate_residual.inputs import make_inputs
+from gate_residual_matrix.runner import compare, implementations
+from gate_residual_matrix.runner.cell import run_cell
+from gate_residual_matrix.runner.cells import Cell, select_cases
+from gate_residual_matrix.runner.config import parse_matrix
+from gate_residual_matrix.runner.implementations import library
 
 FAKE_ROOTS = ("sglang", "vllm_omni", "rl_engine")
 LIBRARY_NAMES = [impl.name for impl in libraries.LIBRARIES]

@@ -8,11 +8,11 @@ import sys
 import time
 from pathlib import Path
 
-from runner import lifetime
+from gate_residual_matrix.runner import lifetime
 
 ROOT = Path(__file__).resolve().parent.parent
-SLEEPER = ("from runner import lifetime; lifetime.start_watchdog(poll_s=0.05); import time; "
-           "time.sleep(60)")
+SLEEPER = ("from gate_residual_matrix.runner import lifetime; "
+           "lifetime.start_watchdog(poll_s=0.05); import time; time.sleep(60)")
 
 
 def test_a_cell_past_its_deadline_exits_by_itself():

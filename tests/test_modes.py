@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runner import modes
-from runner.abba import across
-from runner.config import TorchSettings
-from runner.errors import ConfigError
-from runner.pipeline import run_matrix
+from gate_residual_matrix.runner import modes
+from gate_residual_matrix.runner.abba import across
+from gate_residual_matrix.runner.config import TorchSettings
+from gate_residual_matrix.runner.errors import ConfigError
+from gate_residual_matrix.runner.pipeline import run_matrix
 
 PINNED_PROJECT = {"GATE_RESIDUAL_COMMIT": "0123456789abcdef0123456789abcdef01234567"}
 MATRIX = {
@@ -81,8 +81,8 @@ def test_across_compares_sha256_per_tensor():
 
 
 def test_matrix_declares_the_issue_modes():
-    from runner import implementations
-    from runner.config import load_matrix
+    from gate_residual_matrix.runner import implementations
+    from gate_residual_matrix.runner.config import load_matrix
 
     root = Path(__file__).resolve().parent.parent
     m = load_matrix(root / "matrix.yaml", known_implementations=implementations.known)

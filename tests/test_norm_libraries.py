@@ -25,12 +25,12 @@ import pytest
 import torch
 from test_kernel_only import CACHE, triton_importable  # noqa: F401 - a fixture
 
-from ops.add_rms_norm import libraries as add_libs
-from ops.rms_norm import libraries as rms_libs
-from ops.rms_norm_scale_shift import libraries as mod_libs
-from runner import extension_files, wheelhouse
-from runner.implementations import extension, kernel_only, versioned
-from runner.implementations.library import LibraryMissing
+from gate_residual_matrix.ops.add_rms_norm import libraries as add_libs
+from gate_residual_matrix.ops.rms_norm import libraries as rms_libs
+from gate_residual_matrix.ops.rms_norm_scale_shift import libraries as mod_libs
+from gate_residual_matrix.runner import extension_files, wheelhouse
+from gate_residual_matrix.runner.implementations import extension, kernel_only, versioned
+from gate_residual_matrix.runner.implementations.library import LibraryMissing
 
 LIGER = ("0.8.4", "0.8.5")
 OMNI = ("0.28.0", "0.30.0")
@@ -460,7 +460,8 @@ print(json.dumps(out))
 @pytest.mark.parametrize("version", GPU_VERSIONS["vllm"])
 def test_extension_rows_on_the_gpu_are_close_to_float64(op, name, version):
     """Each version in a process of its own: torch registers the ``_C`` namespace once. The
-    extension is opt-in (``python -m runner.wheelhouse --extensions``, 78-93 MB a version):
+    extension is opt-in (``python -m gate_residual_matrix.wheelhouse --extensions``, 78-93 MB a
+    version):
     a host without it skips, naming what is missing; a present file that fails, fails."""
     impl = next(i for i in OPS[op].LIBRARIES if i.name == name)
     why = versioned.versioned(impl, version).unavailable_reason("cuda")

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runner.errors import (
+from gate_residual_matrix.runner.errors import (
     BackendError,
     CellsFailed,
     ConfigError,

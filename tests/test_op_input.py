@@ -15,8 +15,8 @@ import pytest
 import torch
 from conftest import DTYPES, INDEX_DTYPES, assert_bitwise, inputs
 
-from runner.errors import OpInputError
-from runner.inputs import TORCH_DTYPES, special_values
+from gate_residual_matrix.runner.errors import OpInputError
+from gate_residual_matrix.runner.inputs import TORCH_DTYPES, special_values
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
@@ -24,14 +24,18 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 def entry_points(device):
     """(forward, differentiable op, backward or None) of our op on ``device``."""
     if device == "cpu":
-        from kernels.gate_residual_cpu import (
+        from gate_residual_matrix.kernels.gate_residual_cpu import (
             GateResidualCPU,
             gate_residual_backward_cpu,
             gate_residual_cpu,
         )
 
         return gate_residual_cpu, GateResidualCPU.apply, gate_residual_backward_cpu
-    from kernels.gate_residual import gate_residual, gate_residual_backward, gate_residual_forward
+    from gate_residual_matrix.kernels.gate_residual import (
+        gate_residual,
+        gate_residual_backward,
+        gate_residual_forward,
+    )
 
     # check_index="sync": an index outside [0, G) raises OpInputError at once, as on the CPU
     # (the default checks on the device: tests/test_kernels_gpu.py, in a subprocess)
@@ -151,7 +155,7 @@ def test_bad_input_is_one_line_op_input_error(device, change, eager_rejects, fra
 
 
 def test_cuda_tensors_on_the_cpu_path_are_rejected():
-    from kernels.gate_residual_cpu import gate_residual_cpu
+    from gate_residual_matrix.kernels.gate_residual_cpu import gate_residual_cpu
 
     x = {k: v.to("meta") for k, v in good("cpu").items()}
     with pytest.raises(OpInputError, match=r"^gate_residual: expected cpu tensors, got meta$"):
@@ -196,7 +200,7 @@ def test_bad_backward_input_is_rejected_before_the_loops(device, change, fragmen
 def test_check_index_takes_only_true_false_or_sync(value):
     """A typo must not turn the index check off: refused before anything else is looked at
     (so on this CPU machine too, with the CUDA entry points)."""
-    from kernels.gate_residual import (
+    from gate_residual_matrix.kernels.gate_residual import (
         GateResidual,
         gate_residual,
         gate_residual_backward,
@@ -215,7 +219,7 @@ def test_check_index_takes_only_true_false_or_sync(value):
 def test_public_cuda_backward_checks_its_inputs():
     """The public CUDA backward refuses CPU tensors with the one-line error the forward gives
     (it used to launch unchecked; torch then failed with an assertion about CUDA)."""
-    from kernels.gate_residual import gate_residual_backward
+    from gate_residual_matrix.kernels.gate_residual import gate_residual_backward
 
     x = good("cpu")
     with pytest.raises(OpInputError, match=r"^gate_residual: expected cuda tensors, got cpu$"):
@@ -333,7 +337,10 @@ def test_nan_and_inf_propagate_as_in_eager(device, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_inputs_that_require_grad_work_outside_autograd(dtype):
     """The plain CPU entry points take leaves that require grad (numpy() would refuse them)."""
-    from kernels.gate_residual_cpu import gate_residual_backward_cpu, gate_residual_cpu
+    from gate_residual_matrix.kernels.gate_residual_cpu import (
+        gate_residual_backward_cpu,
+        gate_residual_cpu,
+    )
 
     x = inputs(9, 16, 2, dtype, "int64", 7)
     r, g, y = (x[k].clone().requires_grad_() for k in ("residual", "gate", "y"))

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import ops
-from runner import implementations
-from runner.cell import run_cell
-from runner.cells import Cell, expand, select_cases
-from runner.config import load_matrix, parse_matrix
-from runner.inputs import build
+from gate_residual_matrix import ops
+from gate_residual_matrix.runner import implementations
+from gate_residual_matrix.runner.cell import run_cell
+from gate_residual_matrix.runner.cells import Cell, expand, select_cases
+from gate_residual_matrix.runner.config import load_matrix, parse_matrix
+from gate_residual_matrix.runner.inputs import build
 from tests.committed_reports import HOST_PLAIN_CPU, committed_reports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +27,7 @@ def test_the_spec_lists_the_registered_implementations(op, monkeypatch):
     known = implementations.known(op)
     assert known[:len(spec.implementation_names)] == spec.implementation_names
     # every other registered row is a fault-injection row of the tests (ops/*/faulty.py)
-    from ops.gate_residual import faulty
+    from gate_residual_matrix.ops.gate_residual import faulty
 
     injected = {v.name for v in vars(faulty).values() if hasattr(v, "has_backward")}
     assert set(known[len(spec.implementation_names):]) <= injected
@@ -84,7 +84,7 @@ def test_a_problem_must_have_the_ops_sizes():
             "problem": {"D": 8, "H": 2, "dtype": "bfloat16", "index_dtype": "int64", "seed": 1},
             "cases": [{"n": 3}], "implementations": ["eager"], "baseline": "eager",
             "modes": {"plain": {}}, "stacks": {"host": {"kind": "host"}}, "targets": ["cpu"]}
-    from runner.errors import ConfigError
+    from gate_residual_matrix.runner.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"problem\.H: expected one of the keys D, G, dtype"):
         parse_matrix(data)
@@ -122,7 +122,7 @@ def test_scale_shift_cell_on_the_cpu():
 
 
 def test_a_version_1_report_is_upgraded_with_the_first_ops_tensors():
-    from runner.report import SCHEMA_VERSION, upgrade
+    from gate_residual_matrix.runner.report import SCHEMA_VERSION, upgrade
 
     v1 = {"schema_version": 1, "op": "gate_residual", "x": 1}
     v2 = upgrade(v1)
@@ -135,7 +135,7 @@ def test_a_version_1_report_is_upgraded_with_the_first_ops_tensors():
 
 def test_every_committed_report_loads(tmp_path):
     """Today's reports (version 1 and 2, ours and foreign) load and validate."""
-    from runner.report import read_reports
+    from gate_residual_matrix.runner.report import read_reports
 
     loaded = read_reports(committed_reports(tmp_path / "reports"))
     ours = [r for r in loaded if r.origin == "ours"]

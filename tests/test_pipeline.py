@@ -17,16 +17,16 @@ from typing import ClassVar
 import pytest
 import yaml
 
-from runner import pipeline
-from runner.backends import BACKENDS, DockerBackend
-from runner.cell import skeleton
-from runner.cells import Cell
-from runner.errors import BackendError, ConfigError
-from runner.outcome import REFUSED, CellOutcome, failed, summary
-from runner.pipeline import Request, Site
-from runner.report import write_report
-from runner.run import plan_cell, run_cells
-from runner.status import Status
+from gate_residual_matrix.runner import pipeline
+from gate_residual_matrix.runner.backends import BACKENDS, DockerBackend
+from gate_residual_matrix.runner.cell import skeleton
+from gate_residual_matrix.runner.cells import Cell
+from gate_residual_matrix.runner.errors import BackendError, ConfigError
+from gate_residual_matrix.runner.outcome import REFUSED, CellOutcome, failed, summary
+from gate_residual_matrix.runner.pipeline import Request, Site
+from gate_residual_matrix.runner.report import write_report
+from gate_residual_matrix.runner.run import plan_cell, run_cells
+from gate_residual_matrix.runner.status import Status
 
 DATA = {
     "schema_version": 1, "op": "gate_residual",
@@ -264,8 +264,8 @@ def test_connect_without_a_cluster_is_the_site_itself(request_: Request) -> None
 
 def test_render_tables_turns_an_os_error_into_a_report_error(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from runner import tables
-    from runner.errors import ReportError
+    from gate_residual_matrix.runner import tables
+    from gate_residual_matrix.runner.errors import ReportError
 
     def refuse(reports_dir):
         raise PermissionError(13, "Permission denied")
@@ -276,7 +276,7 @@ def test_render_tables_turns_an_os_error_into_a_report_error(
 
 
 def test_the_cell_process_runs_exactly_one_cell(request_: Request) -> None:
-    from runner.cell_process import run_cell_process
+    from gate_residual_matrix.runner.cell_process import run_cell_process
 
     with pytest.raises(ConfigError, match=r"^cell: the selection matches 2 cells; name one"):
         run_cell_process(request_.matrix_path, request_.reports_dir, stacks=["host"],
@@ -286,8 +286,8 @@ def test_the_cell_process_runs_exactly_one_cell(request_: Request) -> None:
 
 def test_the_cell_process_writes_its_report(request_: Request,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from runner.cell_process import run_cell_process
-    from runner.report import read_report
+    from gate_residual_matrix.runner.cell_process import run_cell_process
+    from gate_residual_matrix.runner.report import read_report
 
     monkeypatch.setenv("GATE_RESIDUAL_PROGRESS", "off")
     cell_id, status, path = run_cell_process(

@@ -12,9 +12,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from runner import report as report_mod
-from runner.errors import ReportError
-from runner.report import (
+from gate_residual_matrix.runner import report as report_mod
+from gate_residual_matrix.runner.errors import ReportError
+from gate_residual_matrix.runner.report import (
     SCHEMA_PATH,
     SCHEMA_VERSION,
     LoadedReport,

@@ -20,13 +20,13 @@ import pytest
 import torch
 import yaml
 
-from runner import pipeline as run_mod
-from runner.backends import BACKENDS
-from runner.cell import fingerprint, skeleton
-from runner.cells import Cell, select_cases
-from runner.config import DockerStack, parse_matrix
-from runner.outcome import CellOutcome, failed
-from runner.report import read_report, write_report
+from gate_residual_matrix.runner import pipeline as run_mod
+from gate_residual_matrix.runner.backends import BACKENDS
+from gate_residual_matrix.runner.cell import fingerprint, skeleton
+from gate_residual_matrix.runner.cells import Cell, select_cases
+from gate_residual_matrix.runner.config import DockerStack, parse_matrix
+from gate_residual_matrix.runner.outcome import CellOutcome, failed
+from gate_residual_matrix.runner.report import read_report, write_report
 from tests.committed_reports import COMMITTED
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -411,7 +411,7 @@ def test_a_cell_this_host_cannot_run_keeps_an_existing_report(tmp_path):
     """A CPU-only host must not replace the committed H200 report with a 'skipped' one."""
     import shutil
 
-    from runner.pipeline import run_matrix
+    from gate_residual_matrix.runner.pipeline import run_matrix
 
     committed = COMMITTED / "host-plain-cuda.json"
     shutil.copy(committed, tmp_path / committed.name)

@@ -9,10 +9,10 @@ import pytest
 import rms_norm_oracle as O
 import torch
 
-from kernels import rms_norm_cpu as C
-from kernels.errors import OpInputError
-from kernels.rms_norm_backward import CHUNK_ROWS
-from kernels.rounding_cpu import as_f32
+from gate_residual_matrix.kernels import rms_norm_cpu as C
+from gate_residual_matrix.kernels.errors import OpInputError
+from gate_residual_matrix.kernels.rms_norm_backward import CHUNK_ROWS
+from gate_residual_matrix.kernels.rounding_cpu import as_f32
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # (N, D): empty, one element, odd D (element loads on the GPU), two vLLM blocks, vllm-omni

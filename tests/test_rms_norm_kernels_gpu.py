@@ -12,11 +12,11 @@ import rms_norm_oracle as O
 import torch
 from test_rms_norm_kernels_cpu import DTYPES, G, bits, inputs
 
-from kernels import rms_norm as K
-from kernels import rms_norm_cpu as C
-from kernels.errors import OpInputError
-from kernels.rms_norm_backward import CHUNK_ROWS
-from kernels.rounding_cpu import as_f32
+from gate_residual_matrix.kernels import rms_norm as K
+from gate_residual_matrix.kernels import rms_norm_cpu as C
+from gate_residual_matrix.kernels.errors import OpInputError
+from gate_residual_matrix.kernels.rms_norm_backward import CHUNK_ROWS
+from gate_residual_matrix.kernels.rounding_cpu import as_f32
 
 pytestmark = pytest.mark.gpu
 

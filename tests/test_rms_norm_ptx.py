@@ -16,8 +16,8 @@ import re
 import pytest
 from numba import cuda
 
-from kernels.rms_norm_backward import backward_kernel
-from kernels.rms_norm_forward import forward_kernel, layout_for
+from gate_residual_matrix.kernels.rms_norm_backward import backward_kernel
+from gate_residual_matrix.kernels.rms_norm_forward import forward_kernel, layout_for
 
 ELEMENT = {"bfloat16": "int16", "float16": "float16", "float32": "float32"}
 CONTRACTIBLE = re.compile(r"\b(mul|add|sub|fma)\.f32\b")

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import rms_norm_cpu as C
+from gate_residual_matrix.kernels import rms_norm_cpu as C
 
 WORKER = Path(__file__).with_name("rms_norm_sim_worker.py")
 TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -83,9 +83,9 @@ def test_simulator_matches_cpu_twin_bit_for_bit(simulated):
 
 def test_cases_cover_both_load_paths(simulated):
     worker, _, _ = simulated
-    from kernels.rms_norm_backward import backward_layout
-    from kernels.rms_norm_forward import ITEMSIZE, layout_for
-    from kernels.rms_norm_rows import vector_mode
+    from gate_residual_matrix.kernels.rms_norm_backward import backward_layout
+    from gate_residual_matrix.kernels.rms_norm_forward import ITEMSIZE, layout_for
+    from gate_residual_matrix.kernels.rms_norm_rows import vector_mode
 
     modes = {vector_mode(layout_for(op, d, dt), ITEMSIZE[dt]) for op, _, d, dt in worker.CASES}
     assert modes == {True, False}

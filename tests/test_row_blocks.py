@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ops.gate_residual import fp64
-from runner import case_run, compare
-from runner.implementations import Implementation
-from runner.row_blocks import RowBlocks
+from gate_residual_matrix.ops.gate_residual import fp64
+from gate_residual_matrix.runner import case_run, compare
+from gate_residual_matrix.runner.implementations import Implementation
+from gate_residual_matrix.runner.row_blocks import RowBlocks
 
 
 def _inputs(n: int, dtype: torch.dtype, seed: int, d: int = 48) -> dict:

@@ -13,7 +13,7 @@ import re
 import pytest
 from numba import cuda
 
-from kernels import indexed_scale_shift as K
+from gate_residual_matrix.kernels import indexed_scale_shift as K
 
 STORAGE = {"bfloat16": "int16", "float16": "float16", "float32": "float32"}
 FMA = re.compile(r"\bfma\.")

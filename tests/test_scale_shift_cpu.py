@@ -9,9 +9,9 @@ import torch
 from conftest import DTYPES, INDEX_DTYPES, assert_bitwise
 from scale_shift_cases import TORCH_DTYPES, eager, make_case
 
-from kernels.errors import OpInputError
-from kernels.indexed_scale_shift import CHUNK_ROWS
-from kernels.indexed_scale_shift_cpu import (
+from gate_residual_matrix.kernels.errors import OpInputError
+from gate_residual_matrix.kernels.indexed_scale_shift import CHUNK_ROWS
+from gate_residual_matrix.kernels.indexed_scale_shift_cpu import (
     IndexedScaleShiftCPU,
     indexed_scale_shift_backward_cpu,
     indexed_scale_shift_cpu,

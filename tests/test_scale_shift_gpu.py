@@ -16,7 +16,7 @@ import torch
 from conftest import DTYPES, INDEX_DTYPES, assert_bitwise
 from scale_shift_cases import eager, make_case
 
-from kernels.errors import OpInputError
+from gate_residual_matrix.kernels.errors import OpInputError
 
 pytestmark = pytest.mark.gpu
 
@@ -30,7 +30,7 @@ def on_gpu(x):
 
 
 def ours(x):
-    from kernels.indexed_scale_shift import indexed_scale_shift
+    from gate_residual_matrix.kernels.indexed_scale_shift import indexed_scale_shift
 
     xx, ss, hh = (x[k].clone().requires_grad_() for k in ("x", "scale", "shift"))
     out = indexed_scale_shift(xx, ss, hh, x["index"])
@@ -55,7 +55,9 @@ def test_forward_and_grad_x_bitwise_equal_to_eager(dtype, index_dtype, shape, ki
 @pytest.mark.parametrize("shape", [(1, 7, 2), (4097, 5376, 9), (300, 64, 200)],
                          ids=lambda s: "x".join(map(str, s)))  # 2G = 400: global accumulators
 def test_param_grads_repeatable_and_equal_to_cpu_twin(dtype, shape, fresh_seed):
-    from kernels.indexed_scale_shift_cpu import indexed_scale_shift_backward_cpu
+    from gate_residual_matrix.kernels.indexed_scale_shift_cpu import (
+        indexed_scale_shift_backward_cpu,
+    )
 
     x = make_case(*shape, dtype, "int64", fresh_seed, specials=True)
     g = on_gpu(x)
@@ -70,8 +72,8 @@ def test_param_grads_repeatable_and_equal_to_cpu_twin(dtype, shape, fresh_seed):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_forward_equals_cpu_twin(dtype, fresh_seed):
     """The GPU forward and the CPU twin agree bit for bit, NaN encodings included."""
-    from kernels.indexed_scale_shift import indexed_scale_shift_forward
-    from kernels.indexed_scale_shift_cpu import indexed_scale_shift_cpu
+    from gate_residual_matrix.kernels.indexed_scale_shift import indexed_scale_shift_forward
+    from gate_residual_matrix.kernels.indexed_scale_shift_cpu import indexed_scale_shift_cpu
 
     x = make_case(513, 77, 5, dtype, "int32", fresh_seed, specials=True, kind="bits")
     g = on_gpu(x)
@@ -83,7 +85,7 @@ def test_forward_equals_cpu_twin(dtype, fresh_seed):
 def test_fp32_forward_and_sum_are_not_contracted_on_the_gpu():
     """x*t = 1 + 2**-11 + 2**-24 rounds to 1 + 2**-11, which the shift cancels: 0 with two
     roundings, 2**-24 with an FMA. The same two products cancel in grad_scale's sum."""
-    from kernels.indexed_scale_shift import (
+    from gate_residual_matrix.kernels.indexed_scale_shift import (
         indexed_scale_shift_backward,
         indexed_scale_shift_forward,
     )
@@ -116,7 +118,7 @@ def test_non_contiguous_inputs_give_eager_bits(fresh_seed):
 
 
 def test_bad_input_rejected_on_gpu():
-    from kernels.indexed_scale_shift import indexed_scale_shift_forward
+    from gate_residual_matrix.kernels.indexed_scale_shift import indexed_scale_shift_forward
 
     x = torch.zeros(4, 8, device="cuda", dtype=torch.bfloat16)
     p = torch.zeros(3, 8, device="cuda", dtype=torch.bfloat16)
@@ -133,7 +135,7 @@ def test_bad_input_rejected_on_gpu():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_unchecked_out_of_range_index_gives_nan_rows(dtype, fresh_seed):
-    from kernels.indexed_scale_shift import IndexedScaleShift
+    from gate_residual_matrix.kernels.indexed_scale_shift import IndexedScaleShift
 
     x = on_gpu(make_case(300, 65, 5, dtype, "int64", fresh_seed, specials=False))
     bad = x["index"].clone()
@@ -151,7 +153,7 @@ def test_unchecked_out_of_range_index_gives_nan_rows(dtype, fresh_seed):
 
 DEVICE_CHECK = """
 import sys, torch
-from kernels.indexed_scale_shift import indexed_scale_shift_forward
+from gate_residual_matrix.kernels.indexed_scale_shift import indexed_scale_shift_forward
 bad = int(sys.argv[1])
 x = torch.zeros(64, 40, device="cuda", dtype=torch.float16)
 p = torch.zeros(3, 40, device="cuda", dtype=torch.float16)

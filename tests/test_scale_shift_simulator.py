@@ -19,7 +19,7 @@ import pytest
 from conftest import assert_bitwise
 from scale_shift_cases import from_storage
 
-from kernels.indexed_scale_shift_cpu import (
+from gate_residual_matrix.kernels.indexed_scale_shift_cpu import (
     indexed_scale_shift_backward_cpu,
     indexed_scale_shift_cpu,
 )
@@ -67,7 +67,7 @@ def test_launch_configuration_does_not_move_bits(simulated):
 
 def test_cases_cover_both_accumulator_kernels(simulated):
     """The shared-memory kernel and the global one (2G beyond shared memory) both ran."""
-    from kernels.geometry import shared_fits
+    from gate_residual_matrix.kernels.geometry import shared_fits
 
     worker, _, _ = simulated
     fits = {shared_fits(2 * g) for n, d, g, *_ in worker.CASES if n and d}

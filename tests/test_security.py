@@ -23,13 +23,13 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from runner import config, images, implementations
-from runner.backends import host as host_backend
-from runner.backends.docker import cell_command, container_config
-from runner.cells import expand
-from runner.config import Matrix, load_matrix, parse_matrix
-from runner.errors import ConfigError
-from runner.report import CELL_ID_RE
+from gate_residual_matrix.runner import config, images, implementations
+from gate_residual_matrix.runner.backends import host as host_backend
+from gate_residual_matrix.runner.backends.docker import cell_command, container_config
+from gate_residual_matrix.runner.cells import expand
+from gate_residual_matrix.runner.config import Matrix, load_matrix, parse_matrix
+from gate_residual_matrix.runner.errors import ConfigError
+from gate_residual_matrix.runner.report import CELL_ID_RE
 
 ROOT = Path(__file__).resolve().parent.parent
 MATRIX = ROOT / "matrix.yaml"
@@ -211,7 +211,7 @@ def evil_env_matrix() -> Matrix:
 
 
 def test_host_backend_passes_env_values_and_names_without_a_shell(tmp_path, monkeypatch):
-    from runner.cells import Cell
+    from gate_residual_matrix.runner.cells import Cell
 
     seen = {}
 
@@ -240,7 +240,7 @@ def test_host_backend_passes_env_values_and_names_without_a_shell(tmp_path, monk
 
 
 def test_docker_backend_passes_env_as_a_mapping_and_argv_as_a_list(tmp_path):
-    from runner.cells import Cell
+    from gate_residual_matrix.runner.cells import Cell
 
     m = evil_env_matrix()
     docker = next(n for n, s in m.stacks.items() if s.kind == "docker")
@@ -249,7 +249,8 @@ def test_docker_backend_passes_env_as_a_mapping_and_argv_as_a_list(tmp_path):
                            mode_env=m.modes["det"].env, matrix_path=MATRIX, stage_dir=tmp_path,
                            project={"commit": None, "dirty": None})
     assert cfg.create["environment"]["GATE_RESIDUAL_PROBE"] == EVIL_ENV
-    assert cfg.create["command"][:4] == ["python", "-m", "runner", "cell"]  # no sh -c
+    assert cfg.create["command"][:4] == ["python", "-m", "gate_residual_matrix.runner",
+                                         "cell"]  # no sh -c
     assert "entrypoint" not in cfg.create
 
 

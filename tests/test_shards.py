@@ -17,9 +17,9 @@ import time
 import pytest
 from test_resume import CELL, MATRIX, ROOT, bits, matrix_cli, report
 
-from runner import shards
-from runner.config import load_matrix
-from runner.report import validate
+from gate_residual_matrix.runner import shards
+from gate_residual_matrix.runner.config import load_matrix
+from gate_residual_matrix.runner.report import validate
 
 SHARDED = ("--shards", "3")
 
@@ -71,7 +71,8 @@ WHY = "expected a positive integer (at most 6 digits) or 'auto'"
 
 @pytest.mark.parametrize("bad", ["0", "-1", "two", "1.5", "", " 2", "\u00b2", "1234567"])
 def test_a_bad_shard_count_is_one_line_and_exit_2(tmp_path, bad):
-    got = subprocess.run([sys.executable, "-m", "runner", "matrix", "--matrix", str(MATRIX),
+    got = subprocess.run([sys.executable, "-m", "gate_residual_matrix.runner", "matrix", "--matrix",
+                          str(MATRIX),
                           "--reports", str(tmp_path / "r"), "--shards", bad],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert got.returncode == 2
@@ -81,7 +82,8 @@ def test_a_bad_shard_count_is_one_line_and_exit_2(tmp_path, bad):
 
 
 def test_a_bad_shard_count_in_the_environment_names_the_variable(tmp_path):
-    got = subprocess.run([sys.executable, "-m", "runner", "matrix", "--matrix", str(MATRIX),
+    got = subprocess.run([sys.executable, "-m", "gate_residual_matrix.runner", "matrix", "--matrix",
+                          str(MATRIX),
                           "--reports", str(tmp_path / "r")], cwd=ROOT, capture_output=True,
                          text=True, timeout=120,
                          env={**os.environ, shards.ENV: "abc"})

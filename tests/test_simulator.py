@@ -18,7 +18,10 @@ import pytest
 import torch
 from conftest import assert_bitwise
 
-from kernels.gate_residual_cpu import gate_residual_backward_cpu, gate_residual_cpu
+from gate_residual_matrix.kernels.gate_residual_cpu import (
+    gate_residual_backward_cpu,
+    gate_residual_cpu,
+)
 
 WORKER = Path(__file__).with_name("sim_worker.py")
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from runner.report import SCHEMA_PATH
-from runner.status import IMPL_STATUSES, SEVERITY, Status, worst
-from runner.tables.model.values import STATUSES
+from gate_residual_matrix.runner.report import SCHEMA_PATH
+from gate_residual_matrix.runner.status import IMPL_STATUSES, SEVERITY, Status, worst
+from gate_residual_matrix.runner.tables.model.values import STATUSES
 
 
 def test_statuses_are_the_schemas():

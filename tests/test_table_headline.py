@@ -7,9 +7,9 @@ import json
 import shutil
 from pathlib import Path
 
-from runner.report import read_reports
-from runner.tables.model.cells import load_cells
-from runner.tables.model.headline import KERNEL_ONLY, headline
+from gate_residual_matrix.runner.report import read_reports
+from gate_residual_matrix.runner.tables.model.cells import load_cells
+from gate_residual_matrix.runner.tables.model.headline import KERNEL_ONLY, headline
 from tests.committed_reports import COMMITTED
 
 REPORT = COMMITTED / "host-plain-cuda.json"

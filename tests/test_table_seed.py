@@ -6,9 +6,9 @@ import json
 import shutil
 from pathlib import Path
 
-from runner.report import read_reports
-from runner.tables import format_cmp, load_cells
-from runner.tables.model.seed import seed_tables
+from gate_residual_matrix.runner.report import read_reports
+from gate_residual_matrix.runner.tables import format_cmp, load_cells
+from gate_residual_matrix.runner.tables.model.seed import seed_tables
 from tests.committed_reports import COMMITTED
 
 ROOT = COMMITTED  # copies of committed reports: never the working tree's reports/

@@ -14,10 +14,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from runner.report import read_reports
-from runner.tables import build_tables
-from runner.tables.model.cells import load_cells
-from runner.tables.model.versions import first_change_text, first_changes, library_row
+from gate_residual_matrix.runner.report import read_reports
+from gate_residual_matrix.runner.tables import build_tables
+from gate_residual_matrix.runner.tables.model.cells import load_cells
+from gate_residual_matrix.runner.tables.model.versions import (
+    first_change_text,
+    first_changes,
+    library_row,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 H200 = ROOT / "tests" / "data" / "h200" / "host-plain-cuda.json"
@@ -103,7 +107,7 @@ def test_the_versions_table_groups_cells_and_opens_the_pages(tmp_path) -> None:
     assert [r.values for r in table.rows] == [
         ("lib_gate", "0.1.0, 0.2.0, 0.10.0", "0.10.0 (out in 1 of 5 cases vs 0.2.0)",
          "host-plain-cuda")]
-    from runner.tables import write_tables
+    from gate_residual_matrix.runner.tables import write_tables
 
     readme = write_tables(directory, tmp_path / "out" / "README.md", head=None).read_text()
     assert "## First change across library versions" in readme

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from runner.__main__ import main
-from runner.errors import SelectionError
-from runner.report import LoadedReport, read_report, read_reports
-from runner.tables import (
+from gate_residual_matrix.runner.__main__ import main
+from gate_residual_matrix.runner.errors import SelectionError
+from gate_residual_matrix.runner.report import LoadedReport, read_report, read_reports
+from gate_residual_matrix.runner.tables import (
     OUTPUTS,
     Filters,
     build_tables,
@@ -29,7 +29,7 @@ from runner.tables import (
     slug,
     write_tables,
 )
-from runner.tables.model.summary_rows import COLUMNS
+from gate_residual_matrix.runner.tables.model.summary_rows import COLUMNS
 from tests.committed_reports import REFERENCE
 
 DATA = Path(__file__).parent / "data"

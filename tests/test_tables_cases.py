@@ -19,16 +19,28 @@ from pathlib import Path
 
 import pytest
 
-from runner.cell import run_cell
-from runner.cells import Cell
-from runner.config import parse_matrix
-from runner.errors import SelectionError
-from runner.report import LoadedReport, read_report, read_reports, validate, write_report
-from runner.tables import Filters, build_tables, load_cells, markdown, render_markdown
-from runner.tables.model.cases import base_case, case_dtypes, index_rows
-from runner.tables.model.verdicts import describe_dtypes, verdict_table
-from runner.tables.render.html import render_html
-from runner.tables.render.summary import render_csv
+from gate_residual_matrix.runner.cell import run_cell
+from gate_residual_matrix.runner.cells import Cell
+from gate_residual_matrix.runner.config import parse_matrix
+from gate_residual_matrix.runner.errors import SelectionError
+from gate_residual_matrix.runner.report import (
+    LoadedReport,
+    read_report,
+    read_reports,
+    validate,
+    write_report,
+)
+from gate_residual_matrix.runner.tables import (
+    Filters,
+    build_tables,
+    load_cells,
+    markdown,
+    render_markdown,
+)
+from gate_residual_matrix.runner.tables.model.cases import base_case, case_dtypes, index_rows
+from gate_residual_matrix.runner.tables.model.verdicts import describe_dtypes, verdict_table
+from gate_residual_matrix.runner.tables.render.html import render_html
+from gate_residual_matrix.runner.tables.render.summary import render_csv
 from tests.committed_reports import REFERENCE
 
 DATA = Path(__file__).parent / "data"

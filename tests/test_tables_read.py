@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from runner import report as report_mod
+from gate_residual_matrix.runner import report as report_mod
 from tests.committed_reports import REFERENCE
 
 DATA = Path(__file__).parent / "data"
@@ -84,7 +84,7 @@ def test_tables_elsewhere_do_not_read_the_reports_dirs_own_tables(tmp_path):
     tool's output, not a report (it used to be listed as unreadable, exit 3)."""
     import shutil
 
-    from runner import tables
+    from gate_residual_matrix.runner import tables
 
     reports = tmp_path / "reports"
     shutil.copytree(Path(__file__).parent / "data" / "tables" / "reports", reports)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.tables import write_tables
+from gate_residual_matrix.runner.tables import write_tables
 
 ROOT = Path(__file__).parent.parent
 CELLS = 1000

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runner.report import write_report
+from gate_residual_matrix.runner.report import write_report
 
 CELLS = ("host-plain-cpu", "host-plain-cuda", "host-det-cpu")
 LINE = "0123456789abcdef" * 4 + "\n"
@@ -25,7 +25,7 @@ LINE = "0123456789abcdef" * 4 + "\n"
 def report(generation: int, cell_id: str) -> dict:
     """A valid report whose every byte depends on ``generation`` and ``cell_id`` (written as
     version 1 was, then upgraded: what the writer writes)."""
-    from runner.report import upgrade
+    from gate_residual_matrix.runner.report import upgrade
 
     stack, mode, target = cell_id.split("-")
     return upgrade({

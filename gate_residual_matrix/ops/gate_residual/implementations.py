@@ -1,0 +1,23 @@
+"""gate_residual's implementations, in the order a matrix lists them.
+
+``eager`` (the baseline), ``numba`` (ours: ``kernels/gate_residual.py`` and its CPU twin),
+``fp64`` (accuracy reference), ``compiled`` / ``compiled_emulate`` (torch.compile) and the
+library rows (:mod:`ops.gate_residual.libraries`). With ``GATE_RESIDUAL_FAULTS=1`` the
+test-only fault injectors of :mod:`ops.gate_residual.faulty` are added.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gate_residual_matrix.ops.gate_residual import compiled, eager, fp64, libraries, numba_kernel
+from gate_residual_matrix.runner.implementations import Implementation
+
+IMPLEMENTATIONS: tuple[Implementation, ...] = (
+    eager.EAGER, numba_kernel.NUMBA, fp64.FP64, compiled.COMPILED, compiled.COMPILED_EMULATE,
+    *libraries.LIBRARIES)
+
+if os.environ.get("GATE_RESIDUAL_FAULTS") == "1":
+    from gate_residual_matrix.ops.gate_residual import faulty
+
+    IMPLEMENTATIONS += (faulty.FAULT, *faulty.TEST_ONLY)

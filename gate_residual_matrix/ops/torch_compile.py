@@ -1,0 +1,105 @@
+"""What both ops' ``compiled`` rows share: the dynamo limits and inductor settings around
+their calls, one call through autograd by the op's spec (:class:`Compiled`), and whether a
+compiler is on PATH (``ops/<op>/compiled.py`` say why)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+RECOMPILE_LIMIT = 256
+"""Shapes one compiled function may be compiled for; hitting it raises (no silent eager)."""
+
+
+def settings(emulate: bool):
+    """The dynamo recompile limit (raise at it) and, with ``emulate``, inductor's
+    ``emulate_precision_casts``, as one context manager."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT,
+                                                   fail_on_recompile_limit_hit=True))
+    if emulate:
+        stack.enter_context(torch._inductor.config.patch(emulate_precision_casts=True))
+    return stack
+
+
+def skip_guard_latency_profile() -> None:
+    """Skip dynamo's one-off measurement of each new guard set's latency.
+
+    When dynamo builds the guards of a new graph it times one evaluation of them after
+    flushing the CPU caches, only to log the figure (``profile_guard_manager`` in
+    torch/_dynamo/guards.py: "n_iters is chosen to be 1 to prevent excessive increase in
+    compile time ... This cache flush is expensive"). A cuda cell builds about 420 guard
+    sets, and py-spy on the H200 (2b61cde) put 7-8 s of a cell there. The guards, their
+    checks and the compiled code are untouched; the logged latency reads 0. A torch
+    without that function is left as it is."""
+    guards = getattr(torch._dynamo, "guards", None)
+    if guards is not None and hasattr(guards, "profile_guard_manager"):
+        guards.profile_guard_manager = _no_guard_profile
+
+
+def _no_guard_profile(*args, **kwargs) -> float:
+    return 0.0
+
+
+def missing_compiler(target: str) -> str | None:
+    """Why torch.compile cannot build on ``target`` here, or None: the C++ compiler inductor
+    uses for CPU code (``$CXX``, ``g++``, ``c++``, ``clang++``) or the C compiler Triton
+    uses for its GPU launchers (``$CC``, ``cc``, ``gcc``, ``clang``)."""
+    import os
+    import shutil
+
+    env, names, what = (("CXX", ("g++", "c++", "clang++"), "a C++ compiler for inductor")
+                        if target == "cpu" else
+                        ("CC", ("cc", "gcc", "clang"), "a C compiler for Triton's launcher"))
+    candidates = [os.environ[env]] if os.environ.get(env) else list(names)
+    if any(shutil.which(c) for c in candidates):
+        return None
+    return f"torch.compile needs {what} and none is on PATH ({', '.join(candidates)})"
+
+
+class Compiled:
+    """``torch.compile(dynamic=False)`` of an op's eager ``expression`` (and of
+    ``expression_emulate``, a second code object with graphs of its own, compiled under
+    ``emulate_precision_casts``), called as the op's spec says: the expression takes the
+    spec's floating inputs but the upstream gradients, in order, then the index (where the op
+    has one); the backward is autograd's on the spec's upstream gradients. Each function is
+    compiled once per process (lazily: the graphs per shape come with the calls)."""
+
+    def __init__(self, op: str, expression, expression_emulate) -> None:
+        self.op = op
+        self._fns = {False: expression, True: expression_emulate}
+        self._compiled: dict[bool, object] = {}
+
+    def _fn(self, emulate: bool):
+        if emulate not in self._compiled:
+            skip_guard_latency_profile()
+            self._compiled[emulate] = torch.compile(self._fns[emulate], dynamic=False)
+        return self._compiled[emulate]
+
+    def run(self, inputs, *, backward: bool, emulate: bool) -> dict[str, torch.Tensor]:
+        """The forward outputs (and, with ``backward``, each gradient of the spec's outputs),
+        keyed as the spec's ``outputs``. An op with several forward outputs has an expression
+        that returns them as a tuple, in the spec's order; each gets its own upstream
+        gradient (:meth:`ops.spec.OpSpec.upstream_of`)."""
+        from gate_residual_matrix import ops
+        spec = ops.get(self.op)
+        upstream = spec.upstream_of()
+        names = [k for k in spec.inputs if k not in upstream.values()]
+        index = (inputs[spec.index],) if spec.index else ()
+        fn = self._fn(emulate)
+
+        def outputs(values) -> dict[str, torch.Tensor]:
+            values = values if isinstance(values, tuple) else (values,)
+            return dict(zip(spec.forwards, values, strict=True))
+
+        with settings(emulate):
+            if not backward:
+                with torch.no_grad():
+                    return outputs(fn(*(inputs[k] for k in names), *index))
+            leaves = {k: inputs[k].detach().requires_grad_() for k in names}
+            out = outputs(fn(*leaves.values(), *index))
+            torch.autograd.backward([out[k] for k in upstream],
+                                    [inputs[g] for g in upstream.values()])
+        return {**{k: v.detach() for k, v in out.items()},
+                **{k: leaves[o.grad_of].grad for k, o in spec.outputs.items() if o.grad_of}}
