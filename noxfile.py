@@ -163,7 +163,7 @@ def kernel_wheelhouse(session: nox.Session) -> None:
     ``pip download --no-deps`` of each library version matrix.yaml's ``libraries.versions``
     names, keeping only the kernel modules, RECORD and a manifest, content-addressed, under
     ``libraries.wheelhouse`` (default ``.carry/kernel-wheelhouse``, git-ignored): about 1 MB to
-    carry to an offline GPU host. Posargs go to ``python -m gate_residual_matrix.wheelhouse``
+    carry to an offline GPU host. Posargs go to ``python -m gate_residual_matrix.runner.wheelhouse``
     (--matrix,
     repeatable: the union of their versions; --out, --cache; --extensions: also vllm's compiled
     ``_C_stable_libtorch.abi3.so`` per version, 78-93 MB each, for the vllm_*_cuda rows).

@@ -6,8 +6,7 @@ Usage::
 
 Nothing here is made up: each row comes from running the case now. The bad matrices are
 tests/test_config.py's list, each written to a file and given to ``python -m gate_residual_matrix
-matrix``
-(``runner.__main__.main``, in this process); the bad options are tests/test_cli.py's; the
+matrix`` (``runner.__main__.main``, in this process); the bad options are tests/test_cli.py's; the
 faults are tests/data/faults.yaml run by the real command line (cell processes and all,
 ``GATE_RESIDUAL_FAULTS=1``); the op inputs are tests/test_op_input.py's, given to the CPU
 entry points and to eager; the kill -9 figures come from tests/test_interrupted.py's harness.
@@ -367,8 +366,8 @@ def docker_auto_rows(tmp: Path) -> list[list[object]]:
 
 
 def report_rows(tmp: Path) -> list[list[object]]:
-    """``python -m gate_residual_matrix report`` on a missing directory, a file, good and bad
-    reports."""
+    """``python -m gate_residual_matrix report`` on a missing directory, a file, good and
+    bad reports."""
     good = tmp / "report-good"
     good.mkdir()
     (good / "host-plain-cuda.json").write_bytes(

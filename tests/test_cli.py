@@ -1,10 +1,9 @@
 """Command-line options are validated before anything runs: exit 2, one line, nothing written.
 
 Each bad option or matrix is given to ``python -m gate_residual_matrix`` (``runner.__main__.main``,
-in this
-process) with a reports directory that already holds a report and a stray file; after the
-error the directory must be exactly as it was (names, bytes, modification times), and a
-reports directory that did not exist must still not exist.
+in this process) with a reports directory that already holds a report and a stray file; after the
+error the directory must be exactly as it was (names, bytes, modification times), and a reports
+directory that did not exist must still not exist.
 """
 
 from __future__ import annotations

@@ -131,8 +131,8 @@ def test_a_cell_no_node_can_run_is_skipped_naming_the_resource(cluster, tmp_path
 
 
 class Driver:
-    """``python -m gate_residual_matrix matrix --cluster ...`` in a subprocess, its output read as
-    it comes."""
+    """``python -m gate_residual_matrix matrix --cluster ...`` in a subprocess, its output
+    read as it comes."""
 
     def __init__(self, cluster, matrix: Path, reports_dir: Path, *args: str) -> None:
         env = {**os.environ, "GATE_RESIDUAL_FAULTS": "1", "GATE_RESIDUAL_PROGRESS": "plain"}

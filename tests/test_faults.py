@@ -1,11 +1,10 @@
 """Failing cells cost that cell only: fault injection through the real command line.
 
 ``tests/data/faults.yaml`` arms the test-only implementation ``fault``
-(runner/implementations/faulty.py) per mode: raise, hang, oom, kill; ``plain`` leaves it
-off and runs after the failing cells. One ``python -m gate_residual_matrix matrix`` run over them
-(CPU)
-must write one report per cell with the right status, reason, exit code and log tail, and
-exit 5 with a summary.
+(runner/implementations/faulty.py) per mode: raise, hang, oom, kill; ``plain`` leaves it off and
+runs after the failing cells. One ``python -m gate_residual_matrix matrix`` run over them (CPU) must
+write one report per cell with the right status, reason, exit code and log tail, and exit 5 with a
+summary.
 """
 
 from __future__ import annotations

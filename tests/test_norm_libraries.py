@@ -460,9 +460,9 @@ print(json.dumps(out))
 @pytest.mark.parametrize("version", GPU_VERSIONS["vllm"])
 def test_extension_rows_on_the_gpu_are_close_to_float64(op, name, version):
     """Each version in a process of its own: torch registers the ``_C`` namespace once. The
-    extension is opt-in (``python -m gate_residual_matrix.wheelhouse --extensions``, 78-93 MB a
-    version):
-    a host without it skips, naming what is missing; a present file that fails, fails."""
+    extension is opt-in (``python -m gate_residual_matrix.runner.wheelhouse --extensions``,
+    78-93 MB a version): a host without it skips, naming what is missing; a present file that
+    fails, fails."""
     impl = next(i for i in OPS[op].LIBRARIES if i.name == name)
     why = versioned.versioned(impl, version).unavailable_reason("cuda")
     if why and "_C_stable_libtorch" in why:

@@ -149,10 +149,9 @@ def test_a_stamp_covers_the_calls_it_lists_and_no_failed_run(monkeypatch, tmp_pa
 @pytest.mark.skipif(missing_compiler("cpu") is not None, reason="needs g++ for inductor")
 def test_one_pool_fills_every_mode_and_cells_then_skip_their_workers(fresh_seed, monkeypatch,
                                                                      tmp_path):
-    """`python -m gate_residual_matrix.precompile --mode ...` compiles both modes' graphs in one
-    pool; the
-    cells then find their stamps, start no workers and keep the bits of a cell that compiled
-    everything itself."""
+    """`python -m gate_residual_matrix.runner.precompile --mode ...` compiles both modes'
+    graphs in one pool; the cells then find their stamps, start no workers and keep the bits
+    of a cell that compiled everything itself."""
     import yaml
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))

@@ -13,8 +13,8 @@ the command exits 128 + the signal: 130 or 143. A second signal while that happe
 Examples::
 
     python -m gate_residual_matrix matrix --target cpu --case 257
-    python -m gate_residual_matrix matrix --backend docker --build --stack cpu-torch2.13 --target
-    cpu
+    python -m gate_residual_matrix matrix --backend docker --build --stack cpu-torch2.13 \
+        --target cpu
     python -m gate_residual_matrix build --stack cpu-torch2.13
     python -m gate_residual_matrix base-image          # root: debootstrap + docker import
     python -m gate_residual_matrix report

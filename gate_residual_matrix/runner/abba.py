@@ -10,8 +10,8 @@ run ids are recorded under ``environment.abba``.
 
 Example (the command line)::
 
-    python -m gate_residual_matrix matrix --stack host --mode plain --target cpu --abba
-    deterministic
+    python -m gate_residual_matrix matrix --stack host --mode plain --target cpu \
+        --abba deterministic
 """
 
 from __future__ import annotations

@@ -17,8 +17,7 @@ host backend, because they make an image rather than run a cell.
 
 Example::
 
-    $ python -m gate_residual_matrix base-image            # as root; nox -s base_image does the
-    same
+    $ python -m gate_residual_matrix base-image      # as root; nox -s base_image does the same
     [runner] base image gate-residual/base:bookworm-py3.11: sha256:... (made in 52 s)
 """
 

@@ -3,9 +3,8 @@
 The driver (:mod:`runner.cluster`) sends :func:`run_on_node` a payload (the cell, its case
 ids, the matrix file's text, the run id, the timeout, the project commit it stamps) and a
 progress queue. On the node the cell runs exactly as on one machine: the host backend's
-fresh ``python -m gate_residual_matrix cell`` process, or the docker backend's container, with the
-same
-timeout, isolation and parent-death guard, into a staging directory of its own; the report
+fresh ``python -m gate_residual_matrix cell`` process, or the docker backend's container, with
+the same timeout, isolation and parent-death guard, into a staging directory of its own; the report
 goes back to the driver as JSON bytes, which the driver validates and writes (the node
 writes nothing the driver keeps). The cell's progress lines go to the queue, with the id of
 the node, so that the driver shows them per node.

@@ -1,5 +1,6 @@
 """Compiled extension files of a library's wheel, kept beside the kernel wheelhouse on request
-(``python -m gate_residual_matrix.wheelhouse --extensions``; off by default: tens of MB each).
+(``python -m gate_residual_matrix.runner.wheelhouse --extensions``; off by default: tens of MB
+each).
 
 Layout, one folder per distribution version::
 
@@ -88,7 +89,8 @@ def kept(root: Path, distribution: str, version: str, path: str) -> tuple[Path, 
     fetched, its record is unreadable or names another file, or its bytes differ."""
     folder = directory(root, distribution, version)
     name = Path(path).name
-    fetch = "fetch it with `python -m gate_residual_matrix.wheelhouse --extensions` and carry it"
+    fetch = ("fetch it with `python -m gate_residual_matrix.runner.wheelhouse --extensions` "
+             "and carry it")
     meta = folder / "extension.json"
     if not meta.is_file():
         raise ExtensionMissing(f"no {name} of {distribution} {version} beside the kernel "

@@ -19,7 +19,7 @@ was done.
 
 Usage (what :func:`run` starts)::
 
-    python -m gate_residual_matrix.precompile --worker PLAN.json
+    python -m gate_residual_matrix.runner.precompile --worker PLAN.json
 
 ``GATE_RESIDUAL_PRECOMPILE=0`` turns it off (the cell then compiles everything itself);
 ``=N`` asks for N workers.
@@ -34,8 +34,8 @@ despite a stamp is compiled by the cell itself, so a stamp can cost time but nev
 Before several cells of one host (the H200's six modes), one command fills the cache for
 all of them in one pool of workers, each with its mode's variables and torch settings::
 
-    python -m gate_residual_matrix.precompile --matrix matrix.yaml --target cuda --mode plain
-    --mode tf32
+    python -m gate_residual_matrix.runner.precompile --matrix matrix.yaml --target cuda \
+        --mode plain --mode tf32
 """
 
 from __future__ import annotations

@@ -4,10 +4,9 @@ combined into the cell's one report (issue 11).
 A cuda cell is bound by its host, not its GPU: at N = 32768 a call is a millisecond of GPU
 time, and a cell is mostly Python (dynamo tracing about 400 graphs, autograd, the checks).
 So the host backend may run a cell as ``K`` processes of ``python -m gate_residual_matrix cell``,
-each
-with part of the cases (:func:`split`), on the same GPU under :mod:`runner.gpu_lock` (each
-case's timing loops alone on the GPU, every other stretch of GPU work shared), and combine
-their reports (:func:`combine`). The cases are split by their dtypes first: ``torch.compile``
+each with part of the cases (:func:`split`), on the same GPU under :mod:`runner.gpu_lock` (each
+case's timing loops alone on the GPU, every other stretch of GPU work shared), and combine their
+reports (:func:`combine`). The cases are split by their dtypes first: ``torch.compile``
 specialises its graphs on dtype and shape, so shards of different dtypes compile disjoint
 graphs and no graph is traced twice.
 

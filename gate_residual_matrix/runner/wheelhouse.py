@@ -370,9 +370,10 @@ def summary(manifest: Mapping) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m gate_residual_matrix.wheelhouse [--matrix FILE ...] [--out DIR] [--cache DIR]
-    [--extensions]``: build the wheelhouse for the matrix files' ``libraries.versions``
-    (their union; default matrix.yaml); one line per module, and per extension kept."""
+    """``python -m gate_residual_matrix.runner.wheelhouse [--matrix FILE ...] [--out DIR]
+    [--cache DIR] [--extensions]``: build the wheelhouse for the matrix files'
+    ``libraries.versions`` (their union; default matrix.yaml); one line per module, and per
+    extension kept."""
     import argparse
 
     import yaml

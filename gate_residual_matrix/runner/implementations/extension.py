@@ -8,9 +8,8 @@ Where the file comes from (:meth:`ExtensionImplementation.locate`):
   unversioned row, any installed version): found with ``importlib.util.find_spec``, whose
   package ``__init__`` is not run;
 * otherwise the file kept beside the kernel wheelhouse for that version
-  (:mod:`runner.extension_files`: ``python -m gate_residual_matrix.wheelhouse --extensions``), its
-  sha256
-  checked against the record made from the wheel's RECORD.
+  (:mod:`runner.extension_files`: ``python -m gate_residual_matrix.runner.wheelhouse
+  --extensions``), its sha256 checked against the record made from the wheel's RECORD.
 
 A missing file makes the row ``unavailable`` with one line that says how to fetch it. The
 report records the file, its sha256, the torch the wheel requires (its METADATA) and the torch

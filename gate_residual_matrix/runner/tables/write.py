@@ -1,10 +1,9 @@
 """Write the outputs: read the reports, build the tables once, render every format, and write
 each file atomically where it changed.
 
-:func:`write_tables` is the last stage of the pipeline (``python -m gate_residual_matrix report``
-and the
-end of ``python -m gate_residual_matrix matrix``). It writes :data:`OUTPUTS` (``README.md``,
-``index.html``,
+:func:`write_tables` is the last stage of the pipeline (``python -m gate_residual_matrix
+report`` and the end of ``python -m gate_residual_matrix matrix``). It writes :data:`OUTPUTS`
+(``README.md``, ``index.html``,
 ``summary.csv``, ``summary.json``), the Markdown pages (``cells/``, ``ab.md``) and the pictures
 (``plots/*.svg``). The outputs are a pure function of the reports and the current commit (no
 timestamps), so regenerating them changes nothing.

@@ -1,8 +1,7 @@
 """Run one cell of a docker stack in its own container (the docker backend's ``run``).
 
-One container per cell, running the same ``python -m gate_residual_matrix cell ...`` as the host
-backend,
-with the arguments of :func:`runner.backends.docker.container.container_config` (no
+One container per cell, running the same ``python -m gate_residual_matrix cell ...`` as the
+host backend, with the arguments of :func:`runner.backends.docker.container.container_config` (no
 network, not root, read-only, one writable staging directory). The container is killed at
 the cell timeout and removed in every case, Ctrl-C and SIGTERM to the runner included (its
 staging directory too). The cell's report is then read from the staging directory, stamped

@@ -6,9 +6,8 @@ network, user 10001 (not root), not privileged, every capability dropped, read-o
 file system with a tmpfs ``/tmp`` mounted exec (torch.compile loads the libraries it
 builds there), the matrix file bound read-only and one fresh staging directory bound as
 the only writable path ``/reports``; ``target: cuda`` adds a GPU device request
-(:func:`gpu_request`). :func:`cell_command` is the host backend's ``python -m gate_residual_matrix
-cell``
-with the container's paths.
+(:func:`gpu_request`). :func:`cell_command` is the host backend's ``python -m
+gate_residual_matrix cell`` with the container's paths.
 """
 
 from __future__ import annotations

@@ -6,8 +6,7 @@ then per implementation, case and tensor both cells have whether the bits change
 where the inputs differ), max_abs and max ULP against fp64 and in-process repeatability on each
 side, then the median times and their ratio.
 ``python -m gate_residual_matrix report --ab A B`` picks the cells; otherwise :func:`default_ab`
-picks two of
-our cells with results that differ in one facet (stack, mode or target).
+picks two of our cells with results that differ in one facet (stack, mode or target).
 """
 
 from __future__ import annotations
