@@ -1,4 +1,4 @@
-"""What both ops' ``compiled`` rows share: the dynamo limits and inductor settings around
+"""What every op's ``compiled`` rows share: the dynamo limits and inductor settings around
 their calls, one call through autograd by the op's spec (:class:`Compiled`), and whether a
 compiler is on PATH (``ops/<op>/compiled.py`` say why)."""
 
@@ -103,3 +103,36 @@ class Compiled:
                                     [inputs[g] for g in upstream.values()])
         return {**{k: v.detach() for k, v in out.items()},
                 **{k: leaves[o.grad_of].grad for k, o in spec.outputs.items() if o.grad_of}}
+
+
+def compiled_rows(op: str, expression, expression_emulate, source: str) -> tuple:
+    """``(compiled, compiled_emulate)``: an op's two ``torch.compile`` rows, over
+    ``expression`` and its second code object ``expression_emulate`` (the emulate row compiles
+    under ``emulate_precision_casts``), as :class:`Compiled` calls them; ``source`` says what
+    ``expression`` is. Both are unavailable without a compiler on PATH
+    (:func:`missing_compiler`) and compile per shape (:mod:`runner.precompile`)."""
+    from gate_residual_matrix.runner.implementations import Implementation
+
+    calls = Compiled(op, expression, expression_emulate)
+
+    def run(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
+        return calls.run(inputs, backward=backward, emulate=False)
+
+    def run_emulate(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
+        return calls.run(inputs, backward=backward, emulate=True)
+
+    def where(fn) -> str:
+        return f"{fn.__module__}.{fn.__qualname__}"
+
+    return (
+        Implementation(name="compiled", has_backward=True, run=run,
+                       source=f"torch.compile({source}), inductor defaults, dynamic=False",
+                       code_path=f"torch.compile({where(expression)}, dynamic=False)",
+                       prerequisite=missing_compiler, compiles_per_shape=True),
+        Implementation(name="compiled_emulate", has_backward=True, run=run_emulate,
+                       source="as compiled, with torch._inductor.config."
+                              "emulate_precision_casts = True",
+                       code_path=(f"torch.compile({where(expression_emulate)}, dynamic=False) "
+                                  "under inductor emulate_precision_casts=True"),
+                       prerequisite=missing_compiler, compiles_per_shape=True),
+    )

@@ -1,17 +1,16 @@
 """``compiled`` and ``compiled_emulate``: ``torch.compile`` of ``h = x + residual`` and
-diffusers' RMSNorm of ``h`` (as :mod:`ops.rms_norm.compiled`)."""
+diffusers' RMSNorm of ``h`` (:func:`ops.torch_compile.compiled_rows`: ``dynamic=False``,
+autograd's backward compiled by inductor, ``emulate_precision_casts`` around the second one's
+calls)."""
 
 from __future__ import annotations
 
-import torch
-
 from gate_residual_matrix.ops.add_rms_norm.eager import expression as _eager
-from gate_residual_matrix.ops.torch_compile import Compiled, missing_compiler
-from gate_residual_matrix.runner.implementations import Implementation
+from gate_residual_matrix.ops.torch_compile import compiled_rows
 
 
 def expression(x, residual, weight):
-    """``(out, h)`` of :func:`ops.add_rms_norm.eager.expression`, traced."""
+    """:func:`ops.add_rms_norm.eager.expression`: ``(out, h)``, traced."""
     return _eager(x, residual, weight)
 
 
@@ -20,37 +19,5 @@ def _expression_emulate(x, residual, weight):
     return _eager(x, residual, weight)
 
 
-_COMPILE = Compiled("add_rms_norm", expression, _expression_emulate)
-
-
-def run(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
-    """:func:`expression` through ``torch.compile`` (inductor defaults, dynamic=False)."""
-    return _COMPILE.run(inputs, backward=backward, emulate=False)
-
-
-def run_emulate(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
-    """As :func:`run`, with inductor's ``emulate_precision_casts`` on while it compiles."""
-    return _COMPILE.run(inputs, backward=backward, emulate=True)
-
-
-COMPILED = Implementation(
-    name="compiled",
-    source="torch.compile(h = x + residual; diffusers RMSNorm(h)), inductor defaults, "
-           "dynamic=False",
-    has_backward=True,
-    run=run,
-    code_path="torch.compile(ops.add_rms_norm.compiled.expression, dynamic=False)",
-    prerequisite=missing_compiler,
-    compiles_per_shape=True,
-)
-
-COMPILED_EMULATE = Implementation(
-    name="compiled_emulate",
-    source="as compiled, with torch._inductor.config.emulate_precision_casts = True",
-    has_backward=True,
-    run=run_emulate,
-    code_path=("torch.compile(ops.add_rms_norm.compiled._expression_emulate, dynamic=False) "
-               "under inductor emulate_precision_casts=True"),
-    prerequisite=missing_compiler,
-    compiles_per_shape=True,
-)
+COMPILED, COMPILED_EMULATE = compiled_rows("add_rms_norm", expression, _expression_emulate,
+                                           "h = x + residual; diffusers RMSNorm(h)")
