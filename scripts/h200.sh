@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything this project needs from a GPU machine, in one call (the device tool's H200):
+# Everything this project needs from a GPU machine, in one call (an offline H200 host):
 # GPU tests, the default matrix on target cuda, the SASS/register report and the benchmark.
 # Usage (from the repository root on the GPU machine):  bash scripts/h200.sh [OUT_DIR]
 # STEPS picks steps (default: env smoke tests sass libsmoke matrix bench profile); MATRIX_ARGS
@@ -8,7 +8,7 @@
 # Wheels in .whl/ (numpy<2.5 for numba-cuda, jsonschema, pydantic) are installed to /tmp/site
 # when present, since that machine has no package index.
 set -uo pipefail
-# The device machine's copy of the tree carries no commit of ours: `bash scripts/h200.sh
+# The GPU host's copy of the tree carries no commit of ours: `bash scripts/h200.sh
 # --stamp` (here, on a clean checkout) records HEAD and a digest of the source files in
 # .carry/source.json; there, the reports name that commit only if the digest still matches.
 source_digest() {
@@ -41,7 +41,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site:${PYTHONPATH:-} PATH=/tmp/site/bin:$PATH
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-# Compilation caches inside the (git-ignored) build/ folder: the device tool keeps ignored
+# Compilation caches inside the (git-ignored) build/ folder: a host that keeps the tree keeps ignored
 # build outputs between calls, so later calls reuse inductor's, Triton's and RL-Kernel's.
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$PWD/build/inductor}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/build/triton}
@@ -64,8 +64,8 @@ for step in $steps; do
     libsmoke) # library rows (issue 13): kernel-only loads from .carry/, RL-Kernel's build
             python3 scripts/library_smoke.py 2>&1 | tee "$out/library-smoke.log" | tail -30 || rc=1 ;;
     sass)   python3 scripts/sass_report.py > "$out/sass-report.txt" 2>&1 || rc=1; tail -30 "$out/sass-report.txt" ;;
-    matrix) # one tarball: the device tool returns few files (six modes make six cuda reports)
-            # SIGTERM before the device tool's own limit: the runner keeps a stopped cell's
+    matrix) # one tarball: only a few files come back (six modes make six cuda reports)
+            # SIGTERM before the host's own time limit: the runner keeps a stopped cell's
             # finished cases (status partial) and the next call resumes it.
             timer=""; [ -x /usr/bin/time ] && timer="/usr/bin/time -v"
             $timer timeout -s TERM "${MATRIX_TIMEOUT:-540}" python3 -m gate_residual_matrix.runner matrix ${MATRIX_ARGS:---stack host --target cuda} 2>&1 | tee "$out/matrix.log" | tail -60 || rc=1
@@ -81,7 +81,7 @@ for step in $steps; do
             #    stretch of GPU work (one call and its checks) shared. No cell compiles ahead
             #    again (the stamps) and none waits on the build while holding the lock.
             modes=${MODES:-"plain deterministic tf32 inference vllm_batch_invariant sglang_ieee"}
-            # reports outside $out, archived after every cell: the device tool returns 8 files,
+            # reports outside $out, archived after every cell: only a few files come back,
             # and a call stopped at its limit returned none of a run's reports (2026-12-01)
             reports=${MODE_REPORTS:-$PWD/build/mode-reports}; mkdir -p "$reports" "$PWD/build"
             # partial reports of an earlier call (same source): their cells run only what is missing
@@ -115,7 +115,7 @@ for step in $steps; do
             echo "all modes: $(( $(date +%s) - t0 )) s wall"
             # (the tables are rendered where the reports are committed: python -m gate_residual_matrix.runner report)
             python3 -c "import json, glob; [print(r['cell']['id'], r['status'], r['duration_s'], 's', len(r['cases']), 'cases', {k: v for k, v in r.get('phases', {}).items() if not isinstance(v, dict)}) for r in (json.load(open(p)) for p in sorted(glob.glob('$reports/*.json'))) if 'cell' in r]" 2>&1 || true
-            # the device tool returns a few files only: the reports travel as one archive
+            # only a few files come back: the reports travel as one archive
             tar czf "$out/modes-reports.tgz" -C "$reports" $(cd "$reports" && ls *.json | grep -v '^summary') && rm -rf "$reports"
             for f in "$out"/matrix-*.log; do tail -n 3 "$f"; done > "$out/modes-tails.log"
             tar czf "$out/modes-logs.tgz" -C "$out" $(cd "$out" && ls matrix-*.log rlbuild.log) && rm -f "$out"/matrix-*.log

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 14 on the device tool's H200 in one call (the device time is scarce):
+# Issue 14 on an H200 host in one call (GPU time is scarce):
 #   1. at once: the GPU tests of the kernels and entry points (three pytest processes),
 #      RL-Kernel's extension build, and torch.compile's graphs for the benchmark compiled
 #      into inductor's cache (gate_residual_matrix.ops.gate_residual.bench --precompile);
 #   2. then the benchmark alone on the GPU (gate_residual_matrix.ops.gate_residual.bench, every peer, host breakdown);
-#   3. everything into one tarball, OUT/issue14.tgz (the device tool returns few files).
+#   3. everything into one tarball, OUT/issue14.tgz (only a few files come back).
 # Usage, from the repository root on the GPU machine:  bash scripts/issue14_h200.sh OUT
 # Runs the commit in .carry/issue14-src.tgz when there (made here by
 #   git archive --format=tar.gz -o .carry/issue14-src.tgz HEAD && git rev-parse HEAD > .carry/issue14-commit

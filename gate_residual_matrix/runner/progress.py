@@ -3,7 +3,7 @@
 The cell process (host subprocess or container) prints one machine-readable line after each
 case (:func:`progress_line`); the runner reads the cell's output as it comes and shows it
 (:class:`ProgressView`): a live bar from ``rich`` when its console is a terminal, else one
-plain line per case for logs (CI, ``tee``, the device tool). ``GATE_RESIDUAL_PROGRESS=plain``
+plain line per case for logs (CI, ``tee``, a remote GPU host). ``GATE_RESIDUAL_PROGRESS=plain``
 forces the plain lines, ``=off`` shows nothing. Every other line of the cell's output is
 passed through unchanged.
 

@@ -1,7 +1,7 @@
 """Median wall time of a callable on the GPU (CUDA events) or the CPU (perf_counter).
 
-Used by the cell runner's timings and by ``ops.gate_residual.bench``; METHOD.md of the device tool:
-warm up first, time each call, take the median.
+Used by the cell runner's timings and by ``ops.gate_residual.bench``, with the usual method of
+GPU timing: warm up first, time each call, take the median.
 """
 
 from __future__ import annotations
