@@ -18,7 +18,7 @@ into a CUDA graph (fixed pointers, no Python between them), the graph is replaye
 
 Each variant's outputs are compared bit for bit (integer views) with the default's; a
 difference is printed and makes the exit status 1. ``--dry`` runs every code path once on
-CPU tensors with the driver call replaced (ops/gate_residual/bench_host.py), no timing.
+CPU tensors with the driver call replaced (bench/host.py), no timing.
 
     python scripts/backward_ab.py [--out FILE.json] [--reps 20] [--iters 30] [--dry]
 """
@@ -293,7 +293,7 @@ def main() -> int:
     args = parser.parse_args()
     import contextlib
 
-    from gate_residual_matrix.ops.gate_residual.bench_host import emulate_on_cpu
+    from gate_residual_matrix.bench.host import emulate_on_cpu
 
     device = "cpu" if args.dry else "cuda"
     context = emulate_on_cpu() if args.dry else contextlib.nullcontext()

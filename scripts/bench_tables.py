@@ -12,7 +12,7 @@ tests/data/h200/host-plain-cuda.json: five cases, three implementations; ``--tem
 another, e.g. a cell of today's default matrix) with their cell ids, stacks, modes, torch
 versions and some hashes changed; one in twenty has status ``error`` and no results. They are
 written to a temporary directory, then timed: reading and validating
-(:func:`runner.report.read_reports`), building the tables, rendering each output, and
+(:func:`runner.reports.store.read_reports`), building the tables, rendering each output, and
 :func:`runner.tables.write_tables` end to end. Prints one line per phase (seconds) and the
 output sizes. A benchmark, not a test; the figures are quoted in docs/tables.md.
 ``--cases K`` first grows the template to K cases (:func:`huge`): N = 1..K, each a copy of its
@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gate_residual_matrix.runner.report import read_reports  # noqa: E402
+from gate_residual_matrix.runner.reports.store import read_reports  # noqa: E402
 from gate_residual_matrix.runner.tables import OUTPUTS, build_tables, markdown, write_tables  # noqa: E402
 from gate_residual_matrix.runner.tables.render import html, summary  # noqa: E402
 

@@ -72,12 +72,12 @@ for step in $steps; do
             tar czf "$out/matrix-reports.tgz" reports/*-cuda.json reports/README.md reports/index.html reports/summary.* reports/*.svg 2>/dev/null ;;
     modes)  # MODES (default: the host stack's six) on this one GPU, in one command:
             # 1. one pool of compile workers fills inductor's caches for every mode
-            #    (python -m gate_residual_matrix.runner.precompile: the first mode, then the rest, whose graphs
+            #    (python -m gate_residual_matrix.runner.cell.precompile: the first mode, then the rest, whose graphs
             #    reuse its Triton kernels), while RL-Kernel's extension builds beside it;
             # 2. the cells one after another (MODE_JOBS at a time, default 1), each cell as
-            #    several processes (runner/shards.py: one per dtype group of its cases, up to
+            #    several processes (runner/backends/shards.py: one per dtype group of its cases, up to
             #    one per 2 CPUs; GATE_RESIDUAL_SHARDS sets it), sharing the GPU under
-            #    runner/gpu_lock.py: each case's timing loops alone on the GPU, every other
+            #    contract/gpu_lock.py: each case's timing loops alone on the GPU, every other
             #    stretch of GPU work (one call and its checks) shared. No cell compiles ahead
             #    again (the stamps) and none waits on the build while holding the lock.
             modes=${MODES:-"plain deterministic tf32 inference vllm_batch_invariant sglang_ieee"}
@@ -96,7 +96,7 @@ for step in $steps; do
             count=$(printf '%s\n' $matrices | wc -l); per=$(( ($(nproc) - 2) / count )); [ "$per" -lt 1 ] && per=1
             pids=""
             for mx in $matrices; do
-              ( timeout -s TERM $(( deadline - $(date +%s) )) python3 -m gate_residual_matrix.runner.precompile --matrix "$mx" --target "${MODE_TARGET:-cuda}" --workers "$per" $(printf -- '--mode %s ' $modes) ${PRECOMPILE_ARGS:-} > "$out/matrix-precompile-$(basename "$mx" .yaml).log" 2>&1
+              ( timeout -s TERM $(( deadline - $(date +%s) )) python3 -m gate_residual_matrix.runner.cell.precompile --matrix "$mx" --target "${MODE_TARGET:-cuda}" --workers "$per" $(printf -- '--mode %s ' $modes) ${PRECOMPILE_ARGS:-} > "$out/matrix-precompile-$(basename "$mx" .yaml).log" 2>&1
                 echo "precompile $mx: exit $? after $(( $(date +%s) - t0 )) s: $(tail -c 300 "$out/matrix-precompile-$(basename "$mx" .yaml).log")" ) &
               pids="$pids $!"
             done
@@ -129,7 +129,7 @@ for step in $steps; do
             PYTHONPATH=$PWD/.carry/rl-kernel-h3:$PYTHONPATH python3 -c "import time; t = time.time(); from rl_engine.kernels.ops import base; print('rl_engine._C built:', base._EXT_AVAILABLE, getattr(base, '_EXT_ERROR', None), f'{time.time() - t:.0f} s')" > "$out/rlbuild.log" 2>&1 &
             pids="$!"
             for m in $(printf '%s\n' $cells | cut -d: -f1 | sort -u); do
-              timeout -s TERM $(( deadline - $(date +%s) )) python3 -m gate_residual_matrix.runner.precompile --matrix "$m" --target "${MODE_TARGET:-cuda}" $(printf '%s\n' $cells | grep "^$m:" | cut -d: -f2 | sed 's/^/--mode /') ${PRECOMPILE_ARGS:-} > "$out/precompile-$(basename "$m" .yaml).log" 2>&1 &
+              timeout -s TERM $(( deadline - $(date +%s) )) python3 -m gate_residual_matrix.runner.cell.precompile --matrix "$m" --target "${MODE_TARGET:-cuda}" $(printf '%s\n' $cells | grep "^$m:" | cut -d: -f2 | sed 's/^/--mode /') ${PRECOMPILE_ARGS:-} > "$out/precompile-$(basename "$m" .yaml).log" 2>&1 &
               pids="$pids $!"
             done
             wait $pids; echo "precompile + rlbuild: $(( $(date +%s) - t0 )) s: $(cat "$out"/precompile-*.log | tail -c 800) $(tail -n 1 "$out/rlbuild.log")"
@@ -147,13 +147,13 @@ for step in $steps; do
             python3 -c "import json, glob; [print(r['cell']['id'], r['status'], r['duration_s'], 's', len(r['cases']), 'cases', {k: v for k, v in r.get('phases', {}).items() if not isinstance(v, dict)}) for r in (json.load(open(p)) for p in sorted(glob.glob('$reports/*.json'))) if 'cell' in r]" 2>&1 || true
             tar czf "$out/cells-reports.tgz" -C "$reports" $(cd "$reports" && ls *.json) && rm -rf "$reports"
             tar czf "$out/cells-logs.tgz" -C "$out" $(cd "$out" && ls matrix-cell-*.log precompile-*.log rlbuild.log) && rm -f "$out"/matrix-cell-*.log "$out"/precompile-*.log ;;
-    bench)  python3 -m gate_residual_matrix.ops.gate_residual.bench ${BENCH_ARGS:-} --out "$out" 2>&1 | tee "$out/bench.log" | tail -60 || rc=1 ;;
+    bench)  python3 -m gate_residual_matrix.bench.gate_residual ${BENCH_ARGS:-} --out "$out" 2>&1 | tee "$out/bench.log" | tail -60 || rc=1 ;;
     benchruns) # the benchmark BENCH_RUNS times (default 4), each a fresh process, e.g. with
             # BENCH_ARGS="--case bfloat16:1 --peer eager --peer numba --rounds 20 --iters 1000":
             # run-to-run spread of a small-N verdict (issue 14); one archive comes back
             for i in $(seq "${BENCH_RUNS:-4}"); do
               mkdir -p "$out/bench-runs/run-$i"
-              python3 -m gate_residual_matrix.ops.gate_residual.bench ${BENCH_ARGS:-} --out "$out/bench-runs/run-$i" > "$out/bench-runs/run-$i/bench.log" 2>&1 \
+              python3 -m gate_residual_matrix.bench.gate_residual ${BENCH_ARGS:-} --out "$out/bench-runs/run-$i" > "$out/bench-runs/run-$i/bench.log" 2>&1 \
                 || { rc=1; echo "run $i failed:"; tail -n 5 "$out/bench-runs/run-$i/bench.log"; continue; }
               grep -h "^| [a-z0-9]* | [0-9]* | " "$out/bench-runs/run-$i"/bench-*.md | sed "s/^/run $i: /"
             done

@@ -28,13 +28,13 @@ def main() -> int:
 
     import torch
 
+    from gate_residual_matrix.contract import versioned
+    from gate_residual_matrix.contract.library import LibraryImplementation
     from gate_residual_matrix.ops.gate_residual.eager import run as eager
     from gate_residual_matrix.ops.gate_residual.inputs import make_inputs
-    from gate_residual_matrix.runner import implementations
-    from gate_residual_matrix.runner.config import load_matrix
+    from gate_residual_matrix.runner.cell import catalog as implementations
+    from gate_residual_matrix.runner.config.matrix import load_matrix
     from gate_residual_matrix.runner.errors import ConfigError
-    from gate_residual_matrix.runner.implementations import versioned
-    from gate_residual_matrix.runner.implementations.library import LibraryImplementation
 
     try:
         matrix = load_matrix(args.matrix, known_implementations=implementations.known)

@@ -35,10 +35,11 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=45)
     args = parser.parse_args()
 
-    from gate_residual_matrix.runner import implementations, modes
-    from gate_residual_matrix.runner.cell import run_cell
-    from gate_residual_matrix.runner.cells import expand, select, select_cases
-    from gate_residual_matrix.runner.config import load_matrix
+    from gate_residual_matrix.runner.cell import catalog as implementations
+    from gate_residual_matrix.runner.cell import modes
+    from gate_residual_matrix.runner.cell.run import run_cell
+    from gate_residual_matrix.runner.config.matrix import load_matrix
+    from gate_residual_matrix.runner.plan.cells import expand, select, select_cases
 
     matrix = load_matrix(args.matrix, known_implementations=implementations.known)
     (cell,) = select(expand(matrix), stacks=[args.stack], modes=[args.mode],

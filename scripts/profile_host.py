@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gate_residual_matrix.ops.gate_residual.inputs import make_inputs
-from gate_residual_matrix.runner.implementations import get
+from gate_residual_matrix.runner.cell.catalog import get
 
 CALLS = 300
 

@@ -112,7 +112,7 @@ def bad_option_rows(tmp: Path) -> list[list[object]]:
 
 
 def fault_rows(tmp: Path) -> tuple[list[list[object]], str]:
-    from gate_residual_matrix.runner.report import read_report
+    from gate_residual_matrix.runner.reports.store import read_report
 
     reports = tmp / "fault-reports"
     env = {**os.environ, "GATE_RESIDUAL_FAULTS": "1", **PINNED}
@@ -181,7 +181,7 @@ def kill_rows(tmp: Path) -> list[list[object]]:
         d = tmp / f"kill-{mode}"
         d.mkdir()
         o = kill_while_writing(d, mode, kills=kills, seed=20261129)
-        writer = ("runner.report.write_report (temp file, fsync, rename)" if mode == "atomic"
+        writer = ("runner.reports.store.write_report (temp file, fsync, rename)" if mode == "atomic"
                   else "control: plain open(path, 'w').write")
         rows.append([writer, o.kills, o.advanced, len(o.torn), len(o.wrong), o.temp_files,
                      o.torn[0] if o.torn else "none"])
@@ -297,7 +297,7 @@ def rerun_rows(tmp: Path) -> list[list[object]]:
 
 def partial_rows(tmp: Path) -> list[list[object]]:
     """Partial runs (``--case``) over one cell's report: merged, reused, refused, replaced."""
-    from gate_residual_matrix.runner.report import read_report
+    from gate_residual_matrix.runner.reports.store import read_report
 
     data = yaml.safe_load(FAULTS.read_text())
     data["cases"] = [{"n": 5}, {"n": 7}]
@@ -335,7 +335,7 @@ def partial_rows(tmp: Path) -> list[list[object]]:
 def docker_auto_rows(tmp: Path) -> list[list[object]]:
     """Docker stacks this host cannot make, under --backend auto and docker (needs an engine;
     nothing is pulled or built: the base image and the wheelhouse are absent)."""
-    from gate_residual_matrix.runner.backends.docker import DockerBackend
+    from gate_residual_matrix.runner.backends.docker.cells import DockerBackend
 
     why = DockerBackend().available()
     if why:
@@ -393,7 +393,7 @@ def report_rows(tmp: Path) -> list[list[object]]:
 def _same(a, b) -> bool:
     import torch
 
-    from gate_residual_matrix.runner.compare import bits
+    from gate_residual_matrix.contract.compare import bits
 
     nan = torch.isnan(a) & torch.isnan(b)
     return bool(((bits(a) == bits(b)) | nan).all())

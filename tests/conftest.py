@@ -12,7 +12,7 @@ import secrets
 import pytest
 
 # Cells in tests compile a handful of graphs: compile worker processes (one per CPU on a
-# 2-CPU machine, runner/precompile.py) would cost more than they save. Tests of the pool set
+# 2-CPU machine, runner/cell/precompile.py) would cost more than they save. Tests of the pool set
 # the variable themselves; cells started as subprocesses inherit it.
 os.environ.setdefault("GATE_RESIDUAL_PRECOMPILE", "0")
 

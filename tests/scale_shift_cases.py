@@ -6,7 +6,7 @@ values (``scale`` and ``shift`` scaled by 0.5, like AdaLN rows), ``kind="bits"``
 element's bit pattern uniformly (all exponents, subnormals, NaN payloads, infinities). With
 ``specials``, about 1 element in 7 of every float tensor is replaced by a special value (each
 value at least once where the tensor has room for all):
-runner.inputs' list (NaN, +-Inf, +-0.0, subnormals, +-max, products that overflow or
+contract.inputs' list (NaN, +-Inf, +-0.0, subnormals, +-max, products that overflow or
 underflow) and, for ``scale``, values that make ``1 + scale`` interesting: -1 (t = +0.0),
 -1 +- one ULP, +-eps/2 and 3*eps/2 (ties of ``1 + s`` in the storage dtype), -2 (t = -1).
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from gate_residual_matrix.runner.inputs import special_values
+from gate_residual_matrix.contract.inputs import special_values
 
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 INDEX_DTYPES = {"int64": torch.int64, "int32": torch.int32}

@@ -9,9 +9,8 @@ import signal
 
 import pytest
 
-from gate_residual_matrix.runner.backends import BACKENDS, Backend
-from gate_residual_matrix.runner.backends.base import cell_argv, skipped_lines
-from gate_residual_matrix.runner.backends.docker import (
+from gate_residual_matrix.runner.backends.base import Backend, cell_argv, skipped_lines
+from gate_residual_matrix.runner.backends.docker.container import (
     CONTAINER_MATRIX,
     CONTAINER_REPORTS,
     cell_command,
@@ -24,7 +23,8 @@ from gate_residual_matrix.runner.backends.failure import (
     log_tail,
 )
 from gate_residual_matrix.runner.backends.host import HostBackend
-from gate_residual_matrix.runner.cells import Cell
+from gate_residual_matrix.runner.backends.registry import BACKENDS
+from gate_residual_matrix.runner.plan.cells import Cell
 from gate_residual_matrix.runner.status import Status
 
 OOM_LOG = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"

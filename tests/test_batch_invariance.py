@@ -1,5 +1,5 @@
-"""Batch-invariance checks (runner/batch_invariance.py), mutation detection and forward-only
-implementations in a cell (runner/cell.py), with test-only implementations built to fail."""
+"""Batch-invariance checks (runner/cell/batch_invariance.py), mutation detection and forward-only
+implementations in a cell (runner/cell/run.py), with test-only implementations built to fail."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gate_residual_matrix.contract.base import Implementation
 from gate_residual_matrix.ops.gate_residual import SPEC, eager, faulty, numba_kernel
 from gate_residual_matrix.ops.gate_residual.inputs import make_inputs
-from gate_residual_matrix.runner import batch_invariance, implementations
-from gate_residual_matrix.runner.cell import run_cell
-from gate_residual_matrix.runner.cells import Cell, select_cases
-from gate_residual_matrix.runner.config import parse_matrix
+from gate_residual_matrix.runner.cell import batch_invariance
+from gate_residual_matrix.runner.cell import catalog as implementations
+from gate_residual_matrix.runner.cell.run import run_cell
+from gate_residual_matrix.runner.config.matrix import parse_matrix
+from gate_residual_matrix.runner.plan.cells import Cell, select_cases
 
 FAULTS = Path(__file__).resolve().parent / "data" / "faults.yaml"
 
@@ -62,7 +64,7 @@ def test_a_row_depending_on_its_batch_fails_row_alone_and_sub_batches():
         got["out"] = got["out"] * (1.0 if x["residual"].shape[0] == 40 else 2.0)
         return got
 
-    impl = implementations.Implementation("n_scaled", "test", True, run)
+    impl = Implementation("n_scaled", "test", True, run)
     got = batch_invariance.check(impl, inputs(40), SPEC, max_size=40)
     assert got["row_alone"] is False and got["sub_batches"] is False
     assert got["size_sweep"] is False and got["first_failing_size"] == 1
@@ -102,9 +104,9 @@ def test_the_padded_comparison_needs_finite_inputs_without_rows():
     ``weight`` a zeroed row adds ``0 * Inf`` = NaN to grad_scale, so the comparison is not
     made (the prefix rows still are); a fixed-order kernel passes either way."""
     from gate_residual_matrix import ops
+    from gate_residual_matrix.contract.inputs import build
     from gate_residual_matrix.ops.rms_norm_scale_shift.numba_kernel import NUMBA
-    from gate_residual_matrix.runner import batch_invariance
-    from gate_residual_matrix.runner.inputs import build
+    from gate_residual_matrix.runner.cell import batch_invariance
 
     spec = ops.get("rms_norm_scale_shift")
     x = build(spec, n=20, sizes={"D": 16, "G": 3}, dtype="float32", index_dtype="int64",

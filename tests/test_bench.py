@@ -1,7 +1,7 @@
 """The benchmark's code path, once, on tiny CPU shapes (``--smoke``), so that it cannot rot.
 
 No figure from this run means anything; the H200 figures come from
-``ops.gate_residual.bench`` on the GPU (docs/performance.md).
+``bench.gate_residual`` on the GPU (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import json
 import pytest
 import torch
 
-from gate_residual_matrix.ops.gate_residual import bench, bench_rounds
-from gate_residual_matrix.runner import timing
+from gate_residual_matrix.bench import gate_residual as bench
+from gate_residual_matrix.bench import rounds as bench_rounds
+from gate_residual_matrix.contract import timing
 
 
 def test_bench_smoke_writes_rows_peers_host_costs_and_a_table(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""runner.cell: each case in its own dtypes, case targets, rows per gate index in the report."""
+"""runner.cell.run: each case in its own dtypes, case targets, rows per gate index in the report."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from gate_residual_matrix.ops.gate_residual.inputs import make_inputs
-from gate_residual_matrix.runner import report as report_io
-from gate_residual_matrix.runner.cell import case_key, fingerprint, run_cell, skeleton
-from gate_residual_matrix.runner.cells import Cell
-from gate_residual_matrix.runner.config import parse_matrix
+from gate_residual_matrix.runner.cell.run import case_key, fingerprint, run_cell, skeleton
+from gate_residual_matrix.runner.config.matrix import parse_matrix
+from gate_residual_matrix.runner.plan.cells import Cell
+from gate_residual_matrix.runner.reports import store as report_io
 
 TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -101,7 +101,7 @@ def test_case_key(case: dict, key: int | str) -> None:
 
 
 def test_an_implementation_that_does_not_take_a_dtype_is_not_run_on_it(monkeypatch) -> None:
-    from gate_residual_matrix.runner import implementations
+    from gate_residual_matrix.runner.cell import catalog as implementations
 
     calls = []
     numba = implementations.get("numba")
@@ -121,7 +121,7 @@ def test_an_implementation_that_does_not_take_a_dtype_is_not_run_on_it(monkeypat
 
     wrapped = OnlyBf16()
     real_get = implementations.get
-    monkeypatch.setattr("gate_residual_matrix.runner.implementations.catalog.get",
+    monkeypatch.setattr("gate_residual_matrix.runner.cell.catalog.get",
                         lambda name, op=None: wrapped if name == "numba" else real_get(name, op))
     m = small_matrix(2, [{"n": 5}, {"n": 5, "dtype": "float32"}])
     report = run_cell(m, Cell("host", "plain", "cpu"), m.cases, timings=False)

@@ -1,4 +1,4 @@
-"""Tests for runner.cells: expansion order, cell ids, selecting cells and cases."""
+"""Tests for runner.plan.cells: expansion order, cell ids, selecting cells and cases."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gate_residual_matrix.runner.cells import Cell, cases_on, expand, select, select_cases
-from gate_residual_matrix.runner.config import Matrix, load_matrix, parse_matrix
+from gate_residual_matrix.runner.config.matrix import Matrix, load_matrix, parse_matrix
 from gate_residual_matrix.runner.errors import ConfigError, SelectionError
+from gate_residual_matrix.runner.plan.cells import Cell, cases_on, expand, select, select_cases
 
 MATRIX = Path(__file__).parent.parent / "matrix.yaml"
 
@@ -125,7 +125,7 @@ def test_select_shipped_unknown_target() -> None:
 
 def test_a_long_list_of_valid_values_is_cut_with_a_hint() -> None:
     """The first ten, then how many more and where they are: one short line, not every id."""
-    from gate_residual_matrix.runner.cells import CHOICES_SHOWN, choices_text
+    from gate_residual_matrix.runner.plan.cells import CHOICES_SHOWN, choices_text
 
     ids = [f"case-{i}" for i in range(CHOICES_SHOWN + 20)]
     assert choices_text("case", ids) == (", ".join(ids[:CHOICES_SHOWN])

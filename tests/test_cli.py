@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gate_residual_matrix.runner import implementations
 from gate_residual_matrix.runner import pipeline as run_mod
 from gate_residual_matrix.runner.__main__ import main
-from gate_residual_matrix.runner.config import load_matrix
+from gate_residual_matrix.runner.cell import catalog as implementations
+from gate_residual_matrix.runner.config.matrix import load_matrix
 
 # the registered implementations after the first three, as messages list them (the registry
 # run_matrix validates against)
@@ -146,7 +146,7 @@ def test_cell_command_refuses_cuda_without_a_gpu(reports, capsys, monkeypatch):
 
 
 def test_fault_implementation_is_unknown_without_the_switch(reports, capsys, monkeypatch):
-    from gate_residual_matrix.runner import implementations
+    from gate_residual_matrix.runner.cell import catalog as implementations
 
     monkeypatch.setattr(implementations, "known", lambda op: ("eager", "numba", "fp64"))
     before = snapshot(reports)

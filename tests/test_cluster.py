@@ -24,13 +24,13 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from gate_residual_matrix.runner import cluster as cluster_mod
 from gate_residual_matrix.runner import pipeline as run_mod
 from gate_residual_matrix.runner.__main__ import main
-from gate_residual_matrix.runner.cells import Cell
-from gate_residual_matrix.runner.cluster_connect import parse_address
-from gate_residual_matrix.runner.config import load_matrix
+from gate_residual_matrix.runner.backends.ray import cluster as cluster_mod
+from gate_residual_matrix.runner.backends.ray.connect import parse_address
+from gate_residual_matrix.runner.config.matrix import load_matrix
 from gate_residual_matrix.runner.errors import ConfigError
+from gate_residual_matrix.runner.plan.cells import Cell
 from tests.ray_cluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -286,7 +286,8 @@ def test_needs_per_cell():
 
 def test_a_node_of_another_commit_does_not_run_the_cell(tmp_path, monkeypatch):
     """A node elsewhere (another checkout) at another commit: an error report, no cell."""
-    from gate_residual_matrix.runner import cluster_node, environment
+    from gate_residual_matrix.runner.backends.ray import node as cluster_node
+    from gate_residual_matrix.runner.cell import environment
 
     node = SimpleNamespace(get_node_id=lambda: "c" * 56)
     monkeypatch.setitem(sys.modules, "ray", SimpleNamespace(get_runtime_context=lambda: node))
@@ -298,7 +299,7 @@ def test_a_node_of_another_commit_does_not_run_the_cell(tmp_path, monkeypatch):
     def run(*args, **kwargs):
         raise Ran
 
-    monkeypatch.setattr("gate_residual_matrix.runner.backends.HostBackend.run", run)
+    monkeypatch.setattr("gate_residual_matrix.runner.backends.host.HostBackend.run", run)
     text = yaml.safe_dump(SMALL)
     payload = {"cell": ("host", "plain", "cpu"), "cases": ["1"], "matrix_text": text,
                "matrix_rel": None, "matrix_sha256": "", "run_id": "r" * 32, "timeout_s": 60,
@@ -314,7 +315,8 @@ def test_a_node_of_another_commit_does_not_run_the_cell(tmp_path, monkeypatch):
 
 
 class FakeRay:
-    """Enough of ``ray`` for :class:`runner.cluster.Cluster`'s bookkeeping: two nodes, and a
+    """Enough of ``ray`` for :class:`runner.backends.ray.cluster.Cluster`'s bookkeeping: two
+    nodes, and a
     ``get`` that raises what a worker's death raises."""
 
     class RayError(Exception):

@@ -1,4 +1,4 @@
-"""runner.compare.accuracy against a plain numpy oracle, on fresh random values."""
+"""contract.compare.accuracy against a plain numpy oracle, on fresh random values."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from gate_residual_matrix.runner import compare
-from gate_residual_matrix.runner.compare import accuracy, ulp_at
+from gate_residual_matrix.contract import compare
+from gate_residual_matrix.contract.compare import accuracy, ulp_at
 
 
 def oracle(a: torch.Tensor, ref: torch.Tensor) -> dict:
@@ -41,7 +41,7 @@ def oracle(a: torch.Tensor, ref: torch.Tensor) -> dict:
 def test_accuracy_matches_a_numpy_oracle(fresh_seed: int, dtype: torch.dtype, plant: str,
                                          block: int | None, monkeypatch: pytest.MonkeyPatch):
     if block is not None:  # many blocks, with odd boundaries
-        monkeypatch.setattr("gate_residual_matrix.runner.compare._BLOCK", block)
+        monkeypatch.setattr("gate_residual_matrix.contract.compare._BLOCK", block)
     gen = torch.Generator().manual_seed(fresh_seed)
     n = int(torch.randint(1, 5000, (1,), generator=gen))
     ref = torch.randn(n, generator=gen, dtype=torch.float64) * 10
@@ -77,7 +77,7 @@ def test_accuracy_leaves_its_arguments_alone() -> None:
 
 
 def bitwise_oracle(a: torch.Tensor, b: torch.Tensor) -> dict:
-    """runner.compare.bitwise's figures, element by element in numpy over the whole tensor."""
+    """contract.compare.bitwise's figures, element by element in numpy over the whole tensor."""
     width = {torch.bfloat16: 16, torch.float16: 16, torch.float32: 32, torch.float64: 64}
     ia = a.reshape(-1).view(getattr(torch, f"int{width[a.dtype]}")).numpy().astype(np.int64)
     ib = b.reshape(-1).view(getattr(torch, f"int{width[a.dtype]}")).numpy().astype(np.int64)
@@ -111,7 +111,7 @@ def test_bitwise_matches_a_numpy_oracle(fresh_seed: int, dtype: torch.dtype, blo
     """Blocks of 5 elements (many, with odd boundaries) or the default: the same figures as
     the whole tensor's, with NaN payloads, +-Inf, +-0.0, subnormals and extremes planted."""
     if block is not None:
-        monkeypatch.setattr("gate_residual_matrix.runner.compare._CMP_BLOCK", block)
+        monkeypatch.setattr("gate_residual_matrix.contract.compare._CMP_BLOCK", block)
     gen = torch.Generator().manual_seed(fresh_seed)
     n = int(torch.randint(1, 3000, (1,), generator=gen))
     a = torch.randn(n, generator=gen, dtype=torch.float64).to(dtype)

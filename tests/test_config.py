@@ -1,4 +1,4 @@
-"""Tests for runner.config: the shipped matrix, round trips, content hashes, bad configs."""
+"""Tests for runner.config.matrix: the shipped matrix, round trips, content hashes, bad configs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from gate_residual_matrix import ops
-from gate_residual_matrix.runner.config import (
+from gate_residual_matrix.runner.config.matrix import (
     DTYPES,
     INDEX_DTYPES,
     Case,
@@ -455,7 +455,7 @@ def test_library_distributions_are_the_registry_s_versioned_ones() -> None:
     pytest.importorskip("torch")  # the implementations import torch; the rest of this file not
     import importlib
 
-    from gate_residual_matrix.runner.config import LIBRARY_DISTRIBUTIONS
+    from gate_residual_matrix.runner.config.matrix import LIBRARY_DISTRIBUTIONS
 
     modules = [importlib.import_module(f"gate_residual_matrix.ops.{op}.libraries")
                for op in ops.OPS]

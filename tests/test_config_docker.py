@@ -1,4 +1,5 @@
-"""Tests for ``kind: docker`` stacks and the ``pip:`` section of runner.config (runner.pins)."""
+"""Tests for ``kind: docker`` stacks and the ``pip:`` section of runner.config.matrix
+(runner.config.pins)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ from typing import Any
 import pytest
 import yaml
 
-from gate_residual_matrix.runner.config import DockerStack, PipOptions, load_matrix, parse_matrix
+from gate_residual_matrix.runner.config.matrix import (
+    DockerStack,
+    PipOptions,
+    load_matrix,
+    parse_matrix,
+)
 from gate_residual_matrix.runner.errors import ConfigError
 
 MATRIX = Path(__file__).parent.parent / "matrix.yaml"

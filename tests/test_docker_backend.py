@@ -13,21 +13,21 @@ import pytest
 import requests
 import yaml
 
-from gate_residual_matrix.runner import backends
-from gate_residual_matrix.runner.backends import docker as docker_backend
-from gate_residual_matrix.runner.backends.docker import (
+from gate_residual_matrix.runner.backends import registry as backends
+from gate_residual_matrix.runner.backends.docker import engine as docker_backend
+from gate_residual_matrix.runner.backends.docker.cells import DockerBackend
+from gate_residual_matrix.runner.backends.docker.container import (
     CONTAINER_MATRIX,
     CONTAINER_REPORTS,
-    DockerBackend,
     cell_command,
     container_config,
     gpu_request,
 )
-from gate_residual_matrix.runner.cells import Cell
-from gate_residual_matrix.runner.config import parse_matrix
+from gate_residual_matrix.runner.backends.docker.images import IMAGE_UID, render
+from gate_residual_matrix.runner.config.matrix import parse_matrix
 from gate_residual_matrix.runner.errors import BackendError, ConfigError, Interrupted
-from gate_residual_matrix.runner.images import IMAGE_UID, render
-from gate_residual_matrix.runner.report import read_report
+from gate_residual_matrix.runner.plan.cells import Cell
+from gate_residual_matrix.runner.reports.store import read_report
 
 ROOT = Path(__file__).parent.parent
 MATRIX = ROOT / "matrix.yaml"
@@ -559,7 +559,7 @@ def test_auto_keeps_a_report_of_a_stack_it_cannot_make(tmp_path: Path,
                                                        empty_engine: FakeAPI) -> None:
     """A report made where the image could be built is not replaced by 'skipped'."""
     from gate_residual_matrix.runner.pipeline import run_matrix
-    from gate_residual_matrix.runner.report import write_report
+    from gate_residual_matrix.runner.reports.store import write_report
 
     data = read_report(ROOT / "tests" / "data" / "reports" / "host-plain-cuda.json").data
     data["cell"] = {"id": "cpu-torch2.13-plain-cpu", "stack": "cpu-torch2.13", "mode": "plain",

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gate_residual_matrix.runner import base_image
-from gate_residual_matrix.runner.backends.docker import DockerBackend
+from gate_residual_matrix.runner.backends.docker import base_image
+from gate_residual_matrix.runner.backends.docker.cells import DockerBackend
 from gate_residual_matrix.runner.backends.docker.engine import build_stacks
 from gate_residual_matrix.runner.pipeline import run_matrix
-from gate_residual_matrix.runner.report import read_report
+from gate_residual_matrix.runner.reports.store import read_report
 
 pytestmark = pytest.mark.docker
 

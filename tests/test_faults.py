@@ -1,7 +1,7 @@
 """Failing cells cost that cell only: fault injection through the real command line.
 
 ``tests/data/faults.yaml`` arms the test-only implementation ``fault``
-(runner/implementations/faulty.py) per mode: raise, hang, oom, kill; ``plain`` leaves it off and
+(ops/gate_residual/faulty.py) per mode: raise, hang, oom, kill; ``plain`` leaves it off and
 runs after the failing cells. One ``python -m gate_residual_matrix matrix`` run over them (CPU) must
 write one report per cell with the right status, reason, exit code and log tail, and exit 5 with a
 summary.
@@ -21,12 +21,12 @@ import torch
 import yaml
 
 from gate_residual_matrix.ops.gate_residual import faulty
-from gate_residual_matrix.runner import implementations
 from gate_residual_matrix.runner.backends.failure import Ending, classify, explain, oom_kill_count
-from gate_residual_matrix.runner.cell import out_of_memory, run_cell
-from gate_residual_matrix.runner.cells import Cell, select_cases
-from gate_residual_matrix.runner.config import parse_matrix
-from gate_residual_matrix.runner.report import read_report
+from gate_residual_matrix.runner.cell import catalog as implementations
+from gate_residual_matrix.runner.cell.run import out_of_memory, run_cell
+from gate_residual_matrix.runner.config.matrix import parse_matrix
+from gate_residual_matrix.runner.plan.cells import Cell, select_cases
+from gate_residual_matrix.runner.reports.store import read_report
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ROOT / "tests" / "data" / "faults.yaml"
@@ -189,7 +189,7 @@ def test_unknown_fault_is_an_error_naming_the_choices(with_fault, monkeypatch):
 
 
 def test_fault_is_registered_only_when_enabled():
-    code = ("import importlib, os, gate_residual_matrix.runner.implementations.catalog as c; "
+    code = ("import importlib, os, gate_residual_matrix.runner.cell.catalog as c; "
             "print(','.join(c.known('gate_residual'))); "
             "os.environ['GATE_RESIDUAL_FAULTS'] = '1'; "
             "import gate_residual_matrix.ops.gate_residual.implementations as g; "

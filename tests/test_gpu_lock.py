@@ -1,4 +1,4 @@
-"""runner/gpu_lock.py: several cells on one GPU, timings alone.
+"""contract/gpu_lock.py: several cells on one GPU, timings alone.
 
 Each test runs real processes that take the lock file and log (time, event) lines; the
 assertions are on the order of those events, never on a speed.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gate_residual_matrix.runner import gpu_lock
+from gate_residual_matrix.contract import gpu_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,6 +14,7 @@ docs/reliability.md lists for its class:
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 import os
 import re
@@ -26,9 +27,9 @@ from typing import Any
 
 import pytest
 
-from gate_residual_matrix.runner import report as report_mod
-from gate_residual_matrix.runner import report_json
-from gate_residual_matrix.runner.report import read_report, read_reports
+from gate_residual_matrix.runner.reports import json_file as report_json
+from gate_residual_matrix.runner.reports import store as report_mod
+from gate_residual_matrix.runner.reports.store import read_report, read_reports
 from tests.committed_reports import REFERENCE, committed_reports
 
 ROOT = Path(__file__).parent.parent
@@ -214,7 +215,8 @@ def test_our_report_without_schema_version_is_flagged_not_read_as_foreign(
         assert loaded.problem.startswith("schema_version: missing from a report of this "
                                          "runner"), loaded.problem
         assert name in loaded.problem and "not read as a foreign report" in loaded.problem
-    assert report_mod.OUR_KIND == __import__("gate_residual_matrix.runner.cell").runner.cell.KIND
+    assert report_mod.OUR_KIND == importlib.import_module(
+        "gate_residual_matrix.runner.cell.run").KIND
 
 
 def test_duplicate_foreign_reports_keep_the_first_and_flag_the_rest(tmp_path: Path) -> None:
@@ -395,7 +397,7 @@ def test_every_unknown_key_is_named_first(tmp_path: Path,
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_matrix_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
-    from gate_residual_matrix.runner.config import load_matrix
+    from gate_residual_matrix.runner.config.matrix import load_matrix
     from gate_residual_matrix.runner.errors import ConfigError
 
     os.mkfifo(tmp_path / "matrix.yaml")
@@ -422,8 +424,8 @@ def test_every_tensor_counts_against_host_memory(
 
 
 def test_memory_bound_counts_gate_rows() -> None:
-    from gate_residual_matrix.runner.case_sizes import case_bytes_at_least
-    from gate_residual_matrix.runner.config import load_matrix
+    from gate_residual_matrix.runner.config.matrix import load_matrix
+    from gate_residual_matrix.runner.plan.case_sizes import case_bytes_at_least
 
     matrix = load_matrix(ROOT / "matrix.yaml")
     case = matrix.cases[0]

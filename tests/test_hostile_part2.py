@@ -25,11 +25,11 @@ import pytest
 import yaml
 
 from gate_residual_matrix.runner import pipeline
-from gate_residual_matrix.runner.backends import BACKENDS
-from gate_residual_matrix.runner.cell import skeleton
-from gate_residual_matrix.runner.config import load_matrix, parse_matrix
+from gate_residual_matrix.runner.backends.registry import BACKENDS
+from gate_residual_matrix.runner.cell.run import skeleton
+from gate_residual_matrix.runner.config.matrix import load_matrix, parse_matrix
 from gate_residual_matrix.runner.errors import ConfigError
-from gate_residual_matrix.runner.report import read_report, write_report
+from gate_residual_matrix.runner.reports.store import read_report, write_report
 from tests.committed_reports import REFERENCE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -164,7 +164,7 @@ def test_the_fingerprint_does_not_follow_pythonhashseed(tmp_path: Path) -> None:
     """The same file gives the same content hash in every process (a set used to follow
     PYTHONHASHSEED; now every accepted value is ordered)."""
     _write(tmp_path / "m.yaml", BASE)
-    code = ("from gate_residual_matrix.runner.config import load_matrix; "
+    code = ("from gate_residual_matrix.runner.config.matrix import load_matrix; "
             f"print(load_matrix({str(tmp_path / 'm.yaml')!r}).content_hash())")
     hashes = {subprocess.run([sys.executable, "-c", code], cwd=ROOT, text=True, check=True,
                              capture_output=True, env={**os.environ, "PYTHONHASHSEED": seed}
@@ -265,7 +265,7 @@ def test_an_empty_path_is_refused_not_taken_as_the_current_folder(
 
 def test_the_projects_root_is_never_a_reports_folder(tmp_path: Path, capsys) -> None:
     from gate_residual_matrix.runner.__main__ import main
-    from gate_residual_matrix.runner.paths import PROJECT_ROOT, output_folder
+    from gate_residual_matrix.runner.config.paths import PROJECT_ROOT, output_folder
 
     for folder in (PROJECT_ROOT, PROJECT_ROOT.parent, Path("/")):
         with pytest.raises(ConfigError, match="the project's own folder"):
@@ -533,7 +533,7 @@ def test_an_incomplete_report_is_flagged_alone_in_its_folder(tmp_path: Path, cap
                                      "ray://host:1 ", "ray://[zz::1]:1", "http://host:1"])
 def test_a_malformed_cluster_address_is_refused_in_one_line(address: str) -> None:
     """``ray://[::1`` was tried (Ray's retries) rather than refused."""
-    from gate_residual_matrix.runner.cluster_connect import parse_address
+    from gate_residual_matrix.runner.backends.ray.connect import parse_address
 
     with pytest.raises(ConfigError, match="expected ray://HOST:PORT") as err:
         parse_address(address)
@@ -543,7 +543,7 @@ def test_a_malformed_cluster_address_is_refused_in_one_line(address: str) -> Non
 @pytest.mark.parametrize("address", ["ray://[::1]:10001", "ray://10.0.0.1:10001",
                                      "node-1.example.org:6379", "ray://localhost:1"])
 def test_well_formed_cluster_addresses_pass(address: str) -> None:
-    from gate_residual_matrix.runner.cluster_connect import parse_address
+    from gate_residual_matrix.runner.backends.ray.connect import parse_address
 
     assert parse_address(address) == address
 
@@ -611,7 +611,7 @@ def test_a_port_without_ray_is_one_line_within_the_stated_bound(tmp_path: Path,
     import time
 
     pytest.importorskip("ray")
-    from gate_residual_matrix.runner.cluster_connect import PROBE_TIMEOUT_S
+    from gate_residual_matrix.runner.backends.ray.connect import PROBE_TIMEOUT_S
 
     port, _ = silent_port
     start = time.monotonic()

@@ -1,4 +1,5 @@
-"""Tests for runner.images: Dockerfile and build context rendering, tags named by content."""
+"""Tests for runner.backends.docker.images: Dockerfile and build context rendering, tags named by
+content."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gate_residual_matrix.runner import images
-from gate_residual_matrix.runner.config import DockerStack, parse_matrix
+from gate_residual_matrix.runner.backends.docker import images
+from gate_residual_matrix.runner.config.matrix import DockerStack, parse_matrix
 from gate_residual_matrix.runner.errors import ImageError
 
 ROOT = Path(__file__).parent.parent
@@ -146,7 +147,7 @@ def test_project_files_are_baked_in_without_caches(project: Path) -> None:
     (pycache / "x.cpython-311.pyc").write_bytes(b"x")
     (project / "gate_residual_matrix" / "kernels" / ".swp").write_text("x")
     names = [name for name, _ in images.project_files(project)]
-    assert names[0] == "pyproject.toml" and "gate_residual_matrix/runner/cell.py" in names
+    assert names[0] == "pyproject.toml" and "gate_residual_matrix/runner/cell/run.py" in names
     assert "gate_residual_matrix/runner/schema/report.schema.json" in names
     assert "gate_residual_matrix/kernels/gate_residual.py" in names
     assert not any("__pycache__" in n or n.endswith(".pyc") or "/." in n for n in names)
@@ -229,7 +230,7 @@ def test_the_tag_names_what_the_context_holds(project: Path, wheelhouse: Path,
     spec = render(matrix_with(stack(pip={"find_links": str(wheelhouse)})), project, tmp_path)
     (project / "gate_residual_matrix" / "runner" / "cell.py").write_text(
         "# edited after the tag was computed\n")
-    edited = spec.files["project/gate_residual_matrix/runner/cell.py"]
+    edited = spec.files["project/gate_residual_matrix/runner/cell/run.py"]
     assert edited != b"# edited after the tag was computed\n"
     spec.write_context(io.BytesIO())
     next(wheelhouse.glob("*.whl")).write_bytes(b"another wheel")

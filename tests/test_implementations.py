@@ -11,13 +11,13 @@ import torch
 import yaml
 
 from gate_residual_matrix import ops
+from gate_residual_matrix.contract.base import Implementation
+from gate_residual_matrix.contract.row_blocks import RowBlocks
 from gate_residual_matrix.ops.gate_residual import compiled, eager, libraries
-from gate_residual_matrix.runner import implementations
-from gate_residual_matrix.runner.cell import run_cell
-from gate_residual_matrix.runner.cells import Cell, select_cases
-from gate_residual_matrix.runner.config import parse_matrix
-from gate_residual_matrix.runner.implementations import Implementation
-from gate_residual_matrix.runner.row_blocks import RowBlocks
+from gate_residual_matrix.runner.cell import catalog as implementations
+from gate_residual_matrix.runner.cell.run import run_cell
+from gate_residual_matrix.runner.config.matrix import parse_matrix
+from gate_residual_matrix.runner.plan.cells import Cell, select_cases
 
 FAULTS = Path(__file__).resolve().parent / "data" / "faults.yaml"
 

@@ -1,10 +1,12 @@
-"""No import cycles among runner/, ops/ and kernels/, and the tables' layers (issue 12).
+"""No import cycles in the package, the op contract below the runner, and the tables' layers.
 
 The graph is read from the source with :mod:`ast`: every ``import`` and ``from ... import``
 of these packages, at module level and inside functions (a lazy import is still a cycle
 waiting to happen), skipping ``if TYPE_CHECKING:`` blocks. A package's ``__init__`` counts as
 the package. Dynamic imports (``importlib.import_module`` of an op's implementations) are not
-edges: the op list (ops.OPS) is data.
+edges: the op list (ops.OPS) is data, and the layers below make such an edge harmless anyway:
+``ops/`` and ``contract/`` never import ``runner/``, so the runner's dynamic import of an op's
+implementations cannot close a loop.
 
 The tables (``runner/tables/``) are layered: the model never imports a renderer or the
 writer, a renderer imports the model and its own format's modules only (and ``links``, the
@@ -165,3 +167,37 @@ def test_layer_check_finds_what_it_looks_for():
         f"{RENDER}.html -> {RENDER}.pages",
         f"{RENDER}.pages -> {TABLES}.write",
     ]
+
+
+PKG = "gate_residual_matrix"
+LAYERS = {
+    f"{PKG}.kernels": (f"{PKG}.contract", f"{PKG}.ops", f"{PKG}.runner"),
+    f"{PKG}.contract": (f"{PKG}.ops", f"{PKG}.runner"),
+    f"{PKG}.ops": (f"{PKG}.runner",),
+}
+"""Each package and the packages above it, which it must never import."""
+
+
+def upward_imports(edges: dict[str, set[str]]) -> list[str]:
+    """``importer -> imported`` for every import from a lower package into a higher one."""
+    out = []
+    for module, imported in sorted(edges.items()):
+        for low, above in LAYERS.items():
+            if module == low or module.startswith(low + "."):
+                out += [f"{module} -> {t}" for t in sorted(imported)
+                        if any(t == a or t.startswith(a + ".") for a in above)]
+    return out
+
+
+def test_op_contract_is_below_the_runner():
+    """No module of ops/, contract/ or kernels/ imports the runner (or, for the lower two,
+    an op): an op author needs the contract, never the runner."""
+    assert upward_imports(graph()) == []
+
+
+def test_upward_import_check_finds_what_it_looks_for():
+    edges = {f"{PKG}.ops.rms_norm.eager": {f"{PKG}.contract.base", f"{PKG}.runner.errors"},
+             f"{PKG}.contract.inputs": {f"{PKG}.ops"},
+             f"{PKG}.runner.cell.run": {f"{PKG}.ops", f"{PKG}.contract.base"}}
+    assert upward_imports(edges) == [f"{PKG}.contract.inputs -> {PKG}.ops",
+                                     f"{PKG}.ops.rms_norm.eager -> {PKG}.runner.errors"]

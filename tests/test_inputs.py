@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from gate_residual_matrix.contract import compare
+from gate_residual_matrix.contract import inputs as inputs_module
+from gate_residual_matrix.contract.inputs import special_values, splitmix64, to_storage
 from gate_residual_matrix.ops.gate_residual.inputs import make_inputs
-from gate_residual_matrix.runner import compare
-from gate_residual_matrix.runner import inputs as inputs_module
-from gate_residual_matrix.runner.inputs import special_values, splitmix64, to_storage
 
 
 def test_splitmix64_reference_values():
@@ -73,7 +73,7 @@ def test_blocks_do_not_change_the_bits(fresh_seed, monkeypatch):
     n, d = int(rng.integers(1, 40)), int(rng.integers(1, 40))
     whole = make_inputs(n=n, d=d, g=5, dtype="float16", index_dtype="int64", seed=fresh_seed,
                         specials=True)
-    monkeypatch.setattr("gate_residual_matrix.runner.inputs._BLOCK", int(rng.integers(1, 17)))
+    monkeypatch.setattr("gate_residual_matrix.contract.inputs._BLOCK", int(rng.integers(1, 17)))
     blocked = make_inputs(n=n, d=d, g=5, dtype="float16", index_dtype="int64",
                           seed=fresh_seed, specials=True)
     assert blocked.sha256() == whole.sha256()
@@ -103,10 +103,10 @@ def test_the_parallel_generator_gives_the_numpy_definitions_bits(fresh_seed, mon
     n, d = int(rng.integers(20, 90)), int(rng.integers(30, 200))
     kw = {"n": n, "d": d, "g": 7, "dtype": dtype, "index_dtype": "int32", "seed": fresh_seed,
           "specials": specials}
-    monkeypatch.setattr("gate_residual_matrix.runner.inputs._PARALLEL_AT_LEAST",
+    monkeypatch.setattr("gate_residual_matrix.contract.inputs._PARALLEL_AT_LEAST",
                         1 << 62)  # numpy only
     reference = make_inputs(**kw)
-    monkeypatch.setattr("gate_residual_matrix.runner.inputs._PARALLEL_AT_LEAST",
+    monkeypatch.setattr("gate_residual_matrix.contract.inputs._PARALLEL_AT_LEAST",
                         1)  # numba for every tensor
     assert inputs_module._parallel_kernel() is not None, "numba could not compile here"
     parallel = make_inputs(**kw)
@@ -118,7 +118,7 @@ def test_the_parallel_generator_gives_the_numpy_definitions_bits(fresh_seed, mon
 def test_parallel_bf16_rounding_matches_numpy_definition():
     """The numba twin of bf16_bits gives the same bits on every float32 pattern class:
     random words (NaN payloads of both signs included), ties, infinities, zeros, extremes."""
-    from gate_residual_matrix.runner import inputs as I
+    from gate_residual_matrix.contract import inputs as I
 
     rng = np.random.default_rng()
     words = rng.integers(0, 2**32, size=(1 << 17), dtype=np.uint64).astype(np.uint32)

@@ -19,7 +19,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gate_residual_matrix.runner.report import read_report, read_reports, remove_stale_temp_files
+from gate_residual_matrix.runner.reports.store import (
+    read_report,
+    read_reports,
+    remove_stale_temp_files,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import write_worker

@@ -23,11 +23,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from gate_residual_matrix.contract import kernel_only, rl_kernel_tree, versioned
 from gate_residual_matrix.ops.gate_residual import rl_kernel_ops, vllm_omni_ops
-from gate_residual_matrix.runner import implementations, wheelhouse
-from gate_residual_matrix.runner.config import parse_matrix
+from gate_residual_matrix.runner import wheelhouse
+from gate_residual_matrix.runner.cell import catalog as implementations
+from gate_residual_matrix.runner.cell.catalog import get
+from gate_residual_matrix.runner.config.matrix import parse_matrix
 from gate_residual_matrix.runner.errors import ConfigError
-from gate_residual_matrix.runner.implementations import get, kernel_only, rl_kernel_tree, versioned
 
 VERSIONS = ("0.28.0", "0.30.0")
 CACHE = Path(os.environ.get("GATE_RESIDUAL_WHEEL_CACHE")

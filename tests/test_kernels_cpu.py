@@ -7,13 +7,13 @@ import pytest
 import torch
 from conftest import DTYPES, INDEX_DTYPES, assert_bitwise, inputs
 
+from gate_residual_matrix.contract.inputs import TORCH_DTYPES
 from gate_residual_matrix.kernels.gate_residual import CHUNK_ROWS
 from gate_residual_matrix.kernels.gate_residual_cpu import (
     BLOCK_ROWS,
     gate_residual_backward_cpu,
     gate_residual_cpu,
 )
-from gate_residual_matrix.runner.inputs import TORCH_DTYPES
 
 SHAPES = [(0, 5, 3), (1, 1, 1), (7, 33, 3), (130, 5, 9), (CHUNK_ROWS * 2 + 1, 17, 4),
           (BLOCK_ROWS * 2 + CHUNK_ROWS + 3, 7, 4)]  # three blocks of rows, the last short

@@ -300,12 +300,12 @@ def test_fused_backward_under_cuda_graph_capture(fresh_seed, fuse_eight):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.int64])
 def test_sha256_of_a_cuda_tensor_is_that_of_its_host_bytes(dtype, monkeypatch, fresh_seed):
-    """runner.compare.tensor_sha256 copies a CUDA tensor in pieces through pinned buffers:
+    """contract.compare.tensor_sha256 copies a CUDA tensor in pieces through pinned buffers:
     the digest is the one of the whole tensor's bytes on the host, for one piece, several
     (odd last piece), an empty tensor and a non-contiguous view."""
     import hashlib
 
-    from gate_residual_matrix.runner import compare
+    from gate_residual_matrix.contract import compare
 
     monkeypatch.setattr(compare, "_PINNED", {})
     monkeypatch.setattr(compare, "_CHUNK", 1000)  # many pieces, the last one short

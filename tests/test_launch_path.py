@@ -1,6 +1,6 @@
 """The CUDA entry points' host path, on the CPU: what reaches the driver (issue 14).
 
-``ops.gate_residual.bench_host.emulate_on_cpu`` runs the entry points on CPU tensors with
+``bench.host.emulate_on_cpu`` runs the entry points on CPU tensors with
 ``cuLaunchKernelEx`` replaced by a recorder, so every launch's kernel, grid, block, shared
 memory and packed parameters are checked here without a GPU: the parameters must be numba's
 array ABI of the tensors the call passed (``kernels.launch.array_params``), the flag the one
@@ -17,6 +17,7 @@ import threading
 import pytest
 import torch
 
+from gate_residual_matrix.bench.host import emulate_on_cpu
 from gate_residual_matrix.kernels import gate_residual as K
 from gate_residual_matrix.kernels.device_assert import FLAG_ASSERT, FLAG_CLEAN
 from gate_residual_matrix.kernels.errors import OpInputError
@@ -26,7 +27,6 @@ from gate_residual_matrix.kernels.launch import (
     _LaunchConfig,
     array_params,
 )
-from gate_residual_matrix.ops.gate_residual.bench_host import emulate_on_cpu
 
 _EX = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                        ctypes.c_void_p)

@@ -21,6 +21,7 @@ import pytest
 import torch
 import yaml
 
+from gate_residual_matrix.contract import compare, library
 from gate_residual_matrix.ops.gate_residual import (
     libraries,
     rl_kernel_ops,
@@ -29,11 +30,10 @@ from gate_residual_matrix.ops.gate_residual import (
 )
 from gate_residual_matrix.ops.gate_residual.eager import run as eager_run
 from gate_residual_matrix.ops.gate_residual.inputs import make_inputs
-from gate_residual_matrix.runner import compare, implementations
-from gate_residual_matrix.runner.cell import run_cell
-from gate_residual_matrix.runner.cells import Cell, select_cases
-from gate_residual_matrix.runner.config import parse_matrix
-from gate_residual_matrix.runner.implementations import library
+from gate_residual_matrix.runner.cell import catalog as implementations
+from gate_residual_matrix.runner.cell.run import run_cell
+from gate_residual_matrix.runner.config.matrix import parse_matrix
+from gate_residual_matrix.runner.plan.cells import Cell, select_cases
 
 FAKE_ROOTS = ("sglang", "vllm_omni", "rl_engine")
 LIBRARY_NAMES = [impl.name for impl in libraries.LIBRARIES]

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from gate_residual_matrix.runner import lifetime
+from gate_residual_matrix.runner.backends import lifetime
 
 ROOT = Path(__file__).resolve().parent.parent
 SLEEPER = ("from gate_residual_matrix.runner import lifetime; "

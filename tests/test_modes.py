@@ -1,4 +1,5 @@
-"""Modes in fresh processes (runner/modes.py, runner/abba.py): the mode's environment is in
+"""Modes in fresh processes (runner/cell/modes.py, runner/plan/abba.py): the mode's environment is
+in
 the cell process before torch is imported, torch settings are applied and recorded, and an
 A-B-B-A run records determinism across processes."""
 
@@ -11,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gate_residual_matrix.runner import modes
-from gate_residual_matrix.runner.abba import across
-from gate_residual_matrix.runner.config import TorchSettings
+from gate_residual_matrix.runner.cell import modes
+from gate_residual_matrix.runner.config.matrix import TorchSettings
 from gate_residual_matrix.runner.errors import ConfigError
 from gate_residual_matrix.runner.pipeline import run_matrix
+from gate_residual_matrix.runner.plan.abba import across
 
 PINNED_PROJECT = {"GATE_RESIDUAL_COMMIT": "0123456789abcdef0123456789abcdef01234567"}
 MATRIX = {
@@ -81,8 +82,8 @@ def test_across_compares_sha256_per_tensor():
 
 
 def test_matrix_declares_the_issue_modes():
-    from gate_residual_matrix.runner import implementations
-    from gate_residual_matrix.runner.config import load_matrix
+    from gate_residual_matrix.runner.cell import catalog as implementations
+    from gate_residual_matrix.runner.config.matrix import load_matrix
 
     root = Path(__file__).resolve().parent.parent
     m = load_matrix(root / "matrix.yaml", known_implementations=implementations.known)

@@ -25,12 +25,12 @@ import pytest
 import torch
 from test_kernel_only import CACHE, triton_importable  # noqa: F401 - a fixture
 
+from gate_residual_matrix.contract import extension, extension_files, kernel_only, versioned
+from gate_residual_matrix.contract.library import LibraryMissing
 from gate_residual_matrix.ops.add_rms_norm import libraries as add_libs
 from gate_residual_matrix.ops.rms_norm import libraries as rms_libs
 from gate_residual_matrix.ops.rms_norm_scale_shift import libraries as mod_libs
-from gate_residual_matrix.runner import extension_files, wheelhouse
-from gate_residual_matrix.runner.implementations import extension, kernel_only, versioned
-from gate_residual_matrix.runner.implementations.library import LibraryMissing
+from gate_residual_matrix.runner import wheelhouse
 
 LIGER = ("0.8.4", "0.8.5")
 OMNI = ("0.28.0", "0.30.0")

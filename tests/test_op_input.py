@@ -15,8 +15,8 @@ import pytest
 import torch
 from conftest import DTYPES, INDEX_DTYPES, assert_bitwise, inputs
 
+from gate_residual_matrix.contract.inputs import TORCH_DTYPES, special_values
 from gate_residual_matrix.runner.errors import OpInputError
-from gate_residual_matrix.runner.inputs import TORCH_DTYPES, special_values
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from gate_residual_matrix import ops
-from gate_residual_matrix.runner import implementations
-from gate_residual_matrix.runner.cell import run_cell
-from gate_residual_matrix.runner.cells import Cell, expand, select_cases
-from gate_residual_matrix.runner.config import load_matrix, parse_matrix
-from gate_residual_matrix.runner.inputs import build
+from gate_residual_matrix.contract.inputs import build
+from gate_residual_matrix.runner.cell import catalog as implementations
+from gate_residual_matrix.runner.cell.run import run_cell
+from gate_residual_matrix.runner.config.matrix import load_matrix, parse_matrix
+from gate_residual_matrix.runner.plan.cells import Cell, expand, select_cases
 from tests.committed_reports import HOST_PLAIN_CPU, committed_reports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,7 +122,7 @@ def test_scale_shift_cell_on_the_cpu():
 
 
 def test_a_version_1_report_is_upgraded_with_the_first_ops_tensors():
-    from gate_residual_matrix.runner.report import SCHEMA_VERSION, upgrade
+    from gate_residual_matrix.runner.reports.store import SCHEMA_VERSION, upgrade
 
     v1 = {"schema_version": 1, "op": "gate_residual", "x": 1}
     v2 = upgrade(v1)
@@ -135,7 +135,7 @@ def test_a_version_1_report_is_upgraded_with_the_first_ops_tensors():
 
 def test_every_committed_report_loads(tmp_path):
     """Today's reports (version 1 and 2, ours and foreign) load and validate."""
-    from gate_residual_matrix.runner.report import read_reports
+    from gate_residual_matrix.runner.reports.store import read_reports
 
     loaded = read_reports(committed_reports(tmp_path / "reports"))
     ours = [r for r in loaded if r.origin == "ours"]

@@ -1,4 +1,4 @@
-"""The matrix pipeline's named steps (runner/pipeline.py, runner/run.py, runner/site.py),
+"""The matrix pipeline's named steps (runner/pipeline.py, runner/run.py, runner/backends/site.py),
 each alone.
 
 No cell process runs here: the host backend is a fake that writes a report at once, and no
@@ -18,13 +18,14 @@ import pytest
 import yaml
 
 from gate_residual_matrix.runner import pipeline
-from gate_residual_matrix.runner.backends import BACKENDS, DockerBackend
-from gate_residual_matrix.runner.cell import skeleton
-from gate_residual_matrix.runner.cells import Cell
+from gate_residual_matrix.runner.backends.docker.cells import DockerBackend
+from gate_residual_matrix.runner.backends.registry import BACKENDS
+from gate_residual_matrix.runner.cell.run import skeleton
 from gate_residual_matrix.runner.errors import BackendError, ConfigError
 from gate_residual_matrix.runner.outcome import REFUSED, CellOutcome, failed, summary
 from gate_residual_matrix.runner.pipeline import Request, Site
-from gate_residual_matrix.runner.report import write_report
+from gate_residual_matrix.runner.plan.cells import Cell
+from gate_residual_matrix.runner.reports.store import write_report
 from gate_residual_matrix.runner.run import plan_cell, run_cells
 from gate_residual_matrix.runner.status import Status
 
@@ -276,7 +277,7 @@ def test_render_tables_turns_an_os_error_into_a_report_error(
 
 
 def test_the_cell_process_runs_exactly_one_cell(request_: Request) -> None:
-    from gate_residual_matrix.runner.cell_process import run_cell_process
+    from gate_residual_matrix.runner.backends.process import run_cell_process
 
     with pytest.raises(ConfigError, match=r"^cell: the selection matches 2 cells; name one"):
         run_cell_process(request_.matrix_path, request_.reports_dir, stacks=["host"],
@@ -286,8 +287,8 @@ def test_the_cell_process_runs_exactly_one_cell(request_: Request) -> None:
 
 def test_the_cell_process_writes_its_report(request_: Request,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from gate_residual_matrix.runner.cell_process import run_cell_process
-    from gate_residual_matrix.runner.report import read_report
+    from gate_residual_matrix.runner.backends.process import run_cell_process
+    from gate_residual_matrix.runner.reports.store import read_report
 
     monkeypatch.setenv("GATE_RESIDUAL_PROGRESS", "off")
     cell_id, status, path = run_cell_process(

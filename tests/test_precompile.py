@@ -7,13 +7,13 @@ import random
 import pytest
 
 from gate_residual_matrix.ops.gate_residual.compiled import missing_compiler
-from gate_residual_matrix.runner import precompile
-from gate_residual_matrix.runner import report as report_io
-from gate_residual_matrix.runner.batch_invariance import row_counts, sweep_sizes
-from gate_residual_matrix.runner.cell import run_cell
-from gate_residual_matrix.runner.cells import Cell
-from gate_residual_matrix.runner.config import parse_matrix
-from gate_residual_matrix.runner.implementations import get
+from gate_residual_matrix.runner.cell import precompile
+from gate_residual_matrix.runner.cell.batch_invariance import row_counts, sweep_sizes
+from gate_residual_matrix.runner.cell.catalog import get
+from gate_residual_matrix.runner.cell.run import run_cell
+from gate_residual_matrix.runner.config.matrix import parse_matrix
+from gate_residual_matrix.runner.plan.cells import Cell
+from gate_residual_matrix.runner.reports import store as report_io
 
 
 def matrix(seed: int, n: int, **extra):
@@ -53,7 +53,7 @@ def test_plan_lists_each_graph_once_in_case_order(fresh_seed):
 def test_kernels_cached_per_dtype_pair_are_run_once_per_case_size(fresh_seed):
     """numba's kernels go to the cubin cache once per dtype pair and kind of launch: one
     training call per case (no batch-invariance sizes), on the targets it caches on only."""
-    from gate_residual_matrix.runner.cells import cases_on
+    from gate_residual_matrix.runner.plan.cells import cases_on
 
     m = matrix(fresh_seed, 12)
     numba = get("numba")
@@ -149,7 +149,7 @@ def test_a_stamp_covers_the_calls_it_lists_and_no_failed_run(monkeypatch, tmp_pa
 @pytest.mark.skipif(missing_compiler("cpu") is not None, reason="needs g++ for inductor")
 def test_one_pool_fills_every_mode_and_cells_then_skip_their_workers(fresh_seed, monkeypatch,
                                                                      tmp_path):
-    """`python -m gate_residual_matrix.runner.precompile --mode ...` compiles both modes'
+    """`python -m gate_residual_matrix.runner.cell.precompile --mode ...` compiles both modes'
     graphs in one pool; the cells then find their stamps, start no workers and keep the bits
     of a cell that compiled everything itself."""
     import yaml
@@ -189,7 +189,8 @@ def test_the_precompile_command_names_an_unknown_mode_in_one_line(tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "gate_residual_matrix.runner.precompile", "--mode",
+    proc = subprocess.run([sys.executable, "-m",
+                           "gate_residual_matrix.runner.cell.precompile", "--mode",
                            "nosuchmode",
                            "--target", "cpu"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
@@ -209,7 +210,8 @@ def test_the_precompile_command_refuses_bad_input_in_one_line(args, says):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "gate_residual_matrix.runner.precompile", *args],
+    proc = subprocess.run([sys.executable, "-m",
+                           "gate_residual_matrix.runner.cell.precompile", *args],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert says in proc.stderr and "Traceback" not in proc.stderr
@@ -232,7 +234,8 @@ def test_target_cuda_without_a_gpu_is_one_line_exit_4():
 
     if torch.cuda.is_available():
         pytest.skip("this host has a GPU")
-    proc = subprocess.run([sys.executable, "-m", "gate_residual_matrix.runner.precompile", "--mode",
+    proc = subprocess.run([sys.executable, "-m",
+                           "gate_residual_matrix.runner.cell.precompile", "--mode",
                            "plain"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 4 and "needs a GPU" in proc.stderr, proc.stderr
@@ -253,7 +256,7 @@ def test_sigterm_stops_the_workers_with_the_command(tmp_path, fresh_seed):
     path = tmp_path / "matrix.yaml"
     path.write_text(yaml.safe_dump(m.model_dump(mode="json", exclude_none=True)))
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
-    proc = subprocess.Popen([sys.executable, "-m", "gate_residual_matrix.runner.precompile",
+    proc = subprocess.Popen([sys.executable, "-m", "gate_residual_matrix.runner.cell.precompile",
                              "--matrix", str(path),
                              "--target", "cpu", "--mode", "plain", "--workers", "2"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -1,4 +1,4 @@
-"""Tests for runner.report: schema validation, atomic writes, reading good and bad files."""
+"""Tests for runner.reports.store: schema validation, atomic writes, reading good and bad files."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from gate_residual_matrix.runner import report as report_mod
 from gate_residual_matrix.runner.errors import ReportError
-from gate_residual_matrix.runner.report import (
+from gate_residual_matrix.runner.reports import store as report_mod
+from gate_residual_matrix.runner.reports.store import (
     SCHEMA_PATH,
     SCHEMA_VERSION,
     LoadedReport,

@@ -21,12 +21,12 @@ import torch
 import yaml
 
 from gate_residual_matrix.runner import pipeline as run_mod
-from gate_residual_matrix.runner.backends import BACKENDS
-from gate_residual_matrix.runner.cell import fingerprint, skeleton
-from gate_residual_matrix.runner.cells import Cell, select_cases
-from gate_residual_matrix.runner.config import DockerStack, parse_matrix
+from gate_residual_matrix.runner.backends.registry import BACKENDS
+from gate_residual_matrix.runner.cell.run import fingerprint, skeleton
+from gate_residual_matrix.runner.config.matrix import DockerStack, parse_matrix
 from gate_residual_matrix.runner.outcome import CellOutcome, failed
-from gate_residual_matrix.runner.report import read_report, write_report
+from gate_residual_matrix.runner.plan.cells import Cell, select_cases
+from gate_residual_matrix.runner.reports.store import read_report, write_report
 from tests.committed_reports import COMMITTED
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""A reference read by blocks of rows (runner/row_blocks.py) gives the figures and the sha256
+"""A reference read by blocks of rows (contract/row_blocks.py) gives the figures and the sha256
 of the whole tensor, and the runner frees a call's clones behind it (issue 11: the CPU cell's
 memory peak)."""
 
@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gate_residual_matrix.contract import compare
+from gate_residual_matrix.contract.base import Implementation
+from gate_residual_matrix.contract.row_blocks import RowBlocks
 from gate_residual_matrix.ops.gate_residual import fp64
-from gate_residual_matrix.runner import case_run, compare
-from gate_residual_matrix.runner.implementations import Implementation
-from gate_residual_matrix.runner.row_blocks import RowBlocks
+from gate_residual_matrix.runner.cell import case as case_run
 
 
 def _inputs(n: int, dtype: torch.dtype, seed: int, d: int = 48) -> dict:

@@ -23,13 +23,15 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from gate_residual_matrix.runner import config, images, implementations
 from gate_residual_matrix.runner.backends import host as host_backend
-from gate_residual_matrix.runner.backends.docker import cell_command, container_config
-from gate_residual_matrix.runner.cells import expand
-from gate_residual_matrix.runner.config import Matrix, load_matrix, parse_matrix
+from gate_residual_matrix.runner.backends.docker import images
+from gate_residual_matrix.runner.backends.docker.container import cell_command, container_config
+from gate_residual_matrix.runner.cell import catalog as implementations
+from gate_residual_matrix.runner.config import matrix as config
+from gate_residual_matrix.runner.config.matrix import Matrix, load_matrix, parse_matrix
 from gate_residual_matrix.runner.errors import ConfigError
-from gate_residual_matrix.runner.report import CELL_ID_RE
+from gate_residual_matrix.runner.plan.cells import expand
+from gate_residual_matrix.runner.reports.store import CELL_ID_RE
 
 ROOT = Path(__file__).resolve().parent.parent
 MATRIX = ROOT / "matrix.yaml"
@@ -211,7 +213,7 @@ def evil_env_matrix() -> Matrix:
 
 
 def test_host_backend_passes_env_values_and_names_without_a_shell(tmp_path, monkeypatch):
-    from gate_residual_matrix.runner.cells import Cell
+    from gate_residual_matrix.runner.plan.cells import Cell
 
     seen = {}
 
@@ -240,7 +242,7 @@ def test_host_backend_passes_env_values_and_names_without_a_shell(tmp_path, monk
 
 
 def test_docker_backend_passes_env_as_a_mapping_and_argv_as_a_list(tmp_path):
-    from gate_residual_matrix.runner.cells import Cell
+    from gate_residual_matrix.runner.plan.cells import Cell
 
     m = evil_env_matrix()
     docker = next(n for n, s in m.stacks.items() if s.kind == "docker")

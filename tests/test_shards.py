@@ -1,4 +1,5 @@
-"""A cell run as several processes, each with part of its cases (runner/shards.py, issue 11).
+"""A cell run as several processes, each with part of its cases (runner/backends/shards.py, issue
+11).
 
 The end-to-end tests run tests/data/resume.yaml's four cases (three dtype groups) on the CPU
 as three shards and check that the combined report has the bits of an unsharded run, that a
@@ -17,9 +18,9 @@ import time
 import pytest
 from test_resume import CELL, MATRIX, ROOT, bits, matrix_cli, report
 
-from gate_residual_matrix.runner import shards
-from gate_residual_matrix.runner.config import load_matrix
-from gate_residual_matrix.runner.report import validate
+from gate_residual_matrix.runner.backends import shards
+from gate_residual_matrix.runner.config.matrix import load_matrix
+from gate_residual_matrix.runner.reports.store import validate
 
 SHARDED = ("--shards", "3")
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gate_residual_matrix.runner.report import SCHEMA_PATH
+from gate_residual_matrix.runner.reports.store import SCHEMA_PATH
 from gate_residual_matrix.runner.status import IMPL_STATUSES, SEVERITY, Status, worst
 from gate_residual_matrix.runner.tables.model.values import STATUSES
 

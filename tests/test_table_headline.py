@@ -7,7 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
-from gate_residual_matrix.runner.report import read_reports
+from gate_residual_matrix.runner.reports.store import read_reports
 from gate_residual_matrix.runner.tables.model.cells import load_cells
 from gate_residual_matrix.runner.tables.model.headline import KERNEL_ONLY, headline
 from tests.committed_reports import COMMITTED

@@ -6,7 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
-from gate_residual_matrix.runner.report import read_reports
+from gate_residual_matrix.runner.reports.store import read_reports
 from gate_residual_matrix.runner.tables import format_cmp, load_cells
 from gate_residual_matrix.runner.tables.model.seed import seed_tables
 from tests.committed_reports import COMMITTED

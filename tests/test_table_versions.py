@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gate_residual_matrix.runner.report import read_reports
+from gate_residual_matrix.runner.reports.store import read_reports
 from gate_residual_matrix.runner.tables import build_tables
 from gate_residual_matrix.runner.tables.model.cells import load_cells
 from gate_residual_matrix.runner.tables.model.versions import (

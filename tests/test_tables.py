@@ -17,7 +17,7 @@ import pytest
 
 from gate_residual_matrix.runner.__main__ import main
 from gate_residual_matrix.runner.errors import SelectionError
-from gate_residual_matrix.runner.report import LoadedReport, read_report, read_reports
+from gate_residual_matrix.runner.reports.store import LoadedReport, read_report, read_reports
 from gate_residual_matrix.runner.tables import (
     OUTPUTS,
     Filters,

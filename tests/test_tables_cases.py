@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from gate_residual_matrix.runner.cell import run_cell
-from gate_residual_matrix.runner.cells import Cell
-from gate_residual_matrix.runner.config import parse_matrix
+from gate_residual_matrix.runner.cell.run import run_cell
+from gate_residual_matrix.runner.config.matrix import parse_matrix
 from gate_residual_matrix.runner.errors import SelectionError
-from gate_residual_matrix.runner.report import (
+from gate_residual_matrix.runner.plan.cells import Cell
+from gate_residual_matrix.runner.reports.store import (
     LoadedReport,
     read_report,
     read_reports,

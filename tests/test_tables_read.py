@@ -1,6 +1,6 @@
 """The tables' read path: jsonschema-rs (when installed) must judge reports as jsonschema does.
 
-runner.report asks jsonschema-rs first and runs jsonschema only for a report it rejects
+runner.reports.store asks jsonschema-rs first and runs jsonschema only for a report it rejects
 (for the message), which is what makes 1,000 reports aggregate in seconds
 (scripts/bench_tables.py). These tests read every test report, and reports broken in the ways
 test_report.py lists, with and without the fast path, and compare the outcome.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gate_residual_matrix.runner import report as report_mod
+from gate_residual_matrix.runner.reports import store as report_mod
 from tests.committed_reports import REFERENCE
 
 DATA = Path(__file__).parent / "data"

@@ -3,7 +3,7 @@
     python tests/write_worker.py DIR MODE START
 
 Generation ``START``, ``START + 1``, ... of every cell in :data:`CELLS` is written in turn,
-each :func:`report` (about 2 MB), with ``runner.report.write_report`` (MODE ``atomic``) or a
+each :func:`report` (about 2 MB), with ``runner.reports.store.write_report`` (MODE ``atomic``) or a
 plain ``open(path, "w").write`` (MODE ``naive``, the control that shows torn files can be
 seen). Prints ``ready`` once imports are done, before the first write.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gate_residual_matrix.runner.report import write_report
+from gate_residual_matrix.runner.reports.store import write_report
 
 CELLS = ("host-plain-cpu", "host-plain-cuda", "host-det-cpu")
 LINE = "0123456789abcdef" * 4 + "\n"
@@ -25,7 +25,7 @@ LINE = "0123456789abcdef" * 4 + "\n"
 def report(generation: int, cell_id: str) -> dict:
     """A valid report whose every byte depends on ``generation`` and ``cell_id`` (written as
     version 1 was, then upgraded: what the writer writes)."""
-    from gate_residual_matrix.runner.report import upgrade
+    from gate_residual_matrix.runner.reports.store import upgrade
 
     stack, mode, target = cell_id.split("-")
     return upgrade({

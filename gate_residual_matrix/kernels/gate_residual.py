@@ -59,7 +59,7 @@ from gate_residual_matrix.kernels.gate_residual_plans import (
     _launcher,  # noqa: F401
 )
 
-#: The device type the entry points take ("cuda"; ops/gate_residual/bench_host.py times the
+#: The device type the entry points take ("cuda"; bench/host.py times the
 #: same path on CPU tensors with the driver call replaced).
 DEVICE_TYPE = "cuda"
 
@@ -242,7 +242,7 @@ def gate_residual(residual, gate, y, index, *, check_index: bool | str = True):
     :func:`gate_residual_forward` itself. Otherwise it is ``GateResidual.apply``; outside
     functorch transforms it does what ``Function.apply``'s Python wrapper does in that case
     (unwrap dead functorch wrappers, then the C++ ``apply``) without the wrapper's own cost
-    (about 3 µs a call on the CPU machine: ``ops/gate_residual/bench_host.py``).
+    (about 3 µs a call on the CPU machine: ``bench/host.py``).
     """
     if not (torch.is_grad_enabled() and (getattr(residual, "requires_grad", False)
                                          or getattr(gate, "requires_grad", False)

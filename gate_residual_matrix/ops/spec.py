@@ -2,7 +2,7 @@
 
 An op lives in ``ops/<name>/``: its ``__init__`` defines ``SPEC`` (an :class:`OpSpec`), and
 its implementations module (``SPEC.implementations_module``) defines ``IMPLEMENTATIONS``, a
-tuple of :class:`runner.implementations.Implementation`. The runner reads the spec and never
+tuple of :class:`contract.base.Implementation`. The runner reads the spec and never
 names an op's tensors: inputs are built from :attr:`OpSpec.inputs`, outputs compared and
 labelled by :attr:`OpSpec.outputs`, the batch-invariance checks slice the inputs that have N
 rows, the tables read the labels the report carries (``tensors``, schema version 2).

@@ -110,8 +110,8 @@ def compiled_rows(op: str, expression, expression_emulate, source: str) -> tuple
     ``expression`` and its second code object ``expression_emulate`` (the emulate row compiles
     under ``emulate_precision_casts``), as :class:`Compiled` calls them; ``source`` says what
     ``expression`` is. Both are unavailable without a compiler on PATH
-    (:func:`missing_compiler`) and compile per shape (:mod:`runner.precompile`)."""
-    from gate_residual_matrix.runner.implementations import Implementation
+    (:func:`missing_compiler`) and compile per shape (:mod:`runner.cell.precompile`)."""
+    from gate_residual_matrix.contract.base import Implementation
 
     calls = Compiled(op, expression, expression_emulate)
 

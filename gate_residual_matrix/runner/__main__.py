@@ -40,6 +40,7 @@ from gate_residual_matrix.runner.compare_reports.options import (
     add_rule_options,
     refuse_without_expect,
 )
+from gate_residual_matrix.runner.config.paths import nonempty_path, output_folder
 from gate_residual_matrix.runner.errors import (
     CellsFailed,
     ConfigError,
@@ -49,7 +50,6 @@ from gate_residual_matrix.runner.errors import (
     ReportError,
 )
 from gate_residual_matrix.runner.names import shown
-from gate_residual_matrix.runner.paths import nonempty_path, output_folder
 
 DEFAULT_MATRIX = Path("matrix.yaml")
 DEFAULT_REPORTS = Path("reports")
@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     def selection(p: argparse.ArgumentParser, several: bool = False) -> None:
         if several:
             p.add_argument("--matrix", type=nonempty_path, action="append", help="a matrix "
-                           "file (repeatable; default: every op's, runner/matrices.py)")
+                           "file (repeatable; default: every op's, runner/config/matrices.py)")
             p.add_argument("--op", action="append", help="run only this op (repeatable)")
         else:
             p.add_argument("--matrix", type=nonempty_path, default=DEFAULT_MATRIX,
@@ -156,8 +156,8 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def _run_matrix(args: argparse.Namespace) -> int:
-    from gate_residual_matrix.runner import shards
-    from gate_residual_matrix.runner.matrices import DEFAULT_MATRICES, plan
+    from gate_residual_matrix.runner.backends import shards
+    from gate_residual_matrix.runner.config.matrices import DEFAULT_MATRICES, plan
     from gate_residual_matrix.runner.outcome import failed, summary
     from gate_residual_matrix.runner.pipeline import render_tables, run_matrix
 
@@ -196,7 +196,7 @@ def _run_matrix(args: argparse.Namespace) -> int:
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from gate_residual_matrix.runner.backends.docker import build_stacks
+    from gate_residual_matrix.runner.backends.docker.engine import build_stacks
 
     results = build_stacks(args.matrix, stacks=args.stack, force=args.force, prune=args.prune)
     bad = [r for r in results if not r.ok]
@@ -207,7 +207,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_base_image(args: argparse.Namespace) -> int:
-    from gate_residual_matrix.runner import base_image
+    from gate_residual_matrix.runner.backends.docker import base_image
 
     base_image.make(args.name or base_image.DEFAULT_NAME, suite=args.suite, mirror=args.mirror,
                     force=args.force)
@@ -215,7 +215,7 @@ def _cmd_base_image(args: argparse.Namespace) -> int:
 
 
 def _cmd_cell(args: argparse.Namespace) -> int:
-    from gate_residual_matrix.runner.cell_process import run_cell_process
+    from gate_residual_matrix.runner.backends.process import run_cell_process
 
     cell_id, status, path = run_cell_process(
         args.matrix, args.reports, stacks=args.stack, modes=args.mode, targets=args.target,

@@ -28,7 +28,7 @@ __all__ = ["REFUSED", "SHOWN_CELLS", "CellOutcome", "OutcomeStatus", "failed", "
            "summary"]
 
 REFUSED: Literal["refused"] = "refused"
-"""The outcome of a ``--case`` run refused (:func:`runner.merge.plan_partial`)."""
+"""The outcome of a ``--case`` run refused (:func:`runner.reports.merge.plan_partial`)."""
 
 OutcomeStatus = Status | Literal["refused"]
 """A cell's outcome: its report's status, or :data:`REFUSED`."""

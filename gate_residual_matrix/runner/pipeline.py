@@ -7,8 +7,8 @@ tested alone:
 1. :func:`load`: the options checked and matrix.yaml parsed (nothing run or written
    before the matrix and every option are good: exit 2);
 2. :func:`choose_site`: where the cells run: the backend (``--backend host|docker|auto``,
-   :func:`runner.backends.resolve`) or a Ray cluster (``--cluster``, :func:`connect`);
-3. :func:`select`: the cells (:func:`runner.cells.expand`, then ``--stack/--mode/--target``
+   :func:`runner.backends.registry.resolve`) or a Ray cluster (``--cluster``, :func:`connect`);
+3. :func:`select`: the cells (:func:`runner.plan.cells.expand`, then ``--stack/--mode/--target``
    and ``--abba``) and the cases (``--case``);
 4. :func:`check_site`: the selected cases fit in memory, a requested ``cuda`` target has a
    GPU;
@@ -33,22 +33,25 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gate_residual_matrix.runner import cluster as cluster_mod
-from gate_residual_matrix.runner import cluster_connect, implementations, tables
-from gate_residual_matrix.runner import report as report_io
-from gate_residual_matrix.runner.backends import DockerBackend, resolve, route
+from gate_residual_matrix.runner import tables
 from gate_residual_matrix.runner.backends.base import skipped_lines
-from gate_residual_matrix.runner.backends.docker import gpu_request
-from gate_residual_matrix.runner.case_sizes import check_case_sizes, host_memory_bytes
-from gate_residual_matrix.runner.cells import Cell, cases_on, expand, select_cases
-from gate_residual_matrix.runner.cells import select as select_cells
-from gate_residual_matrix.runner.config import Case, Matrix, read_matrix
-from gate_residual_matrix.runner.environment import project_state, uncommitted_digest
+from gate_residual_matrix.runner.backends.docker.cells import DockerBackend
+from gate_residual_matrix.runner.backends.docker.container import gpu_request
+from gate_residual_matrix.runner.backends.ray import cluster as cluster_mod
+from gate_residual_matrix.runner.backends.ray import connect as cluster_connect
+from gate_residual_matrix.runner.backends.registry import resolve, route
+from gate_residual_matrix.runner.backends.site import Site
+from gate_residual_matrix.runner.cell import catalog as implementations
+from gate_residual_matrix.runner.cell.environment import project_state, uncommitted_digest
+from gate_residual_matrix.runner.config.matrix import Case, Matrix, read_matrix
+from gate_residual_matrix.runner.config.paths import output_folder
 from gate_residual_matrix.runner.errors import ConfigError, ReportError
 from gate_residual_matrix.runner.outcome import CellOutcome
-from gate_residual_matrix.runner.paths import output_folder
+from gate_residual_matrix.runner.plan.case_sizes import check_case_sizes, host_memory_bytes
+from gate_residual_matrix.runner.plan.cells import Cell, cases_on, expand, select_cases
+from gate_residual_matrix.runner.plan.cells import select as select_cells
+from gate_residual_matrix.runner.reports import store as report_io
 from gate_residual_matrix.runner.run import STACK_SKIPPED, RunContext, run_cells, salvage_stale
-from gate_residual_matrix.runner.site import Site
 
 __all__ = ["STACK_SKIPPED", "Request", "Selection", "Site", "check_site", "choose_site",
            "cuda_available", "load", "open_reports", "prepare", "render_tables", "run_cells",
@@ -110,7 +113,7 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
 
     ``backend`` is host, docker or auto (docker when an engine answers); a cell of a
     ``kind: docker`` stack in a host run is ``skipped`` with the reason, a ``kind: host``
-    stack always runs on the host (:func:`runner.backends.route`). No image is built unless
+    stack always runs on the host (:func:`runner.backends.registry.route`). No image is built unless
     ``build`` (``--build``: the missing ones first, before any cell): under ``auto`` a
     docker stack without its image, or lacking what its build needs (base image,
     wheelhouse, CA bundle), is ``skipped``, and the skipped stacks are named once with the
@@ -118,11 +121,12 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
     :class:`BackendError` before anything runs, and a stack lacking anything else ends
     ``build_error``. ``gpus`` ("all" or ids like "0,1") is the docker backend's GPU request
     for ``cuda`` cells. ``cases`` naming fewer than all the cases is a partial run: its
-    cases are merged into each cell's existing report (:func:`runner.merge.plan_partial`).
+    cases are merged into each cell's existing report (:func:`runner.reports.merge.plan_partial`).
     ``abba`` (a mode name): each selected cell runs in A-B-B-A order against its partner
-    in that mode (:mod:`runner.abba`), always (no reuse), and both cells' reports record
+    in that mode (:mod:`runner.plan.abba`), always (no reuse), and both cells' reports record
     ``repeatable_across_processes``; cells of mode ``abba`` itself run only as partners.
-    ``cluster`` (a Ray address, :mod:`runner.cluster`): the cells that must run go to the
+    ``cluster`` (a Ray address, :mod:`runner.backends.ray.cluster`): the cells that must run go to
+    the
     cluster's nodes at once, each needing ``gpu_model``'s resource when given, each retried
     ``retries`` times where its node dies; their reports come back here and are written as
     here.
@@ -167,12 +171,12 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
 
 def load(request: Request) -> tuple[Request, Matrix]:
     """Step 1: the options that need no matrix checked, the paths resolved, the matrix
-    parsed and validated (:func:`runner.config.load_matrix`) and ``--gpus`` checked.
+    parsed and validated (:func:`runner.config.matrix.load_matrix`) and ``--gpus`` checked.
 
     Raises:
         ConfigError: a timeout that is not a positive number of seconds, a path that cannot
             be resolved, a reports folder that is a file or a project's root
-            (:func:`runner.paths.output_folder`), a bad matrix file or a malformed
+            (:func:`runner.config.paths.output_folder`), a bad matrix file or a malformed
             ``--gpus``.
     """
     timeout_s = request.timeout_s
@@ -192,8 +196,9 @@ def load(request: Request) -> tuple[Request, Matrix]:
 
 def choose_site(request: Request) -> Site:
     """Step 2: the backend that docker stacks get. On one machine, ``--backend``
-    (:func:`runner.backends.resolve`: ``auto`` asks the Docker engine); on a cluster, its
-    nodes' engines (:func:`runner.cluster.backend_choice`). The docker backend is made only
+    (:func:`runner.backends.registry.resolve`: ``auto`` asks the Docker engine); on a cluster, its
+    nodes' engines (:func:`runner.backends.ray.cluster.backend_choice`). The docker backend is
+    made only
     where this host may run containers.
 
     Raises:
@@ -211,7 +216,7 @@ def choose_site(request: Request) -> Site:
 
 
 def select(matrix: Matrix, request: Request) -> Selection:
-    """Step 3: the cells (:func:`runner.cells.expand` then ``--stack``, ``--mode``,
+    """Step 3: the cells (:func:`runner.plan.cells.expand` then ``--stack``, ``--mode``,
     ``--target``; with ``--abba`` its partner mode's cells run only as partners) and the
     cases (``--case``).
 
@@ -246,7 +251,8 @@ def select(matrix: Matrix, request: Request) -> Selection:
 
 
 def connect(site: Site, request: Request) -> Site:
-    """Step 2, on a cluster: ``site`` connected to ``--cluster`` (:func:`runner.cluster.
+    """Step 2, on a cluster: ``site`` connected to ``--cluster``
+    (:func:`runner.backends.ray.cluster.
     connect`); ``site`` itself without one.
 
     Raises:
@@ -262,7 +268,7 @@ def connect(site: Site, request: Request) -> Site:
 
 def check_site(matrix: Matrix, selection: Selection, site: Site, request: Request) -> None:
     """Step 4: every selected case fits in this host's memory (a cluster's: its largest
-    node's, :func:`runner.case_sizes.check_case_sizes`), and a requested ``cuda`` target
+    node's, :func:`runner.plan.case_sizes.check_case_sizes`), and a requested ``cuda`` target
     has a GPU (on a cluster, a node's: cells no node can run are skipped later). Sets
     ``site.has_gpu``.
 
@@ -284,7 +290,7 @@ def prepare(matrix: Matrix, selection: Selection, site: Site,
             request: Request) -> dict[str, str]:
     """Step 5: which docker stacks of the cells that can run are skipped, ``{stack:
     reason}``, named once here (``[runner] skipped docker stack(s) a, b: ...``) before any
-    cell runs. On the host backend every docker stack is (:func:`runner.backends.route`);
+    cell runs. On the host backend every docker stack is (:func:`runner.backends.registry.route`);
     on the docker backend its ``prepare`` says which (no image: never built without
     ``--build``, which builds the missing ones here); on a cluster each node says so for
     its cells.

@@ -28,18 +28,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from gate_residual_matrix.runner import cluster as cluster_mod
-from gate_residual_matrix.runner import files, staging
-from gate_residual_matrix.runner import report as report_io
-from gate_residual_matrix.runner.backends import route
+from gate_residual_matrix.runner import files
+from gate_residual_matrix.runner.backends import staging
 from gate_residual_matrix.runner.backends.base import Fingerprinter
-from gate_residual_matrix.runner.cell import case_key, fingerprint, skeleton
-from gate_residual_matrix.runner.cells import Cell, cases_on
-from gate_residual_matrix.runner.config import Case, Matrix
+from gate_residual_matrix.runner.backends.ray import cluster as cluster_mod
+from gate_residual_matrix.runner.backends.registry import route
+from gate_residual_matrix.runner.backends.site import Site
+from gate_residual_matrix.runner.cell.run import case_key, fingerprint, skeleton
+from gate_residual_matrix.runner.config.matrix import Case, Matrix
 from gate_residual_matrix.runner.errors import ReportError
-from gate_residual_matrix.runner.merge import PartialPlan, finish_partial, plan_partial
 from gate_residual_matrix.runner.outcome import REFUSED, CellOutcome, outcome_status
-from gate_residual_matrix.runner.site import Site
+from gate_residual_matrix.runner.plan.cells import Cell, cases_on
+from gate_residual_matrix.runner.reports import store as report_io
+from gate_residual_matrix.runner.reports.merge import PartialPlan, finish_partial, plan_partial
 from gate_residual_matrix.runner.status import Status
 
 __all__ = ["STACK_SKIPPED", "CellPlan", "RunContext", "plan_cell", "planned_outcome",
@@ -105,7 +106,7 @@ class CellPlan:
 
 
 def write(report: Report, reports_dir: Path) -> Path:
-    """:func:`runner.report.write_report`, with an OS error as a :class:`ReportError`."""
+    """:func:`runner.reports.store.write_report`, with an OS error as a :class:`ReportError`."""
     try:
         return report_io.write_report(report, reports_dir)
     except OSError as err:
@@ -144,7 +145,7 @@ def plan_cell(ctx: RunContext, where: Fingerprinter, cell: Cell, *,
               partial: bool) -> CellPlan:
     """Whether ``cell`` runs, and which cases: the stopped run's missing cases when its
     ``partial`` report has this fingerprint (resumed); with ``partial`` (``--case`` names
-    fewer cases than the matrix) the existing report's :func:`runner.merge.plan_partial`;
+    fewer cases than the matrix) the existing report's :func:`runner.reports.merge.plan_partial`;
     else reused when its report is ``ok`` with this fingerprint. ``--force`` runs
     whatever the report says. Reads reports; writes nothing."""
     path, current = ctx.path(cell), ctx.fingerprint(where, cell)
@@ -176,7 +177,7 @@ def run_staged(backend: Any, matrix: Matrix, cell: Cell, cases: Sequence[Case],
     the stamped report (merged into ``resume``, the stopped run's partial report, if any).
 
     When the run is interrupted (Ctrl-C, SIGTERM, SIGHUP), the partial report the cell left
-    in the stage is kept (:func:`runner.staging.keep_partial`) before the interruption goes
+    in the stage is kept (:func:`runner.backends.staging.keep_partial`) before the interruption goes
     on; the stage is always removed.
     """
     stage = staging.open_stage(reports_dir, run_id, fingerprint=stamp({})["fingerprint"])
@@ -210,7 +211,7 @@ def settle(ctx: RunContext, where: Fingerprinter, plan: CellPlan, result: Report
            stamped: bool = False) -> CellOutcome:
     """Write a cell's report as the runner does for every cell (stamped with its
     fingerprint unless ``stamped``, merged into the plan's ``resume`` or by its ``--case``
-    ``partial`` plan, a partial one kept by :func:`runner.staging.keep_partial`); return
+    ``partial`` plan, a partial one kept by :func:`runner.backends.staging.keep_partial`); return
     its outcome.
 
     Under the reports folder's lock (:func:`runner.files.folder_lock`) a ``--case`` plan is
@@ -268,7 +269,7 @@ def planned_outcome(ctx: RunContext, plan: CellPlan) -> CellOutcome:
 
 def salvage_stale(reports_dir: Path, matrix: Matrix) -> None:
     """Remove the staging directories of runs that died, keeping the partial reports found
-    there (:func:`runner.staging.clean_stale`, stamped with the fingerprint their runner
+    there (:func:`runner.backends.staging.clean_stale`, stamped with the fingerprint their runner
     recorded), merged into the partial report they were resuming, if any."""
     for stage, partials in staging.clean_stale(reports_dir, matrix):
         kept = []
@@ -287,9 +288,9 @@ def salvage_stale(reports_dir: Path, matrix: Matrix) -> None:
 
 
 def run_abba(ctx: RunContext, backend: Any, cell: Cell, mode_b: str) -> list[CellOutcome]:
-    """Cell and partner in A-B-B-A order (:mod:`runner.abba`); both merged reports
+    """Cell and partner in A-B-B-A order (:mod:`runner.plan.abba`); both merged reports
     written, stamped with their fingerprints; their outcomes."""
-    from gate_residual_matrix.runner import abba
+    from gate_residual_matrix.runner.plan import abba
 
     print(f"[runner] cell {cell.id}: A-B-B-A against mode {mode_b}", flush=True)
     merged = abba.run_abba(backend, ctx.matrix, cell, mode_b, ctx.cases,

@@ -52,7 +52,7 @@ IMPL_STATUSES: tuple[Status, ...] = (Status.OK, Status.ERROR, Status.OOM, Status
 
 SEVERITY: dict[Status, int] = {Status.OK: 0, Status.UNAVAILABLE: 0, Status.MISMATCH: 1,
                                Status.ERROR: 2, Status.OOM: 2}
-"""How a cell's implementations' statuses rank (the worst decides the cell's, runner.cell):
+"""How a cell's implementations' statuses rank (the worst decides the cell's, runner.cell.run):
 a failed implementation (2) makes the cell fail, a broken claim (1) a mismatch."""
 
 

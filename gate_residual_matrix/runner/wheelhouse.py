@@ -8,7 +8,7 @@ runs ``pip download --no-deps`` and keeps, from the wheel:
   version has used) and, transitively, the same distribution's modules they import (found by
   reading their ``import`` statements, :func:`closure`); no package ``__init__``;
 * the wheel's own ``RECORD`` (gzip, deterministic), against which every file is checked
-  before it is loaded (:mod:`runner.implementations.kernel_only`);
+  before it is loaded (:mod:`contract.kernel_only`);
 * a manifest: distribution, version, wheel file name, size and sha256, each kept file and
   its sha256, the modules found and those ``not in this version``, every import of another
   distribution (``foreign``; also the distribution's own modules that :data:`CUT_MODULES`
@@ -16,7 +16,7 @@ runs ``pip download --no-deps`` and keeps, from the wheel:
   under a ``try:`` that catches ImportError (``optional``);
 * on request only (``--extensions``; tens of MB each), the compiled :data:`EXTENSIONS`
   (vllm's ``_C_stable_libtorch.abi3.so``) with the torch their wheel requires
-  (:mod:`runner.extension_files`), in ``<root>/<distribution>-<version>/``.
+  (:mod:`contract.extension_files`), in ``<root>/<distribution>-<version>/``.
 
 Layout, content-addressed (identical files across versions are stored once)::
 
@@ -43,16 +43,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gate_residual_matrix.runner.wheel_record import (
+from gate_residual_matrix.contract.wheel_record import (
+    PROJECT_ROOT,
     WheelhouseError,
+    manifest_path,
     parse_record,
+    resolve_root,
     sha256_bytes,
     sha256_file,
 )
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_ROOT = PROJECT_ROOT / ".carry" / "kernel-wheelhouse"
-ENV_ROOT = "GATE_RESIDUAL_WHEELHOUSE"
 MANIFEST_SCHEMA = 1
 
 def kernel_modules() -> dict[str, tuple[str, ...]]:
@@ -70,7 +70,7 @@ def kernel_modules() -> dict[str, tuple[str, ...]]:
 #: Modules of a distribution that its kernel modules import but that kernel-only loading
 #: never takes from the wheel (their closure is the serving stack): recorded like imports of
 #: another distribution, and served by a substitute or a stand-in
-#: (runner.implementations.kernel_only.SUBSTITUTES, STAND_INS) or the load fails naming them.
+#: (contract.kernel_only.SUBSTITUTES, STAND_INS) or the load fails naming them.
 CUT_MODULES: dict[str, tuple[str, ...]] = {
     "vllm": ("vllm.envs", "vllm.platforms", "vllm.platforms.interface",
              "vllm.triton_utils", "vllm.utils.mem_utils", "vllm.utils.nccl",
@@ -79,7 +79,7 @@ CUT_MODULES: dict[str, tuple[str, ...]] = {
 
 #: Compiled extensions a wheel may contribute, by distribution (path inside the wheel): kept
 #: only on request (``--extensions``: tens of MB each), beside the wheelhouse's objects
-#: (runner.implementations.extension).
+#: (contract.extension).
 EXTENSIONS: dict[str, tuple[str, ...]] = {
     "vllm": ("vllm/_C_stable_libtorch.abi3.so",),
 }
@@ -229,11 +229,6 @@ def closure(entry: str, read: Mapping[str, bytes], tops: Iterable[str],
     return Closure(files, foreign, sorted(set(problems)), sorted(optional - set(foreign)))
 
 
-def manifest_path(root: Path, distribution: str, version: str) -> Path:
-    """Where the manifest of ``distribution`` ``version`` lives under ``root``."""
-    return root / "manifests" / f"{distribution}-{version}.json"
-
-
 def _write_object(root: Path, name: str, data: bytes) -> None:
     path = root / "objects" / name
     if path.exists() and path.read_bytes() == data:
@@ -248,7 +243,7 @@ def extract(wheel: Path, distribution: str, version: str, root: Path,
             extensions: bool = False) -> dict:
     """Keep the kernel files and RECORD of ``wheel`` under ``root``; write and return its
     manifest. With ``extensions``, also keep the distribution's :data:`EXTENSIONS`
-    (runner.implementations.extension.keep). Raises :class:`WheelhouseError` for a wheel
+    (contract.extension.keep). Raises :class:`WheelhouseError` for a wheel
     without RECORD or a kept file whose bytes do not match RECORD."""
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
@@ -297,9 +292,7 @@ def extract(wheel: Path, distribution: str, version: str, root: Path,
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     if extensions and EXTENSIONS.get(distribution):
-        from gate_residual_matrix.runner import (
-            extension_files,  # a wheel's compiled files: only when asked
-        )
+        from gate_residual_matrix.contract import extension_files
 
         for path in EXTENSIONS[distribution]:
             extension_files.keep(wheel, manifest, path, root)
@@ -339,16 +332,6 @@ def build(versions: Mapping[str, Iterable[str]], root: Path,
                 wheel = download(distribution, version, where)
                 manifests.append(extract(wheel, distribution, version, root, extensions))
     return manifests
-
-
-def resolve_root(configured: str | os.PathLike | None = None) -> Path:
-    """The wheelhouse root: ``$GATE_RESIDUAL_WHEELHOUSE``, else ``configured`` (relative to
-    the project root), else :data:`DEFAULT_ROOT`."""
-    value = os.environ.get(ENV_ROOT) or configured
-    if not value:
-        return DEFAULT_ROOT
-    path = Path(value).expanduser()
-    return path if path.is_absolute() else PROJECT_ROOT / path
 
 
 def summary(manifest: Mapping) -> str:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from gate_residual_matrix.contract.base import Implementation
 from gate_residual_matrix.ops.rms_norm.eager import diffusers_rms_norm, functional_rms_norm
-from gate_residual_matrix.runner.implementations import Implementation
 
 
 def expression(x, residual, weight, norm=diffusers_rms_norm):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from gate_residual_matrix.contract.base import Implementation
 from gate_residual_matrix.ops.rms_norm.fp64 import grad_through_norm, normalize64
-from gate_residual_matrix.runner.implementations import Implementation
 
 
 def run(inputs, *, backward: bool) -> dict[str, torch.Tensor]:

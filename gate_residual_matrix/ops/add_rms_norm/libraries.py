@@ -1,6 +1,5 @@
 """add_rms_norm's library rows: Liger-Kernel on the trainer side, vLLM's CUDA op on the rollout
-side (:mod:`runner.implementations.library`; per version: :mod:`runner.implementations.
-versioned`).
+side (:mod:`contract.library`; per version: :mod:`contract.versioned`).
 
 Read in the wheels of liger-kernel 0.8.4 and 0.8.5 and vllm 0.30.0 and 0.33.0:
 
@@ -22,9 +21,9 @@ from __future__ import annotations
 
 import torch
 
+from gate_residual_matrix.contract.extension import ExtensionImplementation
+from gate_residual_matrix.contract.library import LibraryImplementation
 from gate_residual_matrix.ops.rms_norm import EPS
-from gate_residual_matrix.runner.implementations.extension import ExtensionImplementation
-from gate_residual_matrix.runner.implementations.library import LibraryImplementation
 
 LIGER = "liger_kernel.ops.fused_add_rms_norm"
 CASTING_MODES = ("llama", "gemma", "none")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from gate_residual_matrix.runner.implementations import Implementation
+from gate_residual_matrix.contract.base import Implementation
 
 
 def run(inputs, *, backward: bool) -> dict[str, torch.Tensor]:

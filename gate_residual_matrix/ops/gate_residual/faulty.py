@@ -32,8 +32,8 @@ import time
 
 import torch
 
+from gate_residual_matrix.contract.base import Implementation
 from gate_residual_matrix.ops.gate_residual.eager import run as eager_run
-from gate_residual_matrix.runner.implementations import Implementation
 
 ENABLE_VAR = "GATE_RESIDUAL_FAULTS"
 FAULT_VAR = "GATE_RESIDUAL_FAULT"

@@ -6,7 +6,7 @@ of the expression computes, written out and in blocks of :data:`CHUNK_ROWS` rows
 (``grad_gate`` by ``index_add_`` in float64, which adds serially in row order, so the blocks
 add in the same order): whole, the float64 autograd graph held about 8 tensors of N x D
 float64 at once (11 GB at N = 32768), the CPU cell's peak. The three outputs of N rows are
-:class:`~runner.row_blocks.RowBlocks`: each row is a function of the same row of the inputs,
+:class:`~contract.row_blocks.RowBlocks`: each row is a function of the same row of the inputs,
 computed when the runner reads it (the accuracy figures and the sha256, block by block), so
 not even the outputs are whole (3 x 1.4 GB at N = 32768). tests/test_implementations.py
 checks the bits against autograd's whole graph. On a GPU,
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from gate_residual_matrix.runner.implementations import Implementation
-from gate_residual_matrix.runner.row_blocks import RowBlocks
+from gate_residual_matrix.contract.base import Implementation
+from gate_residual_matrix.contract.row_blocks import RowBlocks
 
 CHUNK_ROWS = 1024
 """Rows per block of the CPU reference (44 MB per float64 temporary at D = 5376)."""
@@ -55,7 +55,7 @@ def _grad_y_rows(x, start: int, stop: int) -> torch.Tensor:
 
 def _cpu(x: dict, backward: bool) -> dict:
     """autograd's float64 graph of the expression, by blocks of rows: ``out``,
-    ``grad_residual`` and ``grad_y`` as :class:`~runner.row_blocks.RowBlocks` (each row is a
+    ``grad_residual`` and ``grad_y`` as :class:`~contract.row_blocks.RowBlocks` (each row is a
     function of the same input row: computed when it is read, never whole), and
     ``grad_gate`` summed now by ``index_add_`` of ``grad_out * y``, block after block in row
     order (IndexSelectBackward's ``index_add_`` into zeros, which adds serially in row
@@ -95,7 +95,7 @@ def _gpu(x: dict, backward: bool) -> dict[str, torch.Tensor]:
 def run(inputs, *, backward: bool) -> dict:
     """The eager expression in float64 on the inputs' device, with its gradients for
     ``grad_out`` (see the module docstring for how each device computes them): tensors, and
-    on the CPU :class:`~runner.row_blocks.RowBlocks` for the outputs of N rows."""
+    on the CPU :class:`~contract.row_blocks.RowBlocks` for the outputs of N rows."""
     x = {k: v.detach() for k, v in inputs.items()}
     with torch.no_grad():
         return _gpu(x, backward) if x["residual"].is_cuda else _cpu(x, backward)

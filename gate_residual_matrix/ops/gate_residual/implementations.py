@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 
+from gate_residual_matrix.contract.base import Implementation
 from gate_residual_matrix.ops.gate_residual import compiled, eager, fp64, libraries, numba_kernel
-from gate_residual_matrix.runner.implementations import Implementation
 
 IMPLEMENTATIONS: tuple[Implementation, ...] = (
     eager.EAGER, numba_kernel.NUMBA, fp64.FP64, compiled.COMPILED, compiled.COMPILED_EMULATE,

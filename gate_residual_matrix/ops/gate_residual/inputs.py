@@ -1,5 +1,5 @@
 """gate_residual's inputs by its sizes: ``residual``, ``y``, ``grad_out`` (N, D); ``gate``
-(G, D); ``index`` (N,) in [0, G), built by :func:`runner.inputs.build` from the spec.
+(G, D); ``index`` (N,) in [0, G), built by :func:`contract.inputs.build` from the spec.
 
 Example::
 
@@ -11,13 +11,13 @@ Example::
 
 from __future__ import annotations
 
+from gate_residual_matrix.contract.inputs import CaseInputs, build
 from gate_residual_matrix.ops.gate_residual import SPEC
-from gate_residual_matrix.runner.inputs import CaseInputs, build
 
 
 def make_inputs(*, n: int, d: int, g: int, dtype: str, index_dtype: str, seed: int,
                 specials: bool = False, case_id: str | None = None) -> CaseInputs:
     """One case's inputs (CPU tensors) for ``n`` rows, hidden size ``d`` and ``g`` gate
-    rows; the other arguments as :func:`runner.inputs.make_tensors` takes them."""
+    rows; the other arguments as :func:`contract.inputs.make_tensors` takes them."""
     return build(SPEC, n=n, sizes={"D": d, "G": g}, dtype=dtype, index_dtype=index_dtype,
                  seed=seed, specials=specials, case_id=case_id)

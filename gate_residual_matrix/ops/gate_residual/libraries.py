@@ -2,7 +2,7 @@
 path when the package imports in the stack, and is ``unavailable`` with every failed import
 named when it does not. Never re-implemented here.
 
-How they are called, recorded and checked: :mod:`runner.implementations.library`. The paths,
+How they are called, recorded and checked: :mod:`contract.library`. The paths,
 signatures and the versions they were read from: the modules below.
 
 ====================================  ==========================================================

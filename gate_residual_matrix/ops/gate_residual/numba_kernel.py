@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from gate_residual_matrix.runner.implementations import Implementation
+from gate_residual_matrix.contract.base import Implementation
 
 
 def run(inputs, *, backward: bool) -> dict[str, torch.Tensor]:

@@ -22,12 +22,12 @@ from types import ModuleType
 
 import torch
 
-from gate_residual_matrix.runner.implementations.library import LibraryImplementation
+from gate_residual_matrix.contract.library import LibraryImplementation
 
 MODULE = "rl_engine.kernels.ops.cuda.h3.gate_residual"
 TREE_MODULES = (MODULE, "rl_engine.backends.cuda.model_specific.minimax_h3.gate_residual")
 """The module paths RL-Kernel has used for the op, newest layout last (both supported on a
-source tree: runner.implementations.versioned.on_tree)."""
+source tree: contract.versioned.on_tree)."""
 
 
 def run(inputs, *, backward: bool, impl=None) -> dict[str, torch.Tensor]:

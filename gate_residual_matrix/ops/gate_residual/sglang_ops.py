@@ -33,7 +33,7 @@ from types import ModuleType
 
 import torch
 
-from gate_residual_matrix.runner.implementations.library import LibraryImplementation
+from gate_residual_matrix.contract.library import LibraryImplementation
 
 TRITON = "sglang.kernels.ops.diffusion.modulate.indexed_modulation_triton"
 RGA = "sglang.kernels.kda_kernels.residual_gate_add_jit"

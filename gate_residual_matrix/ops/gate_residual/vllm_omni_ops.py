@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from gate_residual_matrix.runner.implementations.library import LibraryImplementation
+from gate_residual_matrix.contract.library import LibraryImplementation
 
 LAYERS = "vllm_omni.diffusion.layers.indexed_modulation"             # 0.30.0
 ATTENTION_OPS = "vllm_omni.diffusion.attention.ops.minimax_h3_modulation"  # 0.28.0

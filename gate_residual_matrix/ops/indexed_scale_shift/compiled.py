@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from gate_residual_matrix.contract.base import Implementation
 from gate_residual_matrix.ops.torch_compile import RECOMPILE_LIMIT, Compiled, missing_compiler
-from gate_residual_matrix.runner.implementations import Implementation
 
 __all__ = ["COMPILED", "COMPILED_EMULATE", "RECOMPILE_LIMIT", "expression", "missing_compiler"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from gate_residual_matrix.runner.implementations import Implementation
+from gate_residual_matrix.contract.base import Implementation
 
 
 def expression(x, scale, shift, index):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from gate_residual_matrix.runner.implementations import Implementation
+from gate_residual_matrix.contract.base import Implementation
 
 
 def _cpu(x: dict, backward: bool) -> dict[str, torch.Tensor]:

@@ -1,5 +1,5 @@
 """Library rows of indexed_scale_shift (forward only, CUDA, each in place into its ``x`` clone:
-``mutated_inputs`` lists ``x``), through :mod:`runner.implementations.library` as
+``mutated_inputs`` lists ``x``), through :mod:`contract.library` as
 gate_residual's library rows.
 
 Read in the wheels' files of this project's kernel wheelhouse (``.carry/kernel-wheelhouse``):
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from gate_residual_matrix.runner.implementations.library import LibraryImplementation
+from gate_residual_matrix.contract.library import LibraryImplementation
 
 SGLANG_TRITON = "sglang.kernels.ops.diffusion.modulate.indexed_modulation_triton"
 VLLM_LAYERS = "vllm_omni.diffusion.layers.indexed_modulation"             # 0.30.0

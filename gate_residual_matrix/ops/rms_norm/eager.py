@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from gate_residual_matrix.contract.base import Implementation
 from gate_residual_matrix.ops.rms_norm import EPS
-from gate_residual_matrix.runner.implementations import Implementation
 
 
 def diffusers_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = EPS) -> torch.Tensor:

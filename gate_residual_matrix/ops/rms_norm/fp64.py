@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from gate_residual_matrix.contract.base import Implementation
 from gate_residual_matrix.ops.rms_norm import EPS
-from gate_residual_matrix.runner.implementations import Implementation
 
 
 def normalize64(x: torch.Tensor, eps: float = EPS) -> tuple[torch.Tensor, torch.Tensor]:

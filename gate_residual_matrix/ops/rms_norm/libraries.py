@@ -1,6 +1,6 @@
 """rms_norm's library rows: Liger-Kernel on the trainer side, vLLM on the rollout side. Each
-calls the library's own function by its exact path (:mod:`runner.implementations.library`;
-per version, kernel-only from the wheelhouse: :mod:`runner.implementations.versioned`).
+calls the library's own function by its exact path (:mod:`contract.library`;
+per version, kernel-only from the wheelhouse: :mod:`contract.versioned`).
 
 Read in the wheels of liger-kernel 0.8.4 and 0.8.5 and vllm 0.30.0 and 0.33.0:
 
@@ -17,20 +17,20 @@ Read in the wheels of liger-kernel 0.8.4 and 0.8.5 and vllm 0.30.0 and 0.33.0:
   weight, eps)`` (Triton ``_rms_norm_kernel``: one program per row, a float32 sum of squares
   in blocks of 1024 columns, ``x * (1 / sqrt(mean + eps)) * weight`` in float32, one
   rounding). Forward only. Kernel-only, it loads with stand-ins for the vllm modules it
-  imports but this call never reaches (runner.implementations.kernel_only.STAND_INS).
+  imports but this call never reaches (contract.kernel_only.STAND_INS).
 - vLLM's CUDA op ``torch.ops._C.rms_norm(out, input, weight, epsilon)`` of
   ``vllm/_C_stable_libtorch.abi3.so`` (schema ``rms_norm(Tensor! result, Tensor input,
   Tensor? weight, float epsilon) -> ()``, read from the file and ``vllm/_custom_ops.py``),
-  loaded from the file (:mod:`runner.implementations.extension`). Forward only.
+  loaded from the file (:mod:`contract.extension`). Forward only.
 """
 
 from __future__ import annotations
 
 import torch
 
+from gate_residual_matrix.contract.extension import ExtensionImplementation
+from gate_residual_matrix.contract.library import LibraryImplementation
 from gate_residual_matrix.ops.rms_norm import EPS
-from gate_residual_matrix.runner.implementations.extension import ExtensionImplementation
-from gate_residual_matrix.runner.implementations.library import LibraryImplementation
 
 LIGER = "liger_kernel.ops.rms_norm"
 CASTING_MODES = ("llama", "gemma", "none")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from gate_residual_matrix.contract.base import Implementation
 from gate_residual_matrix.ops.rms_norm.eager import diffusers_rms_norm, functional_rms_norm
-from gate_residual_matrix.runner.implementations import Implementation
 
 
 def expression(x, weight, scale, shift, index, norm=diffusers_rms_norm):

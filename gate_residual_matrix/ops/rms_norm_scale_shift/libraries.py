@@ -1,6 +1,6 @@
 """rms_norm_scale_shift's library rows: Liger-Kernel on the trainer side, vllm-omni (MiniMax-H3's
-rollout) on the other (:mod:`runner.implementations.library`; per version:
-:mod:`runner.implementations.versioned`).
+rollout) on the other (:mod:`contract.library`; per version:
+:mod:`contract.versioned`).
 
 Read in the wheels of liger-kernel 0.8.4 and 0.8.5 and vllm-omni 0.28.0 and 0.30.0:
 
@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import torch
 
+from gate_residual_matrix.contract.library import LibraryImplementation
 from gate_residual_matrix.ops.rms_norm import EPS
-from gate_residual_matrix.runner.implementations.library import LibraryImplementation
 
 LIGER = "liger_kernel.ops.modulated_rms_norm"
 CASTING_MODES = ("llama", "gemma", "none")

@@ -23,17 +23,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from gate_residual_matrix.runner import report as report_io
-from gate_residual_matrix.runner.cell import skeleton
-from gate_residual_matrix.runner.cells import Cell
-from gate_residual_matrix.runner.config import Case, Matrix
+from gate_residual_matrix.runner.cell.run import skeleton
+from gate_residual_matrix.runner.config.matrix import Case, Matrix
+from gate_residual_matrix.runner.plan.cells import Cell
+from gate_residual_matrix.runner.reports import store as report_io
 
 __all__ = ["Backend", "Fingerprinter", "cell_argv", "failed_report", "skipped_lines"]
 
 
 class Fingerprinter(Protocol):
     """What a cell's fingerprint takes from where it runs: a backend, or a Ray cluster
-    (:class:`runner.cluster.Cluster`: a docker stack's image tag)."""
+    (:class:`runner.backends.ray.cluster.Cluster`: a docker stack's image tag)."""
 
     def fingerprint_extra(self, matrix: Matrix, cell: Cell) -> dict[str, Any]:
         """What ``cell``'s fingerprint adds (a docker image's id; ``{}`` on the host)."""

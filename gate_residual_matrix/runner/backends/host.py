@@ -27,8 +27,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from gate_residual_matrix.runner import gpu_lock, lifetime, shards
-from gate_residual_matrix.runner import report as report_io
+from gate_residual_matrix.contract import gpu_lock
+from gate_residual_matrix.runner.backends import lifetime, shards
 from gate_residual_matrix.runner.backends.base import cell_argv, failed_report
 from gate_residual_matrix.runner.backends.failure import (
     Ending,
@@ -38,12 +38,13 @@ from gate_residual_matrix.runner.backends.failure import (
     oom_kill_count,
 )
 from gate_residual_matrix.runner.backends.interrupts import deferred
-from gate_residual_matrix.runner.cell import case_key, now_utc
-from gate_residual_matrix.runner.cells import Cell, cases_on
-from gate_residual_matrix.runner.config import Case, Matrix
-from gate_residual_matrix.runner.environment import PROJECT_ROOT, available_cpus
-from gate_residual_matrix.runner.progress import PREFIX, ProgressView, ShardTally
-from gate_residual_matrix.runner.staging import stopped_partial
+from gate_residual_matrix.runner.backends.staging import stopped_partial
+from gate_residual_matrix.runner.cell.environment import PROJECT_ROOT, available_cpus
+from gate_residual_matrix.runner.cell.progress import PREFIX, ProgressView, ShardTally
+from gate_residual_matrix.runner.cell.run import case_key, now_utc
+from gate_residual_matrix.runner.config.matrix import Case, Matrix
+from gate_residual_matrix.runner.plan.cells import Cell, cases_on
+from gate_residual_matrix.runner.reports import store as report_io
 from gate_residual_matrix.runner.status import Status
 
 
@@ -51,7 +52,7 @@ def _read_lines(stream: IO[str], lines: list[str], view: ProgressView,
                translate: Callable[[str], str] | None = None) -> None:
     """Reader thread: keep every line of the cell's output, show its progress lines (and
     the watchdog's ``[cell]`` lines) as they come (``translate``: a shard's progress line
-    made the cell's, :class:`runner.progress.ShardTally`)."""
+    made the cell's, :class:`runner.cell.progress.ShardTally`)."""
     for line in stream:
         lines.append(line)
         text = line.rstrip("\n")
@@ -98,11 +99,11 @@ class HostBackend:
             reports_dir: Path, run_id: str, timeout_s: float) -> dict[str, Any]:
         """Run one cell; always returns the cell's report (also written under ``reports_dir``).
 
-        A cell of several shards (:func:`runner.shards.count`) runs as that many processes
+        A cell of several shards (:func:`runner.backends.shards.count`) runs as that many processes
         at once, each writing into ``reports_dir/shard-<i>/``, on one GPU lock
         (``$GATE_RESIDUAL_GPU_LOCK``, else one in ``reports_dir``), each with its share of
         the CPUs for its threads and compile workers unless those are set; their reports
-        are combined (:func:`runner.shards.combine`). A stopped or failed shard costs its
+        are combined (:func:`runner.backends.shards.combine`). A stopped or failed shard costs its
         own cases only.
         """
         on_target = cases_on(cases, cell.target)
@@ -123,7 +124,7 @@ class HostBackend:
             for d in dirs:
                 d.mkdir(exist_ok=True)
         planned = shards.planned_ids(parts)
-        if len(parts) > 1:  # for a later run, should this runner die (runner/staging.py)
+        if len(parts) > 1:  # for a later run, should this runner die (runner/backends/staging.py)
             (reports_dir / shards.PLAN_FILE).write_text(
                 json.dumps({"cell": cell.id, "shards": planned}), encoding="utf-8")
         started, started_at = time.perf_counter(), now_utc()

@@ -6,7 +6,7 @@ verdict that changed, with its cases: bits that were equal and differ, a side th
 repeatable and is not, batch invariance lost, a differing share or an error against fp64
 that grew. Each change falls under a rule that fails (exit 6) or is allowed
 (:mod:`.rules`); ``matrix --expect BASELINE_DIR`` runs, then compares (docs/ci.md).
-Not to be confused with :mod:`runner.compare`, the bitwise comparison of two tensors.
+Not to be confused with :mod:`contract.compare`, the bitwise comparison of two tensors.
 
 Modules: :mod:`.options` (the command-line options), :mod:`.rules` (the rules and their
 file), :mod:`.facts` (one report's verdicts, from the tables' model), :mod:`.diff`

@@ -22,11 +22,11 @@ from typing import Any
 
 from packaging.version import Version
 
-from gate_residual_matrix.runner import report_tensors
 from gate_residual_matrix.runner.compare_reports.facts import Bits, FactKey, facts
 from gate_residual_matrix.runner.compare_reports.rules import Rules
 from gate_residual_matrix.runner.errors import ConfigError
-from gate_residual_matrix.runner.report import read_reports
+from gate_residual_matrix.runner.reports import tensors as report_tensors
+from gate_residual_matrix.runner.reports.store import read_reports
 from gate_residual_matrix.runner.tables import (
     ABSENT,
     CellReport,

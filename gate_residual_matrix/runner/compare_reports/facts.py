@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gate_residual_matrix.runner import report_tensors
+from gate_residual_matrix.runner.reports import tensors as report_tensors
 from gate_residual_matrix.runner.tables import CellReport, pair_results
 
 __all__ = ["Bits", "FactKey", "facts"]

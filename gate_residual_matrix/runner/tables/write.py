@@ -18,7 +18,7 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from gate_residual_matrix.runner.report import read_reports, write_text_atomic
+from gate_residual_matrix.runner.reports.store import read_reports, write_text_atomic
 from gate_residual_matrix.runner.tables.model.build import build_tables
 from gate_residual_matrix.runner.tables.model.filters import Filters
 from gate_residual_matrix.runner.tables.model.headline import choose_level

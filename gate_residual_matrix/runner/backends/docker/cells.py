@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gate_residual_matrix.runner import images
-from gate_residual_matrix.runner import report as report_io
 from gate_residual_matrix.runner.backends.base import failed_report, skipped_lines
+from gate_residual_matrix.runner.backends.docker import images
 from gate_residual_matrix.runner.backends.docker.container import (
     CONTAINER_MATRIX,
     CONTAINER_REPORTS,
@@ -42,13 +41,14 @@ from gate_residual_matrix.runner.backends.docker.engine import (
 )
 from gate_residual_matrix.runner.backends.failure import Ending, classify, explain, log_tail
 from gate_residual_matrix.runner.backends.interrupts import deferred
-from gate_residual_matrix.runner.cell import case_key
-from gate_residual_matrix.runner.cells import Cell, cases_on
-from gate_residual_matrix.runner.config import Case, DockerStack, Matrix
-from gate_residual_matrix.runner.environment import project_state
+from gate_residual_matrix.runner.backends.staging import stopped_partial
+from gate_residual_matrix.runner.cell.environment import project_state
+from gate_residual_matrix.runner.cell.progress import PREFIX, ProgressView
+from gate_residual_matrix.runner.cell.run import case_key
+from gate_residual_matrix.runner.config.matrix import Case, DockerStack, Matrix
 from gate_residual_matrix.runner.errors import BackendError, ImageError
-from gate_residual_matrix.runner.progress import PREFIX, ProgressView
-from gate_residual_matrix.runner.staging import stopped_partial
+from gate_residual_matrix.runner.plan.cells import Cell, cases_on
+from gate_residual_matrix.runner.reports import store as report_io
 from gate_residual_matrix.runner.status import Status
 
 __all__ = ["CONTAINER_MATRIX", "CONTAINER_REPORTS", "ContainerConfig", "DockerBackend",
@@ -313,7 +313,7 @@ class DockerBackend(Engine):
     def _run_container(self, config: ContainerConfig, timeout_s: float, *,
                        cell_id: str = "cell", cases: int = 0) -> Ending:
         """Create, start, wait (killing at ``timeout_s``), collect logs, always remove. The
-        cell's progress lines are shown as they come (:class:`runner.progress.ProgressView`).
+        cell's progress lines are shown as they come (:class:`runner.cell.progress.ProgressView`).
 
         Returns how the container ended (exit code, log, timed out, OOM-killed).
         """

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gate_residual_matrix.runner import images, lifetime
+from gate_residual_matrix.runner.backends import lifetime
 from gate_residual_matrix.runner.backends.base import cell_argv
-from gate_residual_matrix.runner.cells import Cell
+from gate_residual_matrix.runner.backends.docker import images
 from gate_residual_matrix.runner.errors import ConfigError
+from gate_residual_matrix.runner.plan.cells import Cell
 
 __all__ = ["CONTAINER_MATRIX", "CONTAINER_REPORTS", "TMPFS_SIZE", "ContainerConfig",
            "cell_command", "container_config", "gpu_request"]
@@ -81,7 +82,7 @@ def container_config(image: str, command: Sequence[str], *, cell: Cell, run_id: 
     as ``GATE_RESIDUAL_COMMIT`` / ``GATE_RESIDUAL_DIRTY`` so the report names the checkout
     the image was made from. ``cell.target == "cuda"`` adds the device request of
     :func:`gpu_request`. ``timeout_s``: the cell's own deadline, so that a container whose
-    runner died still ends (:mod:`runner.lifetime`).
+    runner died still ends (:mod:`runner.backends.lifetime`).
     """
     env: dict[str, str] = {**dict(mode_env), "PYTHONUNBUFFERED": "1", "HOME": "/tmp"}
     if timeout_s is not None:

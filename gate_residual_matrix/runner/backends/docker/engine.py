@@ -1,6 +1,7 @@
 """The Docker engine through docker-py: is one there, and the images (build, prune, import).
 
-:meth:`Engine.ensure_image` builds the image named by content (:func:`runner.images.render`)
+:meth:`Engine.ensure_image` builds the image named by content
+(:func:`runner.backends.docker.images.render`)
 only when the engine lacks it, streaming the build log with a progress display (tqdm on a
 terminal, one line per step otherwise) and keeping the whole log in
 ``build/logs/<stack>.build.log``. The base image is never pulled: a missing one is a failed
@@ -19,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gate_residual_matrix.runner import images
+from gate_residual_matrix.runner.backends.docker import images
 from gate_residual_matrix.runner.backends.failure import log_tail
-from gate_residual_matrix.runner.config import DockerStack
+from gate_residual_matrix.runner.config.matrix import DockerStack
 from gate_residual_matrix.runner.errors import BackendError, ImageError
 
 try:  # docker-py is an optional dependency: pip install '.[docker]'
@@ -307,8 +308,8 @@ def build_stacks(matrix_path: Path, *, stacks: Sequence[str] | None = None, forc
     """
     from tabulate import tabulate
 
-    from gate_residual_matrix.runner import implementations
-    from gate_residual_matrix.runner.config import load_matrix
+    from gate_residual_matrix.runner.cell import catalog as implementations
+    from gate_residual_matrix.runner.config.matrix import load_matrix
     from gate_residual_matrix.runner.errors import SelectionError
 
     matrix = load_matrix(matrix_path, known_implementations=implementations.known)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gate_residual_matrix.runner import report_tensors
+from gate_residual_matrix.runner.reports import tensors as report_tensors
 from gate_residual_matrix.runner.tables.model.cases import (
     CaseFilter,
     case_order,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gate_residual_matrix.runner import report_tensors
+from gate_residual_matrix.runner.reports import tensors as report_tensors
 from gate_residual_matrix.runner.tables.model.cases import CaseFilter, dtype_label, index_rows
 from gate_residual_matrix.runner.tables.model.cells import CellReport
 from gate_residual_matrix.runner.tables.model.filters import Filters

@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gate_residual_matrix.runner import report_tensors
-from gate_residual_matrix.runner.report import iter_pairs
+from gate_residual_matrix.runner.reports import tensors as report_tensors
+from gate_residual_matrix.runner.reports.store import iter_pairs
 from gate_residual_matrix.runner.tables.model.cases import (
     CaseFilter,
     Problem,

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gate_residual_matrix.runner import report_tensors
 from gate_residual_matrix.runner.names import shown
-from gate_residual_matrix.runner.report import LoadedReport
+from gate_residual_matrix.runner.reports import tensors as report_tensors
+from gate_residual_matrix.runner.reports.store import LoadedReport
 from gate_residual_matrix.runner.tables.model.ab import DEFAULT_WHY, ab_tables, default_ab
 from gate_residual_matrix.runner.tables.model.accuracy import accuracy_table
 from gate_residual_matrix.runner.tables.model.bits import (
@@ -108,7 +108,7 @@ class Tables:
 def build_tables(reports: Sequence[LoadedReport], *, relative_to: Path | None = None,
                  filters: Filters | None = None, ab: Sequence[tuple[str, str]] | None = None,
                  bench_dir: Path | None = None, head: str | None = None) -> Tables:
-    """The tables for ``reports`` (as :func:`runner.report.read_reports` returns them).
+    """The tables for ``reports`` (as :func:`runner.reports.store.read_reports` returns them).
 
     Args:
         relative_to: file paths are shown relative to this directory (the outputs').

@@ -20,7 +20,7 @@ from functools import cached_property
 from typing import Any
 
 from gate_residual_matrix.runner.names import shown
-from gate_residual_matrix.runner.report import LoadedReport
+from gate_residual_matrix.runner.reports.store import LoadedReport
 from gate_residual_matrix.runner.tables.model.values import ABSENT, text
 
 __all__ = ["CellReport", "cell_label", "configuration", "image_of", "load_cells"]
@@ -47,7 +47,7 @@ def cell_label(report: LoadedReport) -> str:
 @dataclass(frozen=True)
 class CellReport:
     """One readable report as the tables see it (the matrix's cell itself, stack × mode ×
-    target, is :class:`runner.cells.Cell`; a foreign report has no such cell).
+    target, is :class:`runner.plan.cells.Cell`; a foreign report has no such cell).
 
     ``index`` is the cell's position in the list the tables were built from (the HTML page
     filters rows by it); facets are ``None`` where the report does not say.

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gate_residual_matrix import ops
-from gate_residual_matrix.runner import report_tensors
+from gate_residual_matrix.runner.reports import tensors as report_tensors
 from gate_residual_matrix.runner.tables.model.bits import pair_results
 from gate_residual_matrix.runner.tables.model.build import Tables
 from gate_residual_matrix.runner.tables.model.cells import CellReport
@@ -64,7 +64,7 @@ LEGEND = (
     "⚠ marks a column whose reports were not made at the current commit "
     "(`at <commit>`) or were made from a dirty tree. A mark links to the cell's page.")
 """How to read a mark; ``{legend}`` takes the shown reports' tensor names
-(:func:`runner.report_tensors.legend`)."""
+(:func:`runner.reports.tensors.legend`)."""
 _BASELINES = ("eager", "diffusers")  # a foreign report's baseline, by name
 _MAX_NAMES = 30
 _STACK_SUFFIX = re.compile(r"\+.*$")

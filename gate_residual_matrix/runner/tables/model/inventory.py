@@ -57,7 +57,7 @@ def _commit(cell: CellReport) -> str:
 
 def time_spent(data: dict, top: int = 3) -> str:
     """``"98 s: compile 41, batch inv. 20, inputs 9"``: a report's wall time and its
-    largest phases in seconds (``phases``, runner/phases.py); the total alone without them,
+    largest phases in seconds (``phases``, runner/cell/phases.py); the total alone without them,
     ``—`` without either. ``compile`` is the part of the others spent compiling."""
     total = data.get("duration_s")
     if not isinstance(total, (int, float)):

@@ -1,7 +1,7 @@
 """The kernel-only marker table (issue 13): which library rows ran kernel-only.
 
 A row ``<implementation>-<version>`` whose library was not installed ran only that library's
-kernel modules, loaded from its wheel's files (runner/implementations/kernel_only.py), under
+kernel modules, loaded from its wheel's files (contract/kernel_only.py), under
 this host's torch and triton, not the versions the library pins: its bits are the kernel's,
 not a full-stack run's. This table lists every such row (``kernel-only``) beside the rows that
 imported the installed library (``installed``) and the RL-Kernel source tree that ran, from

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gate_residual_matrix.runner import report_tensors
+from gate_residual_matrix.runner.reports import tensors as report_tensors
 from gate_residual_matrix.runner.tables.model.build import Tables
 from gate_residual_matrix.runner.tables.model.cases import CaseFilter, case_dtypes, index_rows
 from gate_residual_matrix.runner.tables.model.cells import CellReport

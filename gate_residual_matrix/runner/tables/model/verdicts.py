@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gate_residual_matrix.runner import report_tensors
+from gate_residual_matrix.runner.reports import tensors as report_tensors
 from gate_residual_matrix.runner.tables.model.bits import PairResult, pair_results
 from gate_residual_matrix.runner.tables.model.cases import case_dtypes, short_dtype
 from gate_residual_matrix.runner.tables.model.cells import CellReport

@@ -19,7 +19,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from gate_residual_matrix import ops
-from gate_residual_matrix.runner import report_tensors
+from gate_residual_matrix.runner.reports import tensors as report_tensors
 from gate_residual_matrix.runner.tables.model.cells import CellReport
 from gate_residual_matrix.runner.tables.model.filters import Filters
 from gate_residual_matrix.runner.tables.model.table import Row, Table
@@ -33,7 +33,7 @@ _ROW = re.compile(r"^(?P<stem>.+)-(?P<version>\d[0-9A-Za-z.+!]*)$")
 
 def library_row(name: str) -> tuple[str, Version] | None:
     """(implementation, version) of a library row named ``<implementation>-<version>``
-    (runner/implementations/versioned.py), else None.
+    (contract/versioned.py), else None.
 
     Example:
         >>> library_row("vllm_omni_h3_fused-0.30.0")

@@ -25,7 +25,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from gate_residual_matrix.runner import report_tensors
+from gate_residual_matrix.runner.reports import tensors as report_tensors
 from gate_residual_matrix.runner.tables.model.build import Tables
 from gate_residual_matrix.runner.tables.model.cases import DTYPE_NAMES, cell_dtypes
 from gate_residual_matrix.runner.tables.model.cells import CellReport

@@ -14,7 +14,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from gate_residual_matrix.runner.report import LoadedReport
+from gate_residual_matrix.runner.reports.store import LoadedReport
 from gate_residual_matrix.runner.tables.model.build import Tables, build_tables
 from gate_residual_matrix.runner.tables.model.table import Row, Table
 

@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from tabulate import tabulate
 
-from gate_residual_matrix.runner import report_tensors
 from gate_residual_matrix.runner.names import shown
+from gate_residual_matrix.runner.reports import tensors as report_tensors
 from gate_residual_matrix.runner.tables.model.build import Tables
 from gate_residual_matrix.runner.tables.model.cells import CellReport
 from gate_residual_matrix.runner.tables.model.headline import (

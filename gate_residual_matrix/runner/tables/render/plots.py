@@ -14,7 +14,7 @@ links them and the HTML page embeds them. Three kinds:
 * ``bench-<file>.svg``: each ``reports/bench/*.json`` with rows of ``N``, ``dtype``, ``D``,
   ``forward_ms`` (and ``forward_backward_ms``): time against N per implementation for its
   first dtype, with the bandwidth floor, the bytes the op must move
-  (the first op's ``bytes_moved``, :mod:`ops`: ops/gate_residual/bench.py times it) over the file's
+  (the first op's ``bytes_moved``, :mod:`ops`: bench/gate_residual.py times it) over the file's
   ``copy_GBps``.
 
 The SVG is deterministic (fixed hash salt, no date, text kept as text), so rendering twice
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from gate_residual_matrix import ops
-from gate_residual_matrix.runner import report_tensors
+from gate_residual_matrix.runner.reports import tensors as report_tensors
 from gate_residual_matrix.runner.tables.model.cases import ITEMSIZE, case_dtypes
 from gate_residual_matrix.runner.tables.model.cells import CellReport
 from gate_residual_matrix.runner.tables.model.headline import Headline
@@ -233,7 +233,7 @@ def _bench_figure(title: str, doc: Mapping[str, Any]) -> Figure | None:
                         color=f"C{n % 10}", label=impl)
         size = ITEMSIZE.get(str(dtype))
         first = rows[0]
-        spec = ops.get(ops.OPS[0])  # ops/gate_residual/bench.py times the first op
+        spec = ops.get(ops.OPS[0])  # bench/gate_residual.py times the first op
         sizes = {k: first[k] for k in spec.sizes if _count(first.get(k))}
         if _time(copy) and size and len(sizes) == len(spec.sizes):
             ns = sorted({r["N"] for r in rows})

@@ -1,0 +1,138 @@
+"""One GPU, several cells at once, and timings that see the GPU alone.
+
+Cells of different modes share nothing but the device, so a GPU host can run several at
+once (``scripts/h200.sh``: ``MODE_JOBS``), and one cell can run as several processes (its
+shards, :mod:`runner.backends.shards`): their bits do not depend on it. Their timings would: a
+kernel timed while another process's kernels run is slower than alone. So when
+``GATE_RESIDUAL_GPU_LOCK`` names a lock file, every cell process on the host takes it
+
+* **shared** around each stretch of GPU work that is not timed (:func:`shared`: inputs to
+  the device, one call of an implementation with its checks, a comparison, the accuracy
+  figures of one implementation, waiting for compile workers), and
+* **exclusive** around a case's timing loops (:func:`exclusive`),
+
+so no other process's kernel runs while a cell times. Writers go first: a cell waiting for
+the exclusive lock holds a turnstile (a second lock file) that new shared holders must pass,
+so the shared holders drain and the timing starts after at most one stretch of each other
+process's GPU work (a stretch ends with ``torch.cuda.synchronize``: its kernels are done,
+not only queued). Locks are ``flock(2)`` on open file descriptions: the kernel drops them
+when a process dies, so a killed cell never wedges the others.
+
+Within one process the hashing threads' device-to-host copies (:mod:`contract.compare`) take
+:data:`COPIES` too, which :func:`exclusive` holds: the cell's own copies stay out of its
+timings as well. Without ``GATE_RESIDUAL_GPU_LOCK`` both context managers only take
+:data:`COPIES`. The report records the setting (``environment.gpu_lock``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import sys
+import threading
+from collections.abc import Iterator
+
+ENV = "GATE_RESIDUAL_GPU_LOCK"
+
+#: Held by a hashing thread while it copies a device tensor to the host, and by
+#: :func:`exclusive` for the whole timing stretch.
+COPIES = threading.RLock()
+
+_state = threading.local()
+_FILES: dict[str, tuple[int, int]] = {}
+
+
+def path() -> str | None:
+    """The lock file this process's cells share, or None (no other cell to wait for)."""
+    return os.environ.get(ENV) or None
+
+
+_opening = threading.Lock()
+
+
+def _fds(lock_path: str) -> tuple[int, int]:
+    """(main, turnstile) descriptors of ``lock_path``, opened once per process, whichever
+    thread asks first: flock(2) locks belong to an open file description, so two threads
+    with descriptors of their own would wait for each other."""
+    with _opening:
+        if lock_path not in _FILES:
+            main = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+            turnstile = os.open(lock_path + ".turnstile", os.O_RDWR | os.O_CREAT, 0o666)
+            _FILES[lock_path] = (main, turnstile)
+        return _FILES[lock_path]
+
+
+_mutex = threading.Lock()
+_holders = [0]  # threads of this process inside shared(): flock is per process, not thread
+
+
+@contextlib.contextmanager
+def shared() -> Iterator[None]:
+    """GPU work that other cells may overlap, but no other cell's timing. Re-entrant and
+    safe from any thread (the process holds the file lock while any thread is inside);
+    inside :func:`exclusive` it adds nothing."""
+    lock_path = path()
+    depth = getattr(_state, "depth", 0)
+    if lock_path is None or depth:
+        _state.depth = depth + 1
+        try:
+            yield
+        finally:
+            _state.depth = depth
+        return
+    main, turnstile = _fds(lock_path)
+    with _mutex:
+        if _holders[0] == 0:
+            fcntl.flock(turnstile, fcntl.LOCK_EX)  # wait behind a cell that asked to time
+            fcntl.flock(main, fcntl.LOCK_SH)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        _holders[0] += 1
+    _state.depth = 1
+    try:
+        yield
+    finally:
+        _state.depth = 0
+        with _mutex:
+            _holders[0] -= 1
+            if _holders[0] == 0:
+                _drain()  # the stretch's queued kernels end before a cell may time
+                fcntl.flock(main, fcntl.LOCK_UN)
+
+
+def _drain() -> None:
+    """Wait for this process's queued GPU work (``torch.cuda.synchronize``) when torch has
+    initialised CUDA here; nothing otherwise (a CPU cell, or no CUDA call yet)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def exclusive() -> Iterator[None]:
+    """The GPU to this cell's timing loops alone: no other cell's GPU work (with
+    ``GATE_RESIDUAL_GPU_LOCK``) and none of this cell's hashing copies. Must not be entered
+    inside :func:`shared` (raises ``RuntimeError``: the two would wait for each other)."""
+    if getattr(_state, "depth", 0):
+        raise RuntimeError("gpu_lock.exclusive() inside shared(): release the shared lock first")
+    lock_path = path()
+    with COPIES:
+        if lock_path is None:
+            _state.depth = 1
+            try:
+                yield
+            finally:
+                _state.depth = 0
+            return
+        main, turnstile = _fds(lock_path)
+        fcntl.flock(turnstile, fcntl.LOCK_EX)  # new shared holders wait from now on
+        try:
+            fcntl.flock(main, fcntl.LOCK_EX)  # the current ones finish their stretch
+            _state.depth = 1
+            try:
+                yield
+            finally:
+                _state.depth = 0
+                fcntl.flock(main, fcntl.LOCK_UN)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)

@@ -1,0 +1,1 @@
+"""The Ray backend: the selected cells on a Ray cluster's nodes (``--cluster ADDRESS``)."""

@@ -1,0 +1,147 @@
+"""Where a cell's time goes: wall seconds per phase, as the report's ``phases`` records them.
+
+The phases do not overlap; each is the wall time spent in that part of the cell, with the
+GPU synchronised at every phase boundary (``torch.cuda.synchronize``), so asynchronous GPU
+work is charged to the phase that queued it, not to the next one that waits:
+
+``setup``
+    environment capture, imports, availability checks (everything before the first case).
+``precompile``
+    waiting for :mod:`runner.cell.precompile`'s workers (compiling ahead, in parallel).
+``inputs``
+    building each case's inputs from the seed, their sha256 and moving them to the device.
+``runs``
+    per implementation: its repeated calls (forward, then backward) on fresh clones,
+    repeatability check included; the accuracy reference's run is under its own name.
+``hashing``
+    sha256 of every implementation's outputs.
+``comparisons``
+    bitwise comparisons with the baseline.
+``accuracy``
+    error figures against the accuracy reference.
+``batch_invariance``, ``timings``
+    :mod:`runner.cell.batch_invariance` and the timing loops.
+
+``compilation`` is not a phase of its own but the part of the others spent compiling:
+``torch.compile`` (dynamo's ``entire_frame_compile`` + ``entire_backward_compile``,
+:func:`torch._dynamo.utils.calculate_time_spent`) plus our numba kernels' compile and load
+(:data:`kernels.launch.COMPILE_SECONDS`). ``other`` is the cell's wall time not in any phase.
+
+Example::
+
+    >>> clock = PhaseClock(sync=False)
+    >>> with clock("inputs"):
+    ...     pass
+    >>> sorted(clock.as_report(total_s=0.0))[:3]
+    ['accuracy', 'batch_invariance', 'comparisons']
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+
+PHASES = ("setup", "precompile", "inputs", "runs", "hashing", "comparisons", "accuracy",
+          "batch_invariance", "timings")
+
+
+def torch_compile_seconds() -> float:
+    """Seconds this process has spent in ``torch.compile`` so far (0.0 when torch's dynamo
+    was never imported or does not keep the figure)."""
+    dynamo_utils = sys.modules.get("torch._dynamo.utils")
+    if dynamo_utils is None:
+        return 0.0
+    try:
+        return float(dynamo_utils.calculate_time_spent().get("total_wall_time", 0.0))
+    except Exception:  # a private API: a torch without it reports no figure, not a crash
+        return 0.0
+
+
+def kernel_compile_seconds() -> float:
+    """Seconds this process has spent compiling and loading our numba.cuda kernels."""
+    launch = sys.modules.get("gate_residual_matrix.kernels.launch")
+    return float(launch.COMPILE_SECONDS[0]) if launch is not None else 0.0
+
+
+class PhaseClock:
+    """Accumulates wall seconds per phase; ``with clock("inputs"): ...``.
+
+    ``sync``: synchronise the CUDA device at each boundary (a cuda cell). Nested use of the
+    same clock charges the inner phase only (the outer one is paused), so the phases never
+    overlap. ``clock.run(impl_name)`` is the ``runs`` phase of one implementation.
+    """
+
+    def __init__(self, *, sync: bool) -> None:
+        self.sync = sync
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.runs: dict[str, float] = defaultdict(float)
+        self._stack: list[tuple[str, str | None, float]] = []
+        self._compile0 = torch_compile_seconds() + kernel_compile_seconds()
+
+    def _now(self) -> float:
+        if self.sync:
+            import torch
+
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def _charge(self, phase: str, impl: str | None, seconds: float) -> None:
+        if impl is None:
+            self.seconds[phase] += seconds
+        else:
+            self.runs[impl] += seconds
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str, impl: str | None = None) -> Iterator[None]:
+        now = self._now()
+        if self._stack:  # pause the enclosing phase
+            outer, outer_impl, since = self._stack[-1]
+            self._charge(outer, outer_impl, now - since)
+        self._stack.append((phase, impl, now))
+        try:
+            yield
+        finally:
+            end = self._now()
+            _, _, since = self._stack.pop()
+            self._charge(phase, impl, end - since)
+            if self._stack:  # resume it
+                outer, outer_impl, _ = self._stack[-1]
+                self._stack[-1] = (outer, outer_impl, end)
+
+    def run(self, impl: str):
+        """The ``runs`` phase of implementation ``impl``."""
+        return self(phase="runs", impl=impl)
+
+    def compilation_s(self) -> float:
+        """Seconds spent compiling since the clock started (see the module docstring)."""
+        return torch_compile_seconds() + kernel_compile_seconds() - self._compile0
+
+    def as_report(self, *, total_s: float) -> dict:
+        """The report's ``phases``: every phase of :data:`PHASES` in seconds (rounded to ms),
+        ``runs`` per implementation, ``compilation`` and ``other`` (``total_s`` minus the
+        phases)."""
+        out: dict = {p: round(self.seconds.get(p, 0.0), 3) for p in PHASES if p != "runs"}
+        out["runs"] = {k: round(v, 3) for k, v in self.runs.items()}
+        spent = sum(self.seconds.values()) + sum(self.runs.values())
+        out["compilation"] = round(max(self.compilation_s(), 0.0), 3)
+        out["other"] = round(max(total_s - spent, 0.0), 3)
+        return {k: out[k] for k in (*PHASES, "compilation", "other")}
+
+
+def add(a: dict | None, b: dict | None) -> dict | None:
+    """Two reports' ``phases`` summed (a resumed cell: the interrupted run plus the rest);
+    None when both are None."""
+    if not a or not b:
+        return a or b
+    out: dict = {}
+    for key in dict.fromkeys([*a, *b]):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) or isinstance(y, dict):
+            out[key] = {k: round((x or {}).get(k, 0.0) + (y or {}).get(k, 0.0), 3)
+                        for k in dict.fromkeys([*(x or {}), *(y or {})])}
+        else:
+            out[key] = round((x or 0.0) + (y or 0.0), 3)
+    return out

@@ -1,0 +1,426 @@
+"""Compile ahead, in parallel: shape-specialising implementations get their graphs built by
+worker processes before a cell's cases run (issue 11).
+
+``torch.compile(..., dynamic=False)`` (``compiled``, ``compiled_emulate``) compiles one
+program per input shape and dtype: a default ``cuda`` cell calls each with about 35 row
+counts in 6 dtype pairs (the cases and :func:`runner.cell.batch_invariance.row_counts`), forward
+with and without autograd, about 800 graphs, which one process compiles one after another
+(129 s of a 420 s partial run on the H200, 2026-12-01). Compilation is deterministic and
+inductor keeps what it compiles in its on-disk caches (FX graph, AOTAutograd and Triton
+caches, keyed by the graph, the shapes, the settings and the versions), so worker processes
+started with the cell's environment and torch settings compile the same programs into the
+same cache, in parallel, and the cell then loads them: the code under test is the one it
+would have compiled itself.
+
+The workers run before the first case and are waited for (bounded by ``timeout_s``), so no
+compilation competes with the cell's timing loops. A worker that fails costs only time: the
+cell compiles what is missing itself. ``environment.precompile`` in the report records what
+was done.
+
+Usage (what :func:`run` starts)::
+
+    python -m gate_residual_matrix.runner.cell.precompile --worker PLAN.json
+
+``GATE_RESIDUAL_PRECOMPILE=0`` turns it off (the cell then compiles everything itself);
+``=N`` asks for N workers.
+
+**Once per cache, for every mode at once.** Workers that only find their graphs in the
+cache still cost a cell 25-40 s (starting, importing torch, tracing each call; measured on
+the H200, 2026-12-01). A finished precompile without failures leaves a *stamp* in inductor's
+cache folder, keyed by everything that decides the graphs (:func:`stamp_key`); a cell whose
+stamp is there skips its workers and loads the graphs itself (``environment.precompile``
+says ``"stamp"``). Deleting inductor's cache deletes the stamps with it; a graph missing
+despite a stamp is compiled by the cell itself, so a stamp can cost time but never bits.
+Before several cells of one host (the H200's six modes), one command fills the cache for
+all of them in one pool of workers, each with its mode's variables and torch settings::
+
+    python -m gate_residual_matrix.runner.cell.precompile --matrix matrix.yaml --target cuda \
+        --mode plain --mode tf32
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from gate_residual_matrix.runner.backends.lifetime import die_with_parent
+from gate_residual_matrix.runner.cell.batch_invariance import row_counts
+
+MAX_WORKERS = 12
+TIMEOUT_S = 900.0
+"""The longest a precompile waits for its workers. On the 2-CPU machine one CPU cell's
+precompile from an empty cache takes 280-310 s (2026-12-01): a cap of 300 s cut it short
+there (the cell then compiled the rest itself, one graph at a time). Bounded by the cell's
+own timeout anyway; this cap only keeps a hung worker from holding a cell for ever."""
+
+
+def plan(matrix, cases, impls, *, target: str, inference: bool) -> list[dict]:
+    """The calls that compile every graph the cell will need, in the cases' order:
+    ``{"impl", "dtype", "index_dtype", "rows", "grad"}`` with ``grad`` one of ``train``
+    (forward + backward), ``no_grad`` (the timing loop's forward) or ``inference``
+    (under ``torch.inference_mode()``). ``impls``: those that compile per shape (every row
+    count a case calls them with), or per dtype pair into a kernel cache (``cached_kernels``:
+    one call per case size, as the cell's first call of a case makes it)."""
+    items, seen = [], set()
+    for case in cases:
+        dtype, index_dtype = matrix.case_dtypes(case)
+        if inference:
+            wanted = [(case.n, "inference"), (case.n, "no_grad")]
+        else:
+            rows = {case.n}
+            if matrix.batch_invariance is not None:
+                rows |= row_counts(case.n, matrix.batch_invariance.max_size,
+                                   matrix.batch_invariance.sizes)
+            wanted = [(r, "train") for r in sorted(rows)] + [(case.n, "no_grad")]
+        once = [(case.n, "inference" if inference else "train")]
+        for impl in impls:
+            for rows_, grad in (wanted if impl.compiles_per_shape else once):
+                key = (impl.name, dtype, index_dtype, rows_, grad)
+                if key not in seen:
+                    seen.add(key)
+                    items.append(dict(zip(("impl", "dtype", "index_dtype", "rows", "grad"),
+                                          key, strict=True)))
+    return items
+
+
+def workers_for(items: list, cpus: int | None) -> int:
+    """How many worker processes: one per spare CPU (two kept for the cell and the system),
+    but 2 on a machine of 2 to 4 CPUs (the cell waits for them: two CPUs compile at once),
+    at most :data:`MAX_WORKERS` and the number of calls; 0 when fewer than 2 would run.
+    ``GATE_RESIDUAL_PRECOMPILE=N`` sets the number (0: off)."""
+    forced = os.environ.get("GATE_RESIDUAL_PRECOMPILE", "")
+    if forced.isdigit():  # "0": off; "N": N workers whatever the CPUs (tests)
+        return min(int(forced), len(items))
+    n = min(MAX_WORKERS, max((cpus or 1) - 2, 2 if (cpus or 1) >= 2 else 0), len(items))
+    return n if n >= 2 else 0
+
+
+def load_only() -> None:
+    """In a cell whose graphs are all stamped: no pool of compile processes. Inductor starts
+    one (a process per CPU, each importing torch) at its first compile, to build kernels
+    the cache already holds; with six cells on one host that was 96 processes. A graph
+    missing despite the stamp then compiles in this process (``compile_threads`` is not
+    part of inductor's cache key: the same graphs are hits)."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.compile_threads = 1
+
+
+def cell_plan(matrix, cell, cases) -> list[dict]:
+    """:func:`plan` for one cell: its cases on its target, the matrix's implementations that
+    compile per shape and can run there, forward only in an inference mode."""
+    from gate_residual_matrix.runner.cell import catalog as implementations
+    from gate_residual_matrix.runner.plan.cells import cases_on
+
+    compiling = [i for i in implementations.rows(matrix)
+                 if (i.compiles_per_shape or cell.target in i.cached_kernels)
+                 and not i.unavailable_reason(cell.target)]
+    inference = bool(matrix.modes[cell.mode].torch.inference_mode)
+    return plan(matrix, cases_on(cases, cell.target), compiling, target=cell.target,
+                inference=inference)
+
+
+def stamp_key(items: list[dict], *, torch_settings: dict, mode_env: dict, op: str,
+              sizes: dict, target: str) -> str:
+    """sha256 of what decides the compiled graphs besides the calls themselves: the mode's
+    torch settings and variables, the op and its problem sizes, the target, torch's and
+    triton's versions, and the implementations in ``items`` with their source files (where
+    their ``run`` is defined). The calls are kept in the stamp (:func:`stamped` checks them)."""
+    import inspect
+
+    import torch
+
+    from gate_residual_matrix.runner.cell import catalog as implementations
+
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    sources = {}
+    for name in sorted({item["impl"] for item in items}):
+        path = inspect.getsourcefile(implementations.get(name, op).run)
+        sources[name] = hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None
+    blob = json.dumps({"torch": torch_settings, "env": mode_env, "op": op, **sizes,
+                       "target": target, "torch_version": torch.__version__,
+                       "triton": triton_version, "sources": sources}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def stamp_path(key: str) -> Path:
+    """Where the stamp of ``key`` lives: inside inductor's cache folder (``TORCHINDUCTOR_
+    CACHE_DIR``, by default ``/tmp/torchinductor_<user>``), so it goes when the cache goes."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return Path(cache_dir()) / "gate-residual-precompiled" / key
+
+
+def _stamped_calls(key: str) -> set:
+    try:
+        data = json.loads(stamp_path(key).read_text(encoding="utf-8"))
+        return {json.dumps(c, sort_keys=True) for c in data["calls"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+
+
+def stamped(key: str, items: list[dict]) -> bool:
+    """Whether precompiles without failures under stamp ``key`` compiled every call of
+    ``items`` into this cache (a resumed cell's calls are a subset of its first run's)."""
+    return bool(items) and {json.dumps(c, sort_keys=True) for c in items} <= _stamped_calls(key)
+
+
+def leave_stamp(key: str, items: list[dict], record: dict) -> None:
+    """Record the calls of a finished precompile (``record``: :func:`run`'s) in the stamp of
+    ``key``, with those already there; a record with failed workers adds none. An unwritable
+    cache folder only loses time."""
+    if record.get("failed"):
+        return
+    path = stamp_path(key)
+    calls = sorted(_stamped_calls(key) | {json.dumps(c, sort_keys=True) for c in items})
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"calls": [json.loads(c) for c in calls],
+                                    "last": record}), encoding="utf-8")
+    except OSError:
+        pass
+
+
+def run(items: list[dict], *, torch_settings: dict, op: str, sizes: dict, target: str,
+        workers: int, timeout_s: float = TIMEOUT_S, env: dict | None = None) -> dict:
+    """Run the calls of ``items`` in ``workers`` processes (round robin, so each starts with
+    the first cases) and wait for them, at most ``timeout_s``; returns the record for
+    ``environment.precompile``: workers, calls, seconds, and the workers that failed.
+    ``env``: the workers' environment (default: this process's)."""
+    return run_groups([(items, torch_settings, env)], op=op, sizes=sizes, target=target,
+                      workers=workers, timeout_s=timeout_s)
+
+
+def run_groups(groups: list[tuple], *, op: str, sizes: dict, target: str, workers: int,
+               timeout_s: float = TIMEOUT_S) -> dict:
+    """:func:`run` for several modes at once: ``groups`` is ``[(items, torch_settings, env or
+    None), ...]``; the ``workers`` processes are shared out in proportion to the calls (at
+    least one per group with calls), so one pool compiles every mode's graphs."""
+    started = time.perf_counter()
+    procs = []
+    groups = [grp for grp in groups if grp[0]]
+    total = sum(len(grp[0]) for grp in groups) or 1
+    with tempfile.TemporaryDirectory(prefix="gate-residual-precompile-") as tmp:
+        for gi, (items, torch_settings, env) in enumerate(groups):
+            # one compile thread per worker: the workers are the parallelism (inductor's
+            # compile_threads is outside its cache keys, so the cell finds the same entries)
+            env = {"TORCHINDUCTOR_COMPILE_THREADS": "1", **(env or os.environ)}
+            share = max(1, min(len(items), round(workers * len(items) / total)))
+            for w in range(share):
+                path = Path(tmp) / f"plan-{gi}-{w}.json"
+                path.write_text(json.dumps({"torch": torch_settings, "op": op, "sizes": sizes,
+                                            "target": target, "calls": items[w::share]}),
+                                encoding="utf-8")
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "gate_residual_matrix.runner.cell.precompile",
+                     "--worker",
+                     str(path)],
+                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                    errors="replace", preexec_fn=die_with_parent))
+        failed = []
+        try:
+            for w, proc in enumerate(procs):
+                left = max(timeout_s - (time.perf_counter() - started), 1.0)
+                try:
+                    _, err = proc.communicate(timeout=left)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    _, err = proc.communicate()
+                    failed.append(f"worker {w}: timed out after {timeout_s:g} s")
+                    continue
+                if proc.returncode:
+                    last = (err or "").strip().splitlines()[-1:] or [""]
+                    failed.append(f"worker {w}: exit code {proc.returncode}: {last[0][:200]}")
+        except BaseException:  # Ctrl-C, SIGTERM (raised by _cli): no worker outlives us
+            for proc in procs:
+                proc.kill()
+            for proc in procs:
+                proc.wait()
+            raise
+    return {"workers": len(procs), "calls": sum(len(grp[0]) for grp in groups),
+            "seconds": round(time.perf_counter() - started, 3), "failed": failed}
+
+
+def _inputs(call: dict, op: str, sizes: dict, device: str) -> dict:
+    """Zero inputs of ``op`` (its spec's shapes) for one call: the graphs depend on shapes
+    and dtypes, not values."""
+    import torch
+
+    from gate_residual_matrix import ops
+    from gate_residual_matrix.contract.inputs import INDEX_DTYPES, TORCH_DTYPES
+
+    spec = ops.get(op)
+    dt, n = TORCH_DTYPES[call["dtype"]], call["rows"]
+    x = {name: torch.zeros(spec.shape(name, n=n, sizes=sizes), dtype=dt, device=device)
+         for name in spec.inputs}
+    if spec.index:
+        x[spec.index] = torch.zeros(n, dtype=INDEX_DTYPES[call["index_dtype"]], device=device)
+    return x
+
+
+def main(argv: list[str]) -> int:
+    """Worker: apply the mode's torch settings, then make each call of the plan file once."""
+    spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    import torch
+
+    from gate_residual_matrix.runner.cell import catalog as implementations
+    from gate_residual_matrix.runner.cell import modes
+    from gate_residual_matrix.runner.config.matrix import TorchSettings
+
+    modes.apply_torch_settings(TorchSettings(**spec["torch"]))
+    device = "cuda" if spec["target"] == "cuda" else "cpu"
+    for call in spec["calls"]:
+        impl = implementations.get(call["impl"], spec["op"])
+        x = _inputs(call, spec["op"], spec["sizes"], device)
+        if call["grad"] == "inference":
+            with torch.inference_mode():
+                impl.run(x, backward=False)
+        else:
+            impl.run(x, backward=call["grad"] == "train")
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return 0
+
+
+def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
+                     workers: int | None = None, say=None) -> dict:
+    """Fill the compile caches for the host cells ``modes`` x ``target`` of a matrix in one
+    pool of workers (each with its mode's variables over this environment, and its torch
+    settings) and leave each mode's stamp; modes whose stamp is there are not compiled again.
+    Returns ``{mode: "stamped" | "compiled" | "nothing to compile" | "failed: ..."}``.
+    ``say(line)``, when given, hears what is about to be compiled.
+    Raises :class:`runner.errors.ConfigError` for a bad matrix, an unknown mode or target,
+    :class:`runner.errors.BackendError` for target cuda without a GPU."""
+    from gate_residual_matrix.runner.cell import catalog as implementations
+    from gate_residual_matrix.runner.config.matrix import load_matrix
+    from gate_residual_matrix.runner.errors import BackendError, ConfigError
+    from gate_residual_matrix.runner.plan.cells import Cell
+
+    matrix = load_matrix(matrix_path, known_implementations=implementations.known)
+    unknown = [m for m in modes if m not in matrix.modes]
+    if unknown:
+        raise ConfigError(f"unknown mode(s) {', '.join(unknown)}: the matrix has "
+                          f"{', '.join(matrix.modes)}")
+    if target not in matrix.targets:
+        raise ConfigError(f"unknown target {target!r}: the matrix has "
+                          f"{', '.join(matrix.targets)}")
+    if target == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise BackendError("target cuda needs a GPU: torch.cuda.is_available() is False "
+                               "here (use --target cpu)")
+    p, groups, keys = matrix.problem, [], {}
+    outcome: dict[str, str | float] = {}
+    for mode in modes:
+        if not matrix.modes[mode].runs_on(target):
+            outcome[mode] = f"not on target {target}"
+            continue
+        items = cell_plan(matrix, Cell("host", mode, target), matrix.cases)
+        spec = matrix.modes[mode]
+        torch_settings = spec.torch.model_dump()
+        key = stamp_key(items, torch_settings=torch_settings, mode_env=dict(spec.env),
+                        op=matrix.op, sizes=p.sizes, target=target)
+        if not items:
+            outcome[mode] = "nothing to compile"
+        elif stamped(key, items):
+            outcome[mode] = "stamped"
+        else:
+            groups.append((items, torch_settings, {**os.environ, **spec.env}))
+            keys[len(groups) - 1] = (mode, key)
+    if groups:
+        from gate_residual_matrix.runner.cell import environment
+
+        n = workers or max(2, (environment.available_cpus() or 2) - 2)
+        # two waves: the first mode alone, then the rest at once, whose graphs mostly reuse
+        # the first's Triton kernels (same kernel source: a cache hit) instead of every mode
+        # compiling the same kernels side by side
+        started = time.perf_counter()
+        if say is not None:
+            say(f"compiling {sum(len(g[0]) for g in groups)} calls for "
+                f"{', '.join(m for m, _ in keys.values())} on {target} in {n} workers ...")
+        for wave in ([0], list(range(1, len(groups)))):
+            if not wave:
+                continue
+            record = run_groups([groups[gi] for gi in wave], op=matrix.op, sizes=p.sizes,
+                                target=target, workers=n, timeout_s=TIMEOUT_S)
+            for gi in wave:
+                mode, key = keys[gi]
+                if record["failed"]:
+                    outcome[mode] = "failed: " + "; ".join(record["failed"])[:300]
+                else:
+                    leave_stamp(key, groups[gi][0], record)
+                    outcome[mode] = "compiled"
+        outcome["seconds"] = round(time.perf_counter() - started, 3)
+    return outcome
+
+
+def _positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of workers >= 1")
+    return value
+
+
+def _cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m gate_residual_matrix.runner.cell.precompile",
+        description="Fill the compile caches (inductor's, Triton's) for host cells of a "
+                    "matrix, every mode in one pool of worker processes, and leave a stamp "
+                    "so that those cells start no workers of their own. Prints one JSON line: "
+                    "mode -> compiled | stamped | nothing to compile | not on target | "
+                    "failed. Exit 0, 1 (a worker failed), 2 (bad input), 4 (no GPU for "
+                    "target cuda), 130 (interrupted).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--matrix", type=Path, default=Path("matrix.yaml"),
+                        help="the matrix file")
+    parser.add_argument("--target", default="cuda", help="the cells' target (cuda or cpu)")
+    parser.add_argument("--mode", action="append", required=True,
+                        help="a mode of the matrix (repeatable)")
+    parser.add_argument("--workers", type=_positive, default=None,
+                        help="worker processes (default: the CPUs less two)")
+    args = parser.parse_args(argv)
+    from gate_residual_matrix.runner.errors import BackendError, ConfigError
+
+    signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        outcome = precompile_modes(args.matrix, target=args.target, modes=args.mode,
+                                   workers=args.workers,
+                                   say=lambda line: print(f"[precompile] {line}",
+                                                          file=sys.stderr, flush=True))
+    except (ConfigError, BackendError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted: its workers were stopped; the stamps written so far "
+              "stand", file=sys.stderr)
+        return 130
+    print(json.dumps(outcome))
+    return 1 if any(str(v).startswith("failed") for v in outcome.values()) else 0
+
+
+def _interrupted(signum, frame):  # SIGTERM: unwind as Ctrl-C does (workers killed)
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        sys.exit(main(sys.argv[2:]))  # a worker, started by run_groups with its plan file
+    sys.exit(_cli(sys.argv[1:]))
