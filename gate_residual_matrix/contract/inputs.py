@@ -273,7 +273,7 @@ def _values32(key: int, pick_key: int, count: int, table: np.ndarray | None) -> 
 def make_tensors(*, shapes: dict[str, tuple[int, ...]], index: str | None, n: int,
                  groups: int | None,
                  dtype: str, index_dtype: str, seed: int, specials: bool = False,
-                 case_id: str | None = None) -> CaseInputs:
+                 grouped: bool = False, case_id: str | None = None) -> CaseInputs:
     """Build one case's inputs (CPU tensors); bits depend only on the arguments.
 
     ``shapes``: floating-point input name -> shape, built in this order from the stream
@@ -282,12 +282,14 @@ def make_tensors(*, shapes: dict[str, tuple[int, ...]], index: str | None, n: in
     bfloat16/float16/float32, ``index_dtype`` int64/int32, ``seed`` >= 0. ``case_id`` defaults
     to ``str(n)`` (``f"{n}-specials"`` with specials) and keys the streams; the runner passes
     the case id without its dtypes, so one N has the same float64 values (each rounded to its
-    dtype) and the same index in every dtype.
+    dtype) and the same index in every dtype. ``grouped``: the index values sorted, so the
+    rows that share a value are contiguous (each value keeps its count).
     Raises ``ValueError`` for an unknown dtype.
     """
     if index_dtype not in INDEX_DTYPES:
         raise ValueError(f"unknown index dtype {index_dtype!r}; choose from int64, int32")
-    case_id = case_id or (f"{n}-specials" if specials else str(n))
+    case_id = case_id or "-".join([str(n), *(["specials"] if specials else []),
+                                   *(["grouped"] if grouped else [])])
     tensors: dict[str, torch.Tensor] = {}
     for name, shape in shapes.items():
         count = int(np.prod(shape, dtype=np.int64))
@@ -301,16 +303,19 @@ def make_tensors(*, shapes: dict[str, tuple[int, ...]], index: str | None, n: in
         raise ValueError(f"index {index!r} needs groups >= 1, got {groups!r}")
     index_words = splitmix64(stream_key(seed, case_id, index), n)
     values = ((index_words >> np.uint64(32)) % np.uint64(groups)).astype(np.int64)
+    if grouped:
+        values = np.sort(values, kind="stable")
     tensors[index] = torch.from_numpy(values).to(INDEX_DTYPES[index_dtype])
     return CaseInputs(case_id=case_id, n=n, specials=specials, tensors=tensors, index=index)
 
 
 def build(spec, *, n: int, sizes: dict[str, int], dtype: str, index_dtype: str, seed: int,
-          specials: bool = False, case_id: str | None = None) -> CaseInputs:
+          specials: bool = False, grouped: bool = False,
+          case_id: str | None = None) -> CaseInputs:
     """One case's inputs for op ``spec`` (:class:`ops.spec.OpSpec`) with the problem's
     ``sizes``: :func:`make_tensors` of the spec's inputs and index."""
     shapes = {name: spec.shape(name, n=n, sizes=sizes) for name in spec.inputs}
     groups = sizes[spec.groups] if spec.groups else None
     return make_tensors(shapes=shapes, index=spec.index, n=n, groups=groups,
                         dtype=dtype, index_dtype=index_dtype, seed=seed, specials=specials,
-                        case_id=case_id)
+                        grouped=grouped, case_id=case_id)

@@ -281,10 +281,12 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
             dtype, index_dtype = matrix.case_dtypes(case)
             with clock("inputs"):
                 x = build(spec, n=case.n, sizes=p.sizes, dtype=dtype, index_dtype=index_dtype,
-                          seed=p.seed, specials=case.specials, case_id=case.base_id)
+                          seed=p.seed, specials=case.specials, grouped=case.grouped,
+                          case_id=case.base_id)
                 input_hashes = {k: hasher.submit(compare.tensor_sha256, v)
                                 for k, v in x.tensors.items()}
                 report["inputs"][key] = {"n": case.n, "specials": case.specials,
+                                         **({"grouped": True} if case.grouped else {}),
                                          "dtype": dtype, "index_dtype": index_dtype,
                                          "sha256": None,
                                          **({"index_counts":

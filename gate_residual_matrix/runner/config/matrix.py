@@ -118,7 +118,9 @@ class Problem(BaseModel):
 
 
 class Case(_Frozen):
-    """One size: ``n`` rows; ``specials`` plants NaN, +-Inf, +-0.0, subnormals, extremes.
+    """One size: ``n`` rows; ``specials`` plants NaN, +-Inf, +-0.0, subnormals, extremes;
+    ``grouped`` sorts the index, so the rows that share an index value are contiguous (the
+    tokens of one sample in a DiT batch), where the default draws each row's value at random.
 
     ``dtype`` and ``index_dtype`` override the problem's for this case; in a validated
     :class:`Matrix` both are set (the case's own pair) or both None (the problem's pair),
@@ -128,6 +130,7 @@ class Case(_Frozen):
 
     n: Annotated[StrictInt, Field(ge=1)]
     specials: StrictBool = False
+    grouped: StrictBool = False
     dtype: DType | None = None
     index_dtype: IndexDType | None = None
     targets: ListOf[Target] | None = None
@@ -138,9 +141,11 @@ class Case(_Frozen):
 
     @property
     def base_id(self) -> str:
-        """``"257"`` or ``"257-specials"``: the id without the dtypes; it keys the input
-        streams, so a case has the same values (rounded to its dtype) in every dtype."""
-        return f"{self.n}-specials" if self.specials else str(self.n)
+        """``"257"``, ``"257-specials"``, ``"257-grouped"`` or ``"257-specials-grouped"``: the
+        id without the dtypes; it keys the input streams, so a case has the same values
+        (rounded to its dtype) in every dtype."""
+        return "-".join([str(self.n), *(["specials"] if self.specials else []),
+                         *(["grouped"] if self.grouped else [])])
 
     @property
     def id(self) -> str:
@@ -351,6 +356,9 @@ def _cross_checks(m: Matrix, known: tuple[str, ...]) -> Iterator[tuple[str, str,
             yield key, f"one of implementations ({', '.join(m.implementations)})", _show(name)
     if m.baseline == m.accuracy_reference:
         yield "baseline", "an implementation other than accuracy_reference", _show(m.baseline)
+    for i, case in enumerate(m.cases):
+        if case.grouped and _op_has_no_index(m.op):
+            yield f"cases[{i}].grouped", f"false: op {m.op} has no index to group", "true"
     for i, pair in enumerate(m.pairs):
         for j, name in enumerate(pair):
             if name not in m.implementations or name == m.accuracy_reference:
@@ -375,6 +383,11 @@ def _cross_checks(m: Matrix, known: tuple[str, ...]) -> Iterator[tuple[str, str,
                 yield f"modes.{mode}", "names that make unique cell ids", (
                     f"cell id {_show(cell + '-<target>')} twice: {made[cell]}, {names}")
             made.setdefault(cell, names)
+
+
+def _op_has_no_index(op: str) -> bool:
+    from gate_residual_matrix import ops
+    return op in ops.OPS and ops.get(op).index is None
 
 
 def _duplicates(key: str, values: Collection[str],

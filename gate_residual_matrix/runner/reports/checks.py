@@ -36,7 +36,7 @@ __all__ = ["CELL_ID_RE", "MAX_CASES", "MAX_IMPLEMENTATIONS", "MAX_LIBRARIES",
 
 CELL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_CASE_RE = re.compile(r"^([0-9]+)(-specials)?(?:-([a-z0-9]+)-(int[0-9]+))?$")
+_CASE_RE = re.compile(r"^([0-9]+)(-specials)?(-grouped)?(?:-([a-z0-9]+)-(int[0-9]+))?$")
 MAX_CASES = 20_000
 """Case ids a report may list (``cases``, ``cases_missing``): the tables hold rows per case,
 tensor and pair, so a report of 200,000 cases made a summary.json of a gigabyte. Our matrix
@@ -230,12 +230,15 @@ def _inputs_problems(report: Mapping[str, Any], cases: set[str]) -> Iterator[str
         if given["specials"] != specials:
             yield (f"{where}.specials: the case id says {specials}, "
                    f"the inputs say {given['specials']}")
+        if given.get("grouped", False) != bool(named.group(3)):
+            yield (f"{where}.grouped: the case id says {bool(named.group(3))}, "
+                   f"the inputs say {given.get('grouped', False)}")
         counts = given.get("index_counts")
         if counts is not None and g is not None and len(counts) != g:
             yield f"{where}.index_counts: {len(counts)} counts for {groups} = {g} index values"
         if counts is not None and sum(counts) != given["n"]:
             yield f"{where}.index_counts: they sum to {sum(counts)}, not n = {given['n']}"
-        dtypes = named.group(3, 4)
+        dtypes = named.group(4, 5)
         if dtypes[0] and any(given.get(k, v) != v for k, v in zip(
                 ("dtype", "index_dtype"), dtypes, strict=True)):
             yield (f"{where}: case {key} names {'/'.join(dtypes)} but its inputs are "

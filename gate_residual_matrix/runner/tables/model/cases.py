@@ -31,18 +31,19 @@ __all__ = ["DTYPE_NAMES", "ITEMSIZE", "CaseFilter", "Problem", "base_case", "cas
            "case_order", "case_problem", "cell_dtypes", "dtype_label", "index_rows",
            "short_dtype"]
 
-CASE_RE = re.compile(r"^(?P<base>[0-9]+(?:-specials)?)"
+CASE_RE = re.compile(r"^(?P<base>[0-9]+(?:-specials)?(?:-grouped)?)"
                      r"(?:-(?P<dtype>bfloat16|float16|float32)-(?P<index>int64|int32))?$")
 _SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 DTYPE_NAMES = tuple(_SHORT)
 """The storage dtypes a case may have."""
 ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
 """Bytes per element of each storage dtype."""
-_ORDER_RE = re.compile(r"^([0-9]+)(-specials)?$")
+_ORDER_RE = re.compile(r"^([0-9]+)(-specials)?(-grouped)?$")
 
 
 def case_order(cases: Iterable[str]) -> list[str]:
-    """Case ids once each, as the matrix orders them: plain N ascending, then specials.
+    """Case ids once each, as the matrix orders them: plain N ascending, then grouped, then
+    specials.
 
     Example:
         >>> case_order(["257-specials", "4097", "1", "257", "1"])
@@ -50,7 +51,9 @@ def case_order(cases: Iterable[str]) -> list[str]:
     """
     def key(case: str) -> tuple[int, int, str]:
         m = _ORDER_RE.match(case)
-        return (2, 0, case) if m is None else (int(bool(m.group(2))), int(m.group(1)), case)
+        if m is None:
+            return (3, 0, case)
+        return (2 if m.group(2) else int(bool(m.group(3))), int(m.group(1)), case)
 
     return sorted(dict.fromkeys(cases), key=key)
 
