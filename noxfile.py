@@ -13,9 +13,13 @@ package.
     nox -s tests                        # the test suite (no GPU needed)
     nox -s lint
 
-Sessions install this project into a virtualenv that also sees the interpreter's own
-site-packages, so a GPU machine's existing torch is used as is; where no torch is importable,
-``torch==2.13.0`` is installed (the CPU wheel where the machine's pip finds it).
+Every session runs in one shared environment, ``.nox/env`` (:func:`env_python`): a virtualenv
+that also sees the interpreter's own site-packages, so a GPU machine's existing torch is used
+as is; where no torch is importable, ``torch==2.13.0`` is installed (the CPU wheel where the
+machine's pip finds it). It holds the union of the extras the sessions asked for and is
+reinstalled only when ``pyproject.toml`` changes or a session needs an extra it lacks, so a
+second session starts in seconds and torch is installed once. ``--no-venv`` runs the sessions
+with the ``python`` on PATH, ``--no-install`` installs nothing.
 
 Sessions that call the runner end with its exit code (:data:`RUNNER_CODES`: 2 bad input, 3 a
 report or table not written, 4 a backend cannot run, 5 a cell failed, 6 a verdict regressed
@@ -25,19 +29,35 @@ nox's 1 for every failure, so a script can tell them apart (:func:`run_runner`).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
+import shutil
+import sys
+from pathlib import Path
 
 import nox
 import nox.command
+import nox.virtualenv
 from nox.logger import logger
 
 nox.options.sessions = ["tests"]
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
 
-VENV = ["--system-site-packages"]
 TORCH_FALLBACK = "torch==2.13.0"
+ENV = Path(".nox") / "env"
+"""The one environment every session runs in."""
+SESSION = {"venv_backend": "none"}
+"""Sessions make no virtualenv of their own: :func:`env_python` gives them the shared one."""
+
+if shutil.which(os.environ.get("UV", "uv")) is None:
+    # nox looks for uv on every run and logs "uv binary not found." when there is none; the
+    # sessions never use uv (pip finds the machine's local torch wheel, uv would not), so
+    # answer nox's lookup (its module attributes, which it reads before searching) up front.
+    nox.virtualenv.HAS_UV, nox.virtualenv.UV = False, "uv"
+    nox.virtualenv.UV_VERSION = nox.virtualenv.version.Version("0.0")
 # On Ctrl-C nox waits this long for the runner (which got the SIGINT too) before it sends
 # SIGTERM, then SIGKILL: time for the runner to kill the cell's process group, remove its
 # container and staging directory (nox's defaults, 0.3 s and 0.2 s, can cut that short).
@@ -49,8 +69,10 @@ RUNNER_CODES = {2: "bad matrix.yaml or option", 3: "a report or table could not 
                 130: "interrupted (SIGINT)", 143: "terminated (SIGTERM)"}
 
 
-def run_runner(session: nox.Session, module: str, *args: str, **kwargs) -> None:
-    """``python -m module args`` in the session; nox then exits with the runner's own code.
+def run_runner(session: nox.Session, module: str, *args: str, extras: tuple[str, ...] = (),
+               **kwargs) -> None:
+    """``python -m module args`` in the shared environment (with ``extras``); nox then exits
+    with the runner's own code.
 
     nox turns every failed command into a failed session and exits 1. When the command
     exits with one of :data:`RUNNER_CODES`, nox logged the failed command; this logs the
@@ -60,7 +82,8 @@ def run_runner(session: nox.Session, module: str, *args: str, **kwargs) -> None:
     nox's (exit 1). Ctrl-C is nox's own 130.
     """
     try:
-        session.run("python", "-m", module, *args, **kwargs)
+        session.run(env_python(session, *extras), "-m", module, *args, external=True,
+                    **kwargs)
     except nox.command.CommandFailed as err:
         code = getattr(err, "return_code", None)  # nox >= 2025; before: "Returned code N"
         if code is None:
@@ -72,61 +95,88 @@ def run_runner(session: nox.Session, module: str, *args: str, **kwargs) -> None:
         raise SystemExit(code) from None
 
 
-def install_project(session: nox.Session, *extras: str) -> None:
-    """This project (editable) with ``extras``, and torch unless the session's virtualenv can
-    already import one (its own, or the base interpreter's through --system-site-packages).
+def _options(session: nox.Session):
+    """nox's parsed command line (``--no-venv``, ``--no-install``); nox has no public accessor."""
+    return session._runner.global_config
 
-    Asked of the session's interpreter, not nox's: nox may live in a virtualenv of its own
-    whose torch the session does not see. Under ``--no-install`` nothing is asked or installed.
+
+def _stamp() -> str:
+    return hashlib.sha256(Path("pyproject.toml").read_bytes()).hexdigest()
+
+
+def env_python(session: nox.Session, *extras: str) -> str:
+    """The shared environment's interpreter, with this project (editable) and ``extras``
+    installed, and torch unless the environment can already import one (its own, or the base
+    interpreter's through ``--system-site-packages``).
+
+    Made once with nox's own interpreter (``python -m venv``) and reinstalled only when
+    ``pyproject.toml`` changed or ``extras`` are new to it: ``.nox/env/installed.json``
+    records what it holds. ``--no-venv``: the ``python`` on PATH, nothing installed;
+    ``--no-install``: the environment as it is (PATH's ``python`` when there is none).
     """
-    spec = f".[{','.join(extras)}]" if extras else "."
-    found = session.run_install(
-        "python", "-c", "import importlib.util as u; print(u.find_spec('torch') is not None)",
-        silent=True)
-    if found is not None and found.strip().splitlines()[-1:] != ["True"]:
-        session.install(TORCH_FALLBACK)
-    session.install("-e", spec)
+    options = _options(session)
+    python = ENV / "bin" / "python"
+    if getattr(options, "no_venv", False):
+        return "python"
+    if getattr(options, "no_install", False):
+        return str(python) if python.exists() else "python"
+    record = ENV / "installed.json"
+    held = json.loads(record.read_text()) if record.exists() and python.exists() else {}
+    wanted = sorted(set(extras) | set(held.get("extras", [])))
+    if held.get("pyproject") == _stamp() and set(extras) <= set(held.get("extras", [])):
+        return str(python)
+    if not python.exists():
+        session.run(sys.executable, "-m", "venv", "--system-site-packages", str(ENV),
+                    external=True)
+    found = session.run(str(python), "-c", "import importlib.util as u; "
+                        "print(u.find_spec('torch') is not None)", silent=True, external=True)
+    pip = (str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check")
+    if not str(found or "").strip().endswith("True"):
+        session.run(*pip, TORCH_FALLBACK, external=True)
+    session.run(*pip, "-e", f".[{','.join(wanted)}]" if wanted else ".", external=True)
+    record.write_text(json.dumps({"extras": wanted, "pyproject": _stamp()}) + "\n")
+    return str(python)
 
 
-@nox.session(venv_params=VENV)
+@nox.session(**SESSION)
 def matrix(session: nox.Session) -> None:
     """Run the matrix (docker stacks whose image exists, in containers), then the tables."""
     cluster = any(a == "--cluster" or a.startswith("--cluster=") for a in session.posargs)
-    install_project(session, "docker", "report", *(["ray"] if cluster else []))
-    run_runner(session, "gate_residual_matrix.runner", "matrix", *session.posargs, **STOP)
+    run_runner(session, "gate_residual_matrix.runner", "matrix", *session.posargs,
+               extras=("docker", "report", *(["ray"] if cluster else [])), **STOP)
 
 
-@nox.session(venv_params=VENV)
+@nox.session(**SESSION)
 def build(session: nox.Session) -> None:
     """Build the images of the docker stacks that are missing (posargs: --stack NAME ...)."""
-    install_project(session, "docker")
-    run_runner(session, "gate_residual_matrix.runner", "build", *session.posargs, **STOP)
+    run_runner(session, "gate_residual_matrix.runner", "build", *session.posargs,
+               extras=("docker",), **STOP)
 
 
-@nox.session(venv_params=VENV)
+@nox.session(**SESSION)
 def base_image(session: nox.Session) -> None:
     """Make the local base image without a registry: debootstrap + docker import (root)."""
-    install_project(session, "docker")
-    run_runner(session, "gate_residual_matrix.runner", "base-image", *session.posargs)
+    run_runner(session, "gate_residual_matrix.runner", "base-image", *session.posargs,
+               extras=("docker",))
 
 
-@nox.session(venv_params=VENV)
+@nox.session(**SESSION)
 def report(session: nox.Session) -> None:
     """Render reports/README.md, index.html, summary.csv|json (filters: docs/tables.md)."""
-    install_project(session, "report")
-    run_runner(session, "gate_residual_matrix.runner", "report", *session.posargs)
+    run_runner(session, "gate_residual_matrix.runner", "report", *session.posargs,
+               extras=("report",))
 
 
-@nox.session(venv_params=VENV)
+@nox.session(**SESSION)
 def compare(session: nox.Session) -> None:
     """The verdicts that changed from BASELINE_DIR to NEW_DIR (default reports/); exit 6 when
     one regressed (posargs: BASELINE_DIR [NEW_DIR] --rules FILE --allow RULE --fail RULE;
     docs/ci.md)."""
-    install_project(session, "report")
-    run_runner(session, "gate_residual_matrix.runner", "compare", *session.posargs)
+    run_runner(session, "gate_residual_matrix.runner", "compare", *session.posargs,
+               extras=("report",))
 
 
-@nox.session(venv_params=VENV)
+@nox.session(**SESSION)
 def tests(session: nox.Session) -> None:
     """The test suite: CPU path, CUDA simulator, PTX, runner, Docker, HTML in Chromium.
 
@@ -137,26 +187,24 @@ def tests(session: nox.Session) -> None:
     if os.environ.get("GATE_RESIDUAL_NO_SETUP") != "1":
         session.run("bash", ".ci/install-docker.sh", external=True)
         session.run("bash", ".ci/install-chromium.sh", external=True)
-    install_project(session, "test")
-    session.run("python", "-m", "pytest", *session.posargs)
+    session.run(env_python(session, "test"), "-m", "pytest", *session.posargs, external=True)
 
 
-@nox.session(venv_params=VENV)
+@nox.session(**SESSION)
 def lint(session: nox.Session) -> None:
     """ruff over the project, then mypy over the modules pyproject.toml's [tool.mypy] lists."""
-    session.install("ruff>=0.6", "mypy>=1.10")
-    session.run("ruff", "check", ".", *session.posargs)
-    session.run("mypy")
+    python = env_python(session, "lint")
+    session.run(python, "-m", "ruff", "check", ".", *session.posargs, external=True)
+    session.run(python, "-m", "mypy", external=True)
 
 
-@nox.session(venv_params=VENV)
+@nox.session(**SESSION)
 def bench(session: nox.Session) -> None:
     """Benchmark (GPU: CUDA events, medians, copy bandwidth); writes reports/bench/*.json."""
-    install_project(session)
     run_runner(session, "gate_residual_matrix.bench.gate_residual", *session.posargs)
 
 
-@nox.session(venv_params=VENV)
+@nox.session
 def kernel_wheelhouse(session: nox.Session) -> None:
     """The kernel wheelhouse (issue 13; runner/wheelhouse.py): needs a package index.
 
