@@ -42,6 +42,7 @@ from gate_residual_matrix.runner.tables.model.verdicts import describe_dtypes, v
 from gate_residual_matrix.runner.tables.render.html import render_html
 from gate_residual_matrix.runner.tables.render.summary import render_csv
 from tests.committed_reports import REFERENCE
+from tests.test_tables import rows as table_rows
 
 DATA = Path(__file__).parent / "data"
 H200 = DATA / "h200" / "host-plain-cuda.json"
@@ -55,8 +56,9 @@ def section(text: str, title: str) -> str:
 
 
 def rows(text: str) -> list[list[str]]:
-    return [[c.strip() for c in line.strip("|").split(" | ")] for line in text.splitlines()
-            if line.startswith("|") and not line.startswith("|-")][1:]
+    """Body rows of the tables in ``text`` (a table too wide for a line is read from its
+    records: :func:`tests.test_tables.rows`), header dropped."""
+    return table_rows(text)[1:]
 
 
 def tiny(seed: int, problem: tuple[str, str], cases: list[dict]):

@@ -1,7 +1,8 @@
 // Inlined into reports/index.html by runner/html.py: the filters, which take what people type.
 // Each box (GPU, stack, mode, pair) holds text: a part of a name, in any case; commas separate
 // alternatives ("h200, b200"); an empty box allows everything. Headline columns
-// (data-col="<n>", facets in #cells-data .columns) and rows (data-pair) are hidden when they
+// (data-col="<n>", facets in #cells-data .columns), the per-op grids' columns (data-gcol,
+// facets in .gcolumns) and rows (data-pair) are hidden when they
 // do not match; so are rows of other tables that belong to one cell (data-cell="<i>").
 "use strict";
 (function () {
@@ -9,6 +10,7 @@
   const form = document.getElementById("filters");
   const boxes = Array.from(form.querySelectorAll("input[data-dim]"));
   const cols = Array.from(document.querySelectorAll("[data-col]"));
+  const gcols = Array.from(document.querySelectorAll("[data-gcol]"));
   const pairs = Array.from(document.querySelectorAll("tr[data-pair]"));
   const tagged = Array.from(document.querySelectorAll("[data-cell]"));
   const tables = Array.from(document.querySelectorAll("table.data"));
@@ -36,6 +38,7 @@
     const w = wanted();
     const shownCols = data.columns.map((c) => keeps(w, c));
     cols.forEach((el) => { el.hidden = !shownCols[Number(el.dataset.col)]; });
+    gcols.forEach((el) => { el.hidden = !keeps(w, data.gcolumns[el.dataset.gcol]); });
     pairs.forEach((tr) => { tr.hidden = !fits(w.pair, tr.dataset.pair); });
     const shownCells = data.cells.map((c) => keeps(w, c));
     tagged.forEach((el) => { el.hidden = !shownCells[Number(el.dataset.cell)]; });

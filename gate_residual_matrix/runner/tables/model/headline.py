@@ -13,10 +13,10 @@ cells in that column (usually one):
 * ``n/a: unavailable`` where the candidate did not run there, ``—`` where the column has no
   such pair.
 
-A column whose reports were not made at the current project commit, or were made from a dirty
-tree, is marked stale (:func:`staleness`). Cells without any comparison (skipped, failed
-before a case ran, every implementation unavailable) get no column: :func:`not_run` collapses
-them to one line per status and reason.
+A mark whose own reports were not made at the current project commit, or were made from a
+dirty tree, is marked stale (:func:`staleness`, :meth:`Headline.stale`), never a whole column.
+Cells without any comparison (skipped, failed before a case ran, every implementation
+unavailable) get no column: :func:`not_run` collapses them to one line per status and reason.
 
 When the columns are too many for one page the table can merge them (:data:`LEVELS`): modes
 first (GPU × stack), then stacks (GPU alone); the merged mark is the worst of its cells.
@@ -39,7 +39,8 @@ from gate_residual_matrix.runner.tables.model.filters import Filters
 from gate_residual_matrix.runner.tables.model.values import ABSENT, text
 
 __all__ = ["KERNEL_ONLY", "LEGEND", "LEVELS", "Column", "Headline", "Mark", "cached_headline",
-           "choose_level", "headline", "name_list", "not_run", "staleness"]
+           "cell_marks", "choose_level", "gpu_label", "headline", "name_list", "not_run", "percent",
+           "stack_label", "staleness"]
 
 LEVELS = ("GPU × stack × mode", "GPU × stack", "GPU")
 """How far columns are merged: level 0 keeps every mode apart, 2 merges stacks too."""
@@ -61,8 +62,9 @@ LEGEND = (
     "pair there; `ᴷ` a library row that ran kernel-only (its kernel modules loaded from the "
     "released wheel, under this host's torch and triton: not a full-stack install; the "
     "kernel-only table of the cell's page has the record). "
-    "⚠ marks a column whose reports were not made at the current commit "
-    "(`at <commit>`) or were made from a dirty tree. A mark links to the cell's page.")
+    "⚠ follows a mark whose own reports (not its column's others) were not made at the "
+    "current commit (`at <commit>`) or were made from a dirty tree. A mark links to the cell's "
+    "page.")
 """How to read a mark; ``{legend}`` takes the shown reports' tensor names
 (:func:`runner.reports.tensors.legend`)."""
 _BASELINES = ("eager", "diffusers")  # a foreign report's baseline, by name
@@ -90,13 +92,14 @@ def staleness(cell: CellReport, head: str | None) -> str:
     return ""
 
 
-def _gpu(cell: CellReport) -> str:
+def gpu_label(cell: CellReport) -> str:
+    """The cell's GPU as a column shows it: ``CPU`` for the cpu target."""
     if cell.target == "cpu":
         return "CPU"
     return cell.gpu or ABSENT
 
 
-def _stack(cell: CellReport) -> str:
+def stack_label(cell: CellReport) -> str:
     """``host (torch 2.11.0)``, ``torch2.14-vllm0.33 (torch 2.14.0, vllm 0.33.0)``."""
     env = cell.environment
     libs = env.get("libraries") or {}
@@ -160,6 +163,10 @@ class Mark:
             return "absent"
         return "eq" if self.equal else ("nan" if not self.differ else "diff")
 
+    def differing(self) -> list[str]:
+        """The tensors that differ (beyond NaN payloads), in the op's order."""
+        return self._ordered(self.differ)
+
     def worst(self) -> float:
         return max(self.differ.values(), default=0.0)
 
@@ -179,11 +186,11 @@ class Mark:
             return f"≈ {nan}"
         tensors = ",".join(self._ordered(self.differ))
         rep = ("NR" if self.not_repeatable else "R") if self.repeats_known else ""
-        main = " ".join(x for x in ("✗", tensors, _percent(self.worst()), rep) if x)
+        main = " ".join(x for x in ("✗", tensors, percent(self.worst()), rep) if x)
         return f"{main}; {nan}" if nan else main
 
 
-def _percent(share: float) -> str:
+def percent(share: float) -> str:
     """``97%``, ``0.4%``, ``<0.1%``, ``100%`` (only when every element differs)."""
     if share >= 1:
         return "100%"
@@ -222,12 +229,21 @@ class Headline:
     head: str | None
     never: dict[str, str] = field(default_factory=dict)  # pairs compared nowhere -> statuses
 
+    def stale(self, mark: Mark) -> list[str]:
+        """The staleness notes of the reports ``mark`` sums up: per report, never those of
+        other reports in its column (another op's, in a column ops share)."""
+        cells = {c.index: c for col in self.columns for c in col.cells}
+        return list(dict.fromkeys(s for i in sorted(mark.cells)
+                                  if i in cells and (s := staleness(cells[i], self.head))))
+
     def gpus(self) -> list[str]:
         """The GPUs in column order."""
         return list(dict.fromkeys(c.gpu for c in self.columns))
 
 
-def _cell_marks(cell: CellReport, filters: Filters | None) -> dict[str, Mark]:
+def cell_marks(cell: CellReport, filters: Filters | None) -> dict[str, Mark]:
+    """pair -> :class:`Mark` of one cell; pairs of ops other than the first are named with
+    their op (``numba vs eager (rms_norm)``)."""
     marks: dict[str, Mark] = {}
     for r in pair_results(cell, filters):
         a, b = (r.b, r.a) if r.a in _BASELINES and not cell.data.get("baseline") else (r.a, r.b)
@@ -271,7 +287,7 @@ def _kernel_only(cell: CellReport, impl: str) -> bool:
 
 
 def _key(cell: CellReport, level: int) -> tuple[str, str, str]:
-    gpu, stack, mode = _gpu(cell), _stack(cell), cell.facet("mode")
+    gpu, stack, mode = gpu_label(cell), stack_label(cell), cell.facet("mode")
     if level >= 1:
         mode = "all modes"
     if level >= 2:
@@ -290,7 +306,7 @@ def headline(cells: Sequence[CellReport], filters: Filters | None = None, head: 
         >>> h.marks[("numba vs eager", 0)].label()
         '✗ gate 97% NR'
     """
-    by_cell = {c.index: _cell_marks(c, filters) for c in cells}
+    by_cell = {c.index: cell_marks(c, filters) for c in cells}
     columns: dict[tuple[str, str, str], Column] = {}
     for cell in cells:
         if not any(m.compared for m in by_cell[cell.index].values()):

@@ -2,9 +2,11 @@
 
 The first screen holds the summary and staleness line, filters that take what people type
 (GPU, stack, mode, pair: a part of the name, any case, alternatives separated by commas, so
-``h200`` finds "NVIDIA H200"), the headline (:mod:`runner.tables.model.headline`: implementation
-pairs × GPU × stack × mode, each mark a link to the cell's page ``cells/<cell>.md``) in a box
-of its own, and the pictures (``plots/*.svg``, inlined). Below: cells without comparisons,
+``h200`` finds "NVIDIA H200") and each op's sentence (:mod:`runner.tables.render.answers`);
+then each op's grid, at the page's width. Below: the full headline
+(:mod:`runner.tables.model.headline`: implementation pairs × GPU × stack × mode, each mark a
+link to the cell's page ``cells/<cell>.md``) in a box of its own, the pictures
+(``plots/*.svg``, inlined), cells without comparisons,
 one line per reason; the cells table; where bits differ across cells; benchmarks; unreadable
 files. Per-cell tables (bitwise, accuracy, timings, environment) are on the cell pages, so the
 page stays small at any matrix size: past :data:`HTML_MARKS` marks the headline merges modes,
@@ -39,8 +41,10 @@ from gate_residual_matrix.runner.tables.model.headline import (
     not_run,
     staleness,
 )
+from gate_residual_matrix.runner.tables.model.sentence import op_answers
 from gate_residual_matrix.runner.tables.model.table import Table
 from gate_residual_matrix.runner.tables.model.values import ABSENT, status_kind
+from gate_residual_matrix.runner.tables.render.answers import answers_html, grid_columns
 from gate_residual_matrix.runner.tables.render.links import mark_link, page_names
 
 __all__ = ["FILTER_FACETS", "HTML_MARKS", "render_html"]
@@ -159,21 +163,18 @@ def _table(table: Table, ids: _Ids) -> str:
 
 
 def _column_head(column: Column, head: str | None) -> str:
-    stale = column.stale(head)
     status = column.status()
     return (f'<span class="gpu">{_e(column.gpu)}</span><br>{_e(column.stack)}<br>'
             f'<span class="mode">{_e(column.mode)}</span>'
-            + (f'<br><span class="st-warn">{_e(status)}</span>' if status else "")
-            + (f'<br><span class="stale" title="not made at the current commit, or from a '
-               f'dirty tree">⚠ {_e("; ".join(stale))}</span>' if stale else ""))
+            + (f'<br><span class="st-warn">{_e(status)}</span>' if status else ""))
 
 
 def _headline(h: Headline, names: dict[int, str], legend: str) -> str:
     merged = ("" if h.level == 0 else f" Columns are merged ({_e(LEVELS[h.level])}: the worst "
               'mark of their cells) to keep this page small; one column per mode: '
               '<a href="cells/README.md">cells/README.md</a>.')
-    out = ['<section id="headline" class="level2"><h2>Can I swap one implementation for '
-           "another?</h2>",
+    out = ['<section id="headline" class="level2"><h2>Every pair, one column per GPU × stack × '
+           "mode</h2>",
            '<details class="legend"><summary>Rows: candidate vs baseline; columns: GPU × stack '
            f"(library versions) × mode. How to read a mark</summary><p>{_inline(legend)}"
            f"{merged}</p></details>"]
@@ -194,6 +195,10 @@ def _headline(h: Headline, names: dict[int, str], legend: str) -> str:
             label = _e(mark.label())
             if mark.compared:
                 label = f'<a href="{_e(mark_link(mark, names))}">{label}</a>'
+            stale = h.stale(mark)
+            if stale:
+                label += (' <span class="stale" title="not made at the current commit, or from '
+                          f'a dirty tree">⚠ {_e("; ".join(stale))}</span>')
             tds.append(f'<td data-col="{n}" class="k-{mark.kind()}">{label}</td>')
         out.append(f'<tr data-pair="{_e(pair)}"><th class="pair">{_e(pair)}</th>'
                    + "".join(tds) + "</tr>")
@@ -299,7 +304,9 @@ def render_html(tables: Tables, plots: dict[str, tuple[str, str]] | None = None,
     cells_table = by_key.get("cells")
     compared = {c.index for col in h.columns for c in col.cells}
     legend = LEGEND.format(legend=report_tensors.legend(c.data for c in cells))
-    body = [_headline(h, names, legend), *(_table(t, ids) for t in tables.sections
+    grids = op_answers(tables)
+    body = [answers_html(grids, names), _headline(h, names, legend),
+            *(_table(t, ids) for t in tables.sections
                                             if t.key == "versions"),
             _plots(plots or {}), _not_run(cells)]
     if cells_table is not None:
@@ -316,7 +323,8 @@ def render_html(tables: Tables, plots: dict[str, tuple[str, str]] | None = None,
     head = tables.head[:12] if tables.head else "unknown"
     data = _script_json({"cells": [_facets(c) for c in cells],
                          "columns": [{"gpu": c.gpu, "stack": c.stack, "mode": c.mode}
-                                     for c in h.columns]})
+                                     for c in h.columns],
+                         "gcolumns": grid_columns(grids)})
     return "\n".join([
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',

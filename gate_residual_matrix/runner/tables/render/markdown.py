@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import functools
 import re
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-
-from tabulate import tabulate
 
 from gate_residual_matrix.runner.reports.store import LoadedReport
 from gate_residual_matrix.runner.tables.model.build import Tables, build_tables
 from gate_residual_matrix.runner.tables.model.table import Row, Table
 
-__all__ = ["HEADER", "markdown", "md_text", "pipe_table", "render_markdown", "rows_markdown",
-           "slug"]
+__all__ = ["HEADER", "LINE", "fit_table", "fitted_tables", "markdown", "md_text", "pipe_table",
+           "render_markdown", "rows_markdown", "slug", "wrap_markdown"]
+
+LINE = 200
+"""The longest line a generated Markdown file has (:func:`wrap_markdown`, :func:`fit_table`)."""
 
 HEADER = """\
 # {title}
@@ -78,10 +80,86 @@ def pipe_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+def _records(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A table too wide for :data:`LINE` as a list, one item per row: ``header: value`` parts
+    (wrapped by :func:`wrap_markdown`)."""
+    return "\n".join("- " + " · ".join(f"**{h}**: {v}" for h, v in zip(headers, r, strict=False))
+                     for r in rows)
+
+
+def fit_table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int = LINE) -> str:
+    """:func:`pipe_table` when its every line fits ``width`` characters, else the rows as a
+    list (:func:`_records`): nothing is cut, and no line is longer than ``width``."""
+    table = pipe_table(headers, rows)
+    if max(map(len, table.splitlines())) <= width:
+        return table
+    return _records(headers, rows)
+
+
+def fitted_tables(first: str, keys: Sequence[str], columns: Sequence[tuple[str, Sequence[str]]],
+                  width: int = LINE, most: int = 4, blank: str = "—") -> list[str]:
+    """Several tables of rows ``keys`` (under header ``first``) and as many of ``columns``
+    (``(header, values)``) each as fit ``width`` characters a line, at most ``most``; a row
+    whose values in a table are all ``blank`` is left out of that table."""
+    chunks: list[list[int]] = []
+    for n, (header, values) in enumerate(columns):
+        longest = max([len(header), *map(len, values)]) + 3
+        if (chunks and len(chunks[-1]) < most
+                and _width(first, keys, columns, chunks[-1]) + longest <= width):
+            chunks[-1].append(n)
+        else:
+            chunks.append([n])
+    out = []
+    for chunk in chunks:
+        rows = [[key, *(columns[n][1][i] for n in chunk)] for i, key in enumerate(keys)
+                if any(columns[n][1][i] != blank for n in chunk)]
+        out.append(fit_table([first, *(columns[n][0] for n in chunk)], rows, width))
+    return out
+
+
+def _width(first: str, keys: Sequence[str], columns: Sequence[tuple[str, Sequence[str]]],
+           chunk: Sequence[int]) -> int:
+    lines = [[first, *(columns[n][0] for n in chunk)]]
+    lines += [[k, *(columns[n][1][i] for n in chunk)] for i, k in enumerate(keys)]
+    return max(len("| " + " | ".join(v) + " |") for v in lines)
+
+
+_FENCE = re.compile(r"^\s*(```|~~~)")
+_BLOCK = re.compile(r"^([-+*>#|=]|\d+[.)])(\s|$)")
+_ITEM = re.compile(r"^(\s*(?:[-*+]|\d+\.)\s+)")
+
+
+def wrap_markdown(text: str, width: int = LINE) -> str:
+    """``text`` with every line longer than ``width`` wrapped at spaces (list items keep
+    their indent; a word longer than ``width`` is broken): Markdown joins the lines back.
+    Table rows and lines in code fences are left alone (:func:`fit_table` keeps tables
+    within ``width``); so are headings.
+
+    Example:
+        >>> max(map(len, wrap_markdown("- " + "word " * 100, 40).splitlines())) <= 40
+        True
+    """
+    out, fenced = [], False
+    for line in text.split("\n"):
+        if _FENCE.match(line):
+            fenced = not fenced
+        if fenced or len(line) <= width or line.lstrip().startswith(("|", "#")):
+            out.append(line)
+            continue
+        item = _ITEM.match(line)
+        indent = " " * len(item.group(1)) if item else ""
+        wrapped = textwrap.wrap(line, width - 1, subsequent_indent=indent,
+                                break_long_words=True, break_on_hyphens=False)
+        # a continuation that would start a list item, quote, heading or table: escaped
+        out += wrapped[:1] + [indent + "\\" + w[len(indent):] if _BLOCK.match(w[len(indent):])
+                              else w for w in wrapped[1:]]
+    return "\n".join(out)
+
+
 def rows_markdown(table: Table, rows: Sequence[Row], links: Mapping[int, str] | None = None,
-                  level: int | None = None, fast: bool = False, footer: bool = False) -> str:
+                  level: int | None = None, footer: bool = False) -> str:
     """``table`` as Markdown with only ``rows``: its heading (at ``level``, else the
-    table's), note, the rows (tabulate; ``fast``: :func:`pipe_table`) or its ``empty``
+    table's), note, the rows (:func:`fit_table`) or its ``empty``
     line, and with ``footer`` its footer. The first value is a link where ``links`` has the
     row's cell."""
     heading = f"{'#' * (level or table.level)} {md_text(table.title)}\n"
@@ -94,9 +172,7 @@ def rows_markdown(table: Table, rows: Sequence[Row], links: Mapping[int, str] | 
                 if links and r.cell is not None and r.cell in links:
                     values[0] = f"[{values[0]}]({links[r.cell]})"
                 body.append(values)
-            parts.append((pipe_table([md_text(h) for h in table.headers], body) if fast
-                          else tabulate(body, headers=list(table.headers), tablefmt="github",
-                                        disable_numparse=True)) + "\n")
+            parts.append(fit_table([md_text(h) for h in table.headers], body) + "\n")
         else:
             parts.append(f"_{table.empty}_\n")
     if footer and table.footer:
@@ -116,7 +192,7 @@ def markdown(tables: Tables) -> str:
     parts = [HEADER.format(title=tables.title()), tables.summary_line() + "\n",
              f"Contents: {contents}\n"]
     parts += [rows_markdown(t, t.rows, footer=True) for t in tables.sections]
-    return "\n".join(parts)
+    return wrap_markdown("\n".join(parts))
 
 
 def render_markdown(reports: Sequence[LoadedReport], relative_to: Path | None = None,

@@ -3,29 +3,24 @@
 :func:`markdown_pages` turns built tables (:func:`runner.tables.model.build.build_tables`) into
 ``{relative path: text}``:
 
-* ``README.md``: the summary and staleness line, the headline
-  (:mod:`runner.tables.model.headline`)
-  per GPU in tables of at most :data:`COLUMNS_PER_TABLE` columns (never wider than a screen),
-  the pictures (``plots/*.svg``), cells without comparisons collapsed to one line per reason,
-  where bits differ across cells, benchmarks and unreadable files. It stays small at any
-  matrix size: when the headline would hold more than :data:`README_MARKS` marks its columns
-  are merged (modes, then stacks; the full table is in ``cells/README.md``), and the lists are
-  cut with the count of what was left out.
-* ``cells/README.md``: the full headline, every cell (status, reason, time, commit, file)
-  and the environment table, each cell linked to its page.
+* ``README.md``: the summary and staleness line, the answer per op (a sentence each, then
+  each op's grid: :mod:`runner.tables.render.answers`), the pictures (``plots/*.svg``),
+  cells without comparisons collapsed to one line per reason, where bits differ across cells,
+  benchmarks and unreadable files; the lists are cut with the count of what was left out.
+* ``cells/README.md``: the full headline (:mod:`runner.tables.model.headline`) per GPU, in
+  tables of at most :data:`COLUMNS_PER_TABLE` columns, every cell (status, reason, time,
+  commit, file) and the environment table, each cell linked to its page.
 * ``cells/<cell>.md``: one cell's verdicts, bitwise comparison, accuracy, implementations
   that did not run, library rows, environment and timings.
 * ``ab.md``: the A/B tables.
 
 Every value from a report goes through :func:`runner.tables.render.markdown.md_text` (escaped,
-one line).
+one line); no line of a page is longer than :data:`runner.tables.render.markdown.LINE`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-
-from tabulate import tabulate
 
 from gate_residual_matrix.runner.names import shown
 from gate_residual_matrix.runner.reports import tensors as report_tensors
@@ -33,27 +28,32 @@ from gate_residual_matrix.runner.tables.model.build import Tables
 from gate_residual_matrix.runner.tables.model.cells import CellReport
 from gate_residual_matrix.runner.tables.model.headline import (
     LEGEND,
-    LEVELS,
     Column,
     Headline,
     Mark,
     cached_headline,
-    choose_level,
     name_list,
     not_run,
     staleness,
 )
+from gate_residual_matrix.runner.tables.model.sentence import op_answers
 from gate_residual_matrix.runner.tables.model.table import Row, Table
-from gate_residual_matrix.runner.tables.render.links import mark_link, page_names
-from gate_residual_matrix.runner.tables.render.markdown import HEADER, md_text, rows_markdown
+from gate_residual_matrix.runner.tables.render.answers import answers_markdown
+from gate_residual_matrix.runner.tables.render.links import page_names
+from gate_residual_matrix.runner.tables.render.markdown import (
+    HEADER,
+    fit_table,
+    fitted_tables,
+    md_text,
+    rows_markdown,
+    wrap_markdown,
+)
 
-__all__ = ["CELL_SECTIONS", "COLUMNS_PER_TABLE", "README_MARKS", "headline_markdown",
+__all__ = ["CELL_SECTIONS", "COLUMNS_PER_TABLE", "headline_markdown",
            "markdown_pages"]
 
 COLUMNS_PER_TABLE = 4
 """Headline columns per Markdown table, so a rendered table fits a screen."""
-README_MARKS = 1500
-"""The most headline marks (pairs × columns) README.md shows before it merges columns."""
 MAX_ACROSS_ROWS = 20
 """Rows of the across-cells table README.md shows (those where bits differ)."""
 CELL_SECTIONS = ("verdicts", "bitwise", "accuracy", "implementations", "kernel_only",
@@ -69,35 +69,32 @@ def _header(column: Column, head: str | None, gpu: bool = False) -> str:
     label = " · ".join(parts)
     if column.status():
         label += f" · {column.status()}"
-    stale = column.stale(head)
-    if stale:
-        label += f" ⚠ {'; '.join(stale)}"
     return md_text(label)
 
 
 def headline_markdown(h: Headline, link: Callable[[Column, Mark], str]) -> str:
     """The headline as Markdown: a ``###`` heading per GPU, then tables of at most
-    :data:`COLUMNS_PER_TABLE` columns; each mark a link to ``link(column, mark)``."""
+    :data:`COLUMNS_PER_TABLE` columns, as many as fit a line
+    (:func:`runner.tables.render.markdown.fitted_tables`); each mark a link to
+    ``link(column, mark)``."""
     if not h.columns:
         return "_No cell has comparisons yet._\n"
     parts = []
     for gpu in h.gpus():
         numbered = [(n, c) for n, c in enumerate(h.columns) if c.gpu == gpu]
         parts.append(f"### {md_text(gpu)}\n")
-        for start in range(0, len(numbered), COLUMNS_PER_TABLE):
-            chunk = numbered[start:start + COLUMNS_PER_TABLE]
-            rows = []
+        columns = []
+        for n, c in numbered:
+            values = []
             for pair in h.pairs:
-                marks = [h.marks.get((pair, n)) for n, _ in chunk]
-                if not any(m and (m.compared or m.missing) for m in marks):
-                    continue
-                rows.append([md_text(pair)] + [
-                    f"[{md_text(m.label())}]({link(c, m)})" if m and m.compared
-                    else md_text(m.label()) if m else "—" for m, (_, c) in zip(marks, chunk,
-                                                                               strict=True)])
-            headers = ["pair", *(_header(c, h.head) for _, c in chunk)]
-            parts.append(tabulate(rows, headers=headers, tablefmt="github",
-                                  disable_numparse=True) + "\n")
+                m = h.marks.get((pair, n))
+                stale = h.stale(m) if m else []
+                values.append((f"[{md_text(m.label())}]({link(c, m)})" if m and m.compared
+                               else md_text(m.label()) if m and m.missing else "—")
+                              + (f" ⚠ {md_text('; '.join(stale))}" if stale else ""))
+            columns.append((_header(c, h.head), values))
+        parts += [t + "\n" for t in fitted_tables("pair", [md_text(p) for p in h.pairs],
+                                                  columns, most=COLUMNS_PER_TABLE)]
     if h.never:
         parts.append("Not compared anywhere shown: " + "; ".join(
             f"{md_text(p)} ({md_text(why or 'no comparison')})" for p, why in h.never.items())
@@ -123,16 +120,12 @@ def _stale_line(tables: Tables) -> str:
 
 def _readme(tables: Tables, names: Mapping[int, str],
             plots: Mapping[str, tuple[str, str]]) -> str:
-    h = choose_level(tables.cells, tables, README_MARKS)
-    merged = ("" if h.level == 0 else f" Columns are merged to {LEVELS[h.level]} (the worst "
-              "mark of their cells) to keep this page short; the full table, one column per "
-              "mode: [cells/README.md](cells/README.md).")
     parts = [HEADER.format(title=tables.title()), tables.summary_line() + "\n",
              _stale_line(tables),
              "## Can I swap one implementation for another?\n",
-             "Rows: each candidate against the baseline it was compared with; columns: GPU × "
-             "stack (its library versions) × mode. " + _legend(tables) + merged + "\n",
-             headline_markdown(h, lambda column, mark: mark_link(mark, names))]
+             answers_markdown(op_answers(tables), names),
+             "How to read a mark: " + _legend(tables) + " Every pair in one table, one column "
+             "per GPU × stack × mode: [cells/README.md](cells/README.md).\n"]
     parts += [rows_markdown(t, t.rows) for t in tables.sections
               if t.key.startswith("seed-") or t.key == "versions"]
     parts.append("## Pictures\n")
@@ -196,12 +189,10 @@ def _cell_page(tables: Tables, cell: CellReport,
              ("report file", shown(cell.report.path.name))]
     parts = [f"# Cell {md_text(cell.label)}\n",
              "[Back to the headline](../README.md) · [every cell](README.md)\n",
-             tabulate([[k, md_text(v)] for k, v in facts], headers=["", ""],
-                      tablefmt="github", disable_numparse=True) + "\n"]
+             fit_table(["", ""], [[k, md_text(v)] for k, v in facts]) + "\n"]
     for table in tables.sections:
         if table.key in CELL_SECTIONS:
-            parts.append(rows_markdown(table, rows.get((table.key, cell.index), []), level=2,
-                                        fast=True))
+            parts.append(rows_markdown(table, rows.get((table.key, cell.index), []), level=2))
     return "\n".join(parts)
 
 
@@ -230,4 +221,4 @@ def markdown_pages(tables: Tables, plots: Mapping[str, tuple[str, str]]) -> dict
                 rows.setdefault((table.key, r.cell), []).append(r)
     for cell in tables.cells:
         pages[f"cells/{names[cell.index]}"] = _cell_page(tables, cell, rows)
-    return pages
+    return {path: wrap_markdown(text) for path, text in pages.items()}
