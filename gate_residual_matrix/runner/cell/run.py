@@ -31,11 +31,9 @@ from gate_residual_matrix.runner.cell import environment, precompile
 from gate_residual_matrix.runner.cell.case import CaseContext, out_of_memory, run_case
 from gate_residual_matrix.runner.cell.phases import PhaseClock
 from gate_residual_matrix.runner.plan.cells import cases_on
-from gate_residual_matrix.runner.reports.store import SCHEMA_VERSION
+from gate_residual_matrix.runner.reports.store import KIND, SCHEMA_VERSION
 from gate_residual_matrix.runner.status import SEVERITY, Status
 
-KIND = "gate_residual_matrix"
-"""The ``kind`` of every report of this project (its name; every op's reports share it)."""
 __all__ = ["fingerprint", "out_of_memory", "run_cell", "skeleton"]
 
 
