@@ -1,20 +1,21 @@
-"""Kernel-only A/B timings of gate_residual's backward on one GPU (issue 14), in one process.
+"""Kernel-only A/B timings of gate_residual's backward on one GPU, in one process.
 
-What docs/performance.md's issue-14 section needs to judge the backward's changes, each pair
-timed in the same run, GPU time only: each variant's launches are captured ``--reps`` times
-into a CUDA graph (fixed pointers, no Python between them), the graph is replayed
-``--iters`` times between CUDA events, and the median per repetition is reported (µs).
+What docs/performance.md's "Second round" section needs to judge the backward's launches,
+each pair timed in the same run, GPU time only: each variant's launches are captured
+``--reps`` times into a CUDA graph (fixed pointers, no Python between them), the graph is
+replayed ``--iters`` times between CUDA events, and the median per repetition is reported
+(µs).
 
 * ``fused``: at N = 1 .. 4097 (bf16), the fused backward (one launch) against the chunk
   kernel then the reduction, on the same plan and pointers; where the plan does not fuse
   (more than FUSED_MAX_CHUNKS chunks) the fused launch is built for the comparison;
-* ``reduce``: at N = 32768 the chunk reduction as committed (16 loads in flight per thread)
-  against the previous kernel (8 loads, then their 8 additions; copied here), with 256 and
-  128 threads per block;
+* ``reduce``: at N = 32768 the chunk reduction (the project's kernel) with 256 and 128
+  threads per block;
 * ``chunks``: at N = 32768 the vector chunk kernel alone at other launch shapes (block
-  width, grid.y cap): the default against the alternatives, for a later choice;
-* ``deep``: at N = 129 .. 32768 the vector chunk kernel alone with four rows in flight per
-  thread (``rows_ahead=3``, kernels/gate_residual_vec.py) against the default (two).
+  width, grid.y cap): the default against the alternatives, for a later choice.
+
+Every kernel is the project's (kernels/gate_residual_kernels.py, gate_residual_vec.py),
+launched as its plans launch them.
 
 Each variant's outputs are compared bit for bit (integer views) with the default's; a
 difference is printed and makes the exit status 1. ``--dry`` runs every code path once on
@@ -37,47 +38,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 D, G = 5376, 9
 FAILURES: list[str] = []
-
-
-def old_reduce(dtype: str):
-    """The chunk reduction before issue 14's second round: eight loads, then their eight
-    additions in chunk order (kernels/gate_residual_kernels.py at 300c066)."""
-    from numba import cuda, float32
-
-    from gate_residual_matrix.kernels.rounding import CODECS, add_rn
-
-    store = CODECS[dtype][1]
-
-    @cuda.jit
-    def reduce_chunks_v1(grad_gate, partial):
-        flat = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        n_gate = grad_gate.shape[0]
-        width = grad_gate.shape[1]
-        if flat >= n_gate * width:
-            return
-        k = flat // width
-        col = flat - k * width
-        total = float32(0.0)
-        chunks = partial.shape[0]
-        c = 0
-        while c + 8 <= chunks:
-            p0 = partial[c, k, col]
-            p1 = partial[c + 1, k, col]
-            p2 = partial[c + 2, k, col]
-            p3 = partial[c + 3, k, col]
-            p4 = partial[c + 4, k, col]
-            p5 = partial[c + 5, k, col]
-            p6 = partial[c + 6, k, col]
-            p7 = partial[c + 7, k, col]
-            total = add_rn(add_rn(add_rn(add_rn(total, p0), p1), p2), p3)
-            total = add_rn(add_rn(add_rn(add_rn(total, p4), p5), p6), p7)
-            c += 8
-        while c < chunks:
-            total = add_rn(total, partial[c, k, col])
-            c += 1
-        grad_gate[k, col] = store(total)
-
-    return reduce_chunks_v1
 
 
 def timer(dry: bool, reps: int, iters: int):
@@ -181,10 +141,7 @@ def fused_vs_two(time, device: str, stream: int) -> list[dict]:
 
 
 def reduce_variants(time, device: str, stream: int, x: dict) -> list[dict]:
-    from numba.cuda import types
-
-    from gate_residual_matrix.kernels.gate_residual_plans import _F32_3D, _launcher, _p2, _p3
-    from gate_residual_matrix.kernels.launch import Launcher, array_type
+    from gate_residual_matrix.kernels.gate_residual_plans import _launcher, _p2, _p3
 
     plan = plan_of(x)
     partial, _, _ = plan.scratch(stream, x["gate"].device)
@@ -193,21 +150,20 @@ def reduce_variants(time, device: str, stream: int, x: dict) -> list[dict]:
     chunks.fast(stream, gy.data_ptr(), partial, *(x[k].data_ptr() for k in
                                                    ("grad_out", "gate", "y", "index")))
     params = [*_p2(None, G, D, 2), *_p3(partial, plan.chunks, G, D)]
-    new = _launcher("elements", 2, torch.bfloat16, torch.int64)
-    old = Launcher(old_reduce("bfloat16"), (array_type(types.int16, 2), _F32_3D))
+    launcher = _launcher("elements", 2, torch.bfloat16, torch.int64)
+    name = "16 loads in flight"
     rows, ref = [], None
-    for name, launcher in (("16 loads in flight (committed)", new), ("8 loads (before)", old)):
-        for block in (256, 128):
-            grid = -(-G * D // block)
-            launch = launcher.packed(plan.device, (grid, 1), block, 0, params)
-            out = torch.empty_like(x["gate"])
-            t = time(lambda launch=launch, out=out: launch.fast(now(), out.data_ptr()))
-            if device == "cuda":
-                torch.cuda.synchronize()
-                ref = out if ref is None else ref
-                same(f"reduce {name} block {block}", out, ref)
-            rows.append({"variant": name, "block": block, "us": t})
-            print(f"reduce N=32768: {name}, {block} threads: {t} µs", flush=True)
+    for block in (256, 128):
+        grid = -(-G * D // block)
+        launch = launcher.packed(plan.device, (grid, 1), block, 0, params)
+        out = torch.empty_like(x["gate"])
+        t = time(lambda launch=launch, out=out: launch.fast(now(), out.data_ptr()))
+        if device == "cuda":
+            torch.cuda.synchronize()
+            ref = out if ref is None else ref
+            same(f"reduce {name} block {block}", out, ref)
+        rows.append({"variant": name, "block": block, "us": t})
+        print(f"reduce N=32768: {name}, {block} threads: {t} µs", flush=True)
     return rows
 
 
@@ -245,45 +201,6 @@ def chunk_shapes(time, device: str, stream: int, x: dict) -> list[dict]:
     return rows
 
 
-def deep_rows(time, device: str, stream: int) -> list[dict]:
-    from numba.cuda import types
-
-    from gate_residual_matrix.kernels import gate_residual as K
-    from gate_residual_matrix.kernels.gate_residual_plans import _F32_3D, _FLAG_TYPE, _U32_2D
-    from gate_residual_matrix.kernels.launch import Launcher, array_type
-
-    argtypes = (_U32_2D, _F32_3D, _U32_2D, _U32_2D, _U32_2D, array_type(types.int64, 1),
-                _FLAG_TYPE)
-    deep = Launcher(K.vec_kernels_for("bfloat16", 3)[1], argtypes)
-    rows = []
-    for n in ((129, 1024, 4097, 32768) if device == "cuda" else (129, 1153)):
-        x = inputs(n, device)
-        plan = plan_of(x)
-        params = plan._chunk_params(vec=True)
-        grid, block, shared = plan._vector_geometry()
-        variants = {"two rows in flight (default)": plan.vector_chunks(),
-                    "four rows in flight": deep.packed(plan.device, grid, block, shared,
-                                                       params)}
-        ins = tuple(x[k].data_ptr() for k in ("grad_out", "gate", "y", "index"))
-        outs = {}
-        row = {"N": n, "block": block, "grid": list(grid)}
-        for name, launch in variants.items():
-            gy = torch.empty_like(x["grad_out"])
-            part = torch.empty(max(plan.workspace_bytes, 4), dtype=torch.uint8, device=device)
-            outs[name] = (gy, part)
-            row[name] = time(lambda launch=launch, gy=gy, part=part, ins=ins: launch.fast(
-                now(), gy.data_ptr(), part.data_ptr(), *ins))
-        if device == "cuda":
-            torch.cuda.synchronize()
-            (a, pa), (b, pb) = outs.values()
-            same(f"deep N={n}: grad_y", b, a)
-            same(f"deep N={n}: partial sums", pb, pa)
-        rows.append(row)
-        print(f"deep N={n:6d}: " + ", ".join(f"{k}: {row[k]} µs" for k in variants),
-              flush=True)
-    return rows
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
@@ -306,7 +223,6 @@ def main() -> int:
         doc = {"fused_vs_two_launches": fused_vs_two(time, device, stream),
                "reduce": reduce_variants(time, device, stream, big),
                "chunk_shapes": chunk_shapes(time, device, stream, big),
-               "deep": deep_rows(time, device, stream),
                "bits_differ": FAILURES,
                "gpu": torch.cuda.get_device_name() if device == "cuda" else None}
     if args.out:

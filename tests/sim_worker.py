@@ -39,10 +39,6 @@ VEC_LAUNCHES = [  # (forward launch, backward launch)
     # one launch (backward_fused): a block per chunk, then one block walking every chunk
     (dict(block_cols=None, max_grid_y=65535), dict(block_cols=None, fused=True)),
     (dict(block_cols=32, max_grid_y=3), dict(block_cols=32, max_grid_y=1, fused=True)),
-    # four rows in flight in the chunk loop (the experiment of scripts/backward_ab.py)
-    (dict(block_cols=None, max_grid_y=65535), dict(block_cols=None, rows_ahead=3)),
-    (dict(block_cols=None, max_grid_y=65535), dict(block_cols=None, rows_ahead=3,
-                                                   fused=True)),
 ]
 
 

@@ -20,6 +20,7 @@ from gate_residual_matrix.runner.__main__ import main
 from gate_residual_matrix.runner.errors import SelectionError
 from gate_residual_matrix.runner.reports.store import LoadedReport, read_report, read_reports
 from gate_residual_matrix.runner.tables import (
+    FORMATS,
     OUTPUTS,
     Filters,
     build_tables,
@@ -403,6 +404,25 @@ def test_write_tables_elsewhere(tmp_path: Path) -> None:
     assert sorted(p.name for p in other.parent.iterdir()) == sorted(
         ["TABLES.md", *OUTPUTS[1:], "ab.md", "cells", "plots"])
     assert not (reports / "README.md").exists()
+
+
+def test_write_tables_writes_the_formats_named(golden: Path, tmp_path: Path) -> None:
+    """Formats are chosen by name; each writes the files of the full run, byte for byte, and
+    leaves the other formats' files alone."""
+    reports = tmp_path / "reports"
+    shutil.copytree(TABLES / "reports", reports)
+    (reports / "reference").mkdir()
+    shutil.copy(REFERENCE, reports / "reference" / REFERENCE.name)
+    (reports / "corrupt.json").write_text('{"schema_version": 1, "kind": x}\n')
+    assert list(FORMATS) == ["markdown", "html", "csv", "json", "plots"]
+    write_tables(reports, head=HEAD, formats=["csv", "html"])
+    made = sorted(p.relative_to(reports).as_posix() for p in reports.rglob("*")
+                  if p.is_file() and p.suffix in (".csv", ".html", ".md", ".svg"))
+    assert made == ["index.html", "summary.csv"]
+    for name in made:
+        assert (reports / name).read_bytes() == (golden / name).read_bytes(), name
+    with pytest.raises(SelectionError, match="'pdf': expected one of markdown, html, csv"):
+        write_tables(reports, head=HEAD, formats=["pdf"])
 
 
 def test_empty_and_unreadable_only() -> None:

@@ -351,6 +351,87 @@ def _available(module: str) -> bool:
         return False
 
 
+def _module_info(manifest: dict, module: str, label: str) -> dict:
+    """The manifest's entry for ``module``; :class:`KernelOnlyError` unless it was found."""
+    info = manifest["modules"].get(module)
+    if info is None:
+        raise KernelOnlyError(f"{label}: the wheelhouse did not look for {module} (not in "
+                              "the op specs' library_modules)")
+    if info["status"] == "not in this version":
+        raise KernelOnlyError(f"{module}: not in this version ({label})")
+    if info["status"] != "found":
+        raise KernelOnlyError(f"{module} ({label}) is {info['status']}: {info['problems'][0]}")
+    return info
+
+
+def _substitutes_needed(loaded: Loaded, info: dict, module: str,
+                        label: str) -> dict[str, Substitute | StandIn]:
+    """The substitutes and stand-ins ``module`` still needs for its foreign imports (those
+    ``loaded`` has not got and that are neither installed here nor its own); raises
+    :class:`KernelOnlyError` for an import none covers."""
+    subs: dict[str, Substitute | StandIn] = {}
+    for foreign in info["foreign"]:
+        own = foreign.split(".")[0] in loaded.tops  # cut off by the wheelhouse
+        if foreign in loaded.substitutes or foreign in loaded.stand_ins or (
+                not own and _available(foreign)):
+            continue
+        sub = SUBSTITUTES.get(foreign) or (STAND_INS.get(foreign) if own else None)
+        names = set(info["foreign"][foreign])
+        if sub is None or not names <= set(sub.names):
+            if own:
+                raise KernelOnlyError(f"{module} ({label}) imports {foreign}, a module "
+                                      "that kernel-only loading does not take from the "
+                                      "wheel, and no substitute or stand-in covers "
+                                      f"{', '.join(sorted(names)) or 'it'}")
+            raise KernelOnlyError(f"{module} ({label}) imports {foreign}, of a "
+                                  "distribution that is not installed here, and no exact "
+                                  "substitute exists")
+        subs[foreign] = sub
+    return subs
+
+
+def _install_substitutes(loaded: Loaded, subs: dict[str, Substitute | StandIn], module: str,
+                         label: str) -> None:
+    """Build each of ``subs`` into ``loaded.modules`` (with stand-in parent packages) and
+    record its evidence."""
+    for name, sub in subs.items():
+        try:
+            loaded.modules[name] = sub.build()
+        except ImportError as err:
+            raise KernelOnlyError(f"{module} ({label}): substitute for {name} cannot be "
+                                  f"built: {err}".splitlines()[0]) from None
+        if isinstance(sub, StandIn):
+            loaded.stand_ins[name] = (f"{', '.join(sub.names) or 'any attribute'}: "
+                                      f"{sub.evidence}")
+        else:
+            loaded.substitutes[name] = sub.evidence
+        parts = name.split(".")
+        for i in range(1, len(parts)):  # stand-in parents of the substitute
+            parent = ".".join(parts[:i])
+            stand_in = types.ModuleType(parent, "kernel-only stand-in for a substitute")
+            stand_in.__path__ = []
+            loaded.modules.setdefault(parent, stand_in)
+
+
+def _import_through(finder: _Finder, loaded: Loaded, module: str,
+                    label: str) -> types.ModuleType:
+    """Import ``module`` with ``finder`` first on ``sys.meta_path`` and ``loaded`` active;
+    the module's own failure becomes a one-line :class:`KernelOnlyError`."""
+    sys.meta_path.insert(0, finder)
+    try:
+        with loaded.active(full=True):
+            try:
+                return importlib.import_module(module)
+            except KernelOnlyError:
+                raise
+            except Exception as err:  # the library module's own failure as it loads
+                first = (str(err).strip().splitlines() or [""])[0]
+                raise KernelOnlyError(f"{module} ({label}, kernel-only) failed to load: "
+                                      f"{type(err).__name__}: {first}") from None
+    finally:
+        sys.meta_path.remove(finder)
+
+
 def load(root: Path, distribution: str, version: str, module: str) -> tuple[Loaded,
                                                                         types.ModuleType]:
     """``(Loaded, module)``: ``module`` of ``distribution`` ``version`` from the wheelhouse at
@@ -367,72 +448,20 @@ def load(root: Path, distribution: str, version: str, module: str) -> tuple[Load
         return cached
     label = f"{distribution} {version}"
     manifest = _manifest(root, distribution, version)
-    info = manifest["modules"].get(module)
-    if info is None:
-        raise KernelOnlyError(f"{label}: the wheelhouse did not look for {module} (not in "
-                              "the op specs' library_modules)")
-    if info["status"] == "not in this version":
-        raise KernelOnlyError(f"{module}: not in this version ({label})")
-    if info["status"] != "found":
-        raise KernelOnlyError(f"{module} ({label}) is {info['status']}: {info['problems'][0]}")
+    info = _module_info(manifest, module, label)
     key = (str(root), distribution, version)
     with _LOCK:
         loaded = _LOADED.get(key)
         if loaded is None:
             loaded = Loaded(distribution, version, dict(manifest["wheel"]),
                             tops=tuple(manifest["packages"]))
-        subs: dict[str, Substitute | StandIn] = {}
-        for foreign in info["foreign"]:
-            own = foreign.split(".")[0] in loaded.tops  # cut off by the wheelhouse
-            if foreign in loaded.substitutes or foreign in loaded.stand_ins or (
-                    not own and _available(foreign)):
-                continue
-            sub = SUBSTITUTES.get(foreign) or (STAND_INS.get(foreign) if own else None)
-            names = set(info["foreign"][foreign])
-            if sub is None or not names <= set(sub.names):
-                if own:
-                    raise KernelOnlyError(f"{module} ({label}) imports {foreign}, a module "
-                                          "that kernel-only loading does not take from the "
-                                          "wheel, and no substitute or stand-in covers "
-                                          f"{', '.join(sorted(names)) or 'it'}")
-                raise KernelOnlyError(f"{module} ({label}) imports {foreign}, of a "
-                                      "distribution that is not installed here, and no exact "
-                                      "substitute exists")
-            subs[foreign] = sub
+        subs = _substitutes_needed(loaded, info, module, label)
         data = verified_sources(root, manifest, info["files"])
         sources = {m: (str(root / "objects" / f"{manifest['files'][p]}.py"), data[p])
                    for p, m in ((p, p[:-3].replace("/", ".")) for p in info["files"])}
         finder = _Finder(label, loaded.tops, sources)
-        for name, sub in subs.items():
-            try:
-                loaded.modules[name] = sub.build()
-            except ImportError as err:
-                raise KernelOnlyError(f"{module} ({label}): substitute for {name} cannot be "
-                                      f"built: {err}".splitlines()[0]) from None
-            if isinstance(sub, StandIn):
-                loaded.stand_ins[name] = (f"{', '.join(sub.names) or 'any attribute'}: "
-                                          f"{sub.evidence}")
-            else:
-                loaded.substitutes[name] = sub.evidence
-            parts = name.split(".")
-            for i in range(1, len(parts)):  # stand-in parents of the substitute
-                parent = ".".join(parts[:i])
-                stand_in = types.ModuleType(parent, "kernel-only stand-in for a substitute")
-                stand_in.__path__ = []
-                loaded.modules.setdefault(parent, stand_in)
-        sys.meta_path.insert(0, finder)
-        try:
-            with loaded.active(full=True):
-                try:
-                    mod = importlib.import_module(module)
-                except KernelOnlyError:
-                    raise
-                except Exception as err:  # the library module's own failure as it loads
-                    first = (str(err).strip().splitlines() or [""])[0]
-                    raise KernelOnlyError(f"{module} ({label}, kernel-only) failed to load: "
-                                          f"{type(err).__name__}: {first}") from None
-        finally:
-            sys.meta_path.remove(finder)
+        _install_substitutes(loaded, subs, module, label)
+        mod = _import_through(finder, loaded, module, label)
         for path in info["files"]:
             loaded.files[path] = manifest["files"][path]
         _LOADED[key] = loaded

@@ -64,12 +64,6 @@ from gate_residual_matrix.kernels.gate_residual_plans import (
 DEVICE_TYPE = "cuda"
 
 
-def _mode(check_index) -> int | None:
-    """The flag a fast call launches with: FLAG_ASSERT for ``True``, FLAG_CLEAN for
-    ``False``; None for anything else (``"sync"`` and bad values take the full path)."""
-    return FLAG_ASSERT if check_index is True else FLAG_CLEAN if check_index is False else None
-
-
 def _key(a, gate, b, index, mode) -> tuple:
     """The plan key of (residual or grad_out, gate, y, index): shapes, dtypes, devices."""
     return (a.shape, gate.shape, b.shape, index.shape, a.dtype, gate.dtype, b.dtype,
@@ -87,8 +81,10 @@ def _cached_plan(cache, big, gate, y, index, check_index):
     """The plan cached in ``cache`` (:data:`_FORWARD_PLANS` or :data:`_BACKWARD_PLANS`) of a
     call whose inputs need no work (see the comment above), else None; ``big`` is the
     (N, D) input besides ``y`` (``residual``, or the backward's ``grad_out``).
-    Written out rather than calling :func:`_mode`, :func:`_key` and :func:`_dense`: each
-    Python call costs about 0.1 µs, and this runs on every call."""
+    Written out rather than calling :func:`_key` and :func:`_dense`: each Python call costs
+    about 0.1 µs, and this runs on every call. ``mode``: the flag a fast call launches with
+    (FLAG_ASSERT for ``True``, FLAG_CLEAN for ``False``); anything else (``"sync"``, bad
+    values) takes the full path."""
     mode = FLAG_ASSERT if check_index is True else FLAG_CLEAN if check_index is False else None
     if mode is None:
         return None

@@ -223,17 +223,15 @@ FORWARD_ROWS_PER_STEP = 2
 FORWARD_MAX_GRID_Y = 8192
 
 
-def vec_kernels_for(dtype: str, rows_ahead: int = 1):
+def vec_kernels_for(dtype: str):
     """The (forward, backward_chunks, backward_fused) 16-byte-vector numba.cuda kernels for a
-    storage dtype (:mod:`kernels.gate_residual_vec`; ``rows_ahead`` 3: the experiment with
-    four rows in flight in the backward, same bits).
+    storage dtype (:mod:`kernels.gate_residual_vec`).
 
     Raises ``KeyError`` for an unknown dtype.
     """
-    key = dtype if rows_ahead == 1 else f"{dtype}/{rows_ahead}"
-    if key not in _VEC_KERNELS:
-        _VEC_KERNELS[key] = make_vec_kernels(*LANE_CODECS[dtype], CHUNK_ROWS, rows_ahead)
-    return _VEC_KERNELS[key]
+    if dtype not in _VEC_KERNELS:
+        _VEC_KERNELS[dtype] = make_vec_kernels(*LANE_CODECS[dtype], CHUNK_ROWS)
+    return _VEC_KERNELS[dtype]
 
 
 def kernels_for(dtype: str):
@@ -301,13 +299,12 @@ def launch_forward_vec(out, residual, gate, y, index, dtype: str, stream=0, *, f
 
 def launch_backward_vec(grad_y, grad_gate, partial, grad_out, gate, y, index, dtype: str,
                         stream=0, *, flag=None, block_cols: int | None = None,
-                        max_grid_y: int = MAX_GRID_Y, fused: bool = False, tickets=None,
-                        rows_ahead: int = 1) -> None:
+                        max_grid_y: int = MAX_GRID_Y, fused: bool = False,
+                        tickets=None) -> None:
     """Vectorised backward on uint32 views (``grad_gate`` and the float32 ``partial``
     (chunks, G, D) are element arrays), then the chunk reduction. ``fused``: one launch of
     ``backward_fused`` instead (any number of chunks here, for the tests; ``grad_gate`` as
-    element array, ``tickets``: uint32 zeros, one per column block, default fresh zeros).
-    ``rows_ahead``: as in :func:`vec_kernels_for`."""
+    element array, ``tickets``: uint32 zeros, one per column block, default fresh zeros)."""
     if grad_out.shape[1] == 0 or gate.shape[0] == 0:
         return
     flag = _flag_array() if flag is None else flag
@@ -320,10 +317,10 @@ def launch_backward_vec(grad_y, grad_gate, partial, grad_out, gate, y, index, dt
             tickets = np.zeros(grid[0], dtype=np.uint32) if tickets is None else tickets
             words = partial.reshape(partial.shape[0] * partial.shape[1], -1).view(np.uint32)
             gate_words = grad_gate.view(np.uint32)
-            vec_kernels_for(dtype, rows_ahead)[2][grid, block, stream, shared](
+            vec_kernels_for(dtype)[2][grid, block, stream, shared](
                 grad_y, gate_words, words, tickets, grad_out, gate, y, index, flag)
             return
-        vec_kernels_for(dtype, rows_ahead)[1][grid, block, stream, shared](
+        vec_kernels_for(dtype)[1][grid, block, stream, shared](
             grad_y, partial, grad_out, gate, y, index, flag)
     grid, block = reduce_geometry(grad_gate.size)
     kernels_for(dtype)[2][grid, block, stream](grad_gate, partial)

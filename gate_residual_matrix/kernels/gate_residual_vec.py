@@ -47,19 +47,13 @@ from gate_residual_matrix.kernels.rounding import add_rn, f32_from_u32, mul_rn, 
 from gate_residual_matrix.kernels.vector import load_vec, load_vec_cg, store_vec
 
 
-def make_vec_kernels(get, put, rnd, word_lanes: int, chunk_rows: int, rows_ahead: int = 1):
+def make_vec_kernels(get, put, rnd, word_lanes: int, chunk_rows: int):
     """(forward, backward_chunks, backward_fused) for one dtype's lane codecs.
 
     ``get(word, j)`` -> float32 of lane j; ``put(x, j)`` -> x rounded and placed in lane j;
     ``rnd(x)`` -> x rounded to the storage dtype, as float32; ``word_lanes``: lanes per
     32-bit word (2 or 1); ``chunk_rows``: CHUNK_ROWS (part of the summation order).
-    ``rows_ahead``: rows whose grad_out and y vectors are loaded while a row is added, 1
-    (the kernels the entry points use) or 3 (an experiment: more loads in flight per
-    thread, the same operations in the same order; scripts/backward_ab.py times it).
-    Raises ``ValueError`` for another ``rows_ahead``.
     """
-    if rows_ahead not in (1, 3):
-        raise ValueError(f"rows_ahead must be 1 or 3, got {rows_ahead!r}")
     vec_lanes = 4 * word_lanes
     pv = vec_lanes // 4  # 16-byte vectors of float32 partial sums per thread and gate row
     nan = np.uint32(0x7FFF7FFF if word_lanes == 2 else 0x7FFFFFFF)  # canonical NaN lanes
@@ -172,75 +166,6 @@ def make_vec_kernels(get, put, rnd, word_lanes: int, chunk_rows: int, rows_ahead
             o3 = backward_word(go[3], g[3], yv[3], acc, base + 3 * word_lanes, width, tx)
             store_vec(grad_y, i, q, o0, o1, o2, o3)
 
-    @cuda.jit(device=True, inline="always")
-    def add_row(acc, grad_y, i, q, k, bad, go, yv, g, tx, width):
-        """Row i's grad_y vector, and its terms added to gate row k's sums."""
-        if bad:
-            store_vec(grad_y, i, q, nan, nan, nan, nan)
-            return
-        base = k * vec_lanes
-        o0 = backward_word(go[0], g[0], yv[0], acc, base, width, tx)
-        o1 = backward_word(go[1], g[1], yv[1], acc, base + word_lanes, width, tx)
-        o2 = backward_word(go[2], g[2], yv[2], acc, base + 2 * word_lanes, width, tx)
-        o3 = backward_word(go[3], g[3], yv[3], acc, base + 3 * word_lanes, width, tx)
-        store_vec(grad_y, i, q, o0, o1, o2, o3)
-
-    @cuda.jit(device=True, inline="always")
-    def chunk_sums_deep(acc, grad_y, grad_out, gate, y, index, flag, chunk, q, tx, width,
-                        n_rows, n_gate):
-        """:func:`chunk_sums` with four rows in flight: rows i + 1 .. i + 3 have their index
-        and grad_out/y vectors loaded while row i is added (rows i and i + 1 their gate
-        vectors too). The additions are the same, in the same order."""
-        for slot in range(n_gate * vec_lanes):
-            acc[slot * width + tx] = float32(0.0)
-        start = chunk * chunk_rows
-        stop = min(start + chunk_rows, n_rows)
-        last = stop - 1
-        k0, bad0 = gate_row(index, start, n_gate, flag)
-        go0 = load_vec(grad_out, start, q)
-        y0 = load_vec(y, start, q)
-        g0 = load_vec(gate, k0, q)
-        r = min(start + 1, last)
-        k1, bad1 = gate_row(index, r, n_gate, flag)
-        go1 = load_vec(grad_out, r, q)
-        y1 = load_vec(y, r, q)
-        g1 = load_vec(gate, k1, q)
-        r = min(start + 2, last)
-        k2, bad2 = gate_row(index, r, n_gate, flag)
-        go2 = load_vec(grad_out, r, q)
-        y2 = load_vec(y, r, q)
-        r = min(start + 3, last)
-        k3, bad3 = gate_row(index, r, n_gate, flag)
-        go3 = load_vec(grad_out, r, q)
-        y3 = load_vec(y, r, q)
-        for i in range(start, stop):
-            k = k0
-            bad = bad0
-            go = go0
-            yv = y0
-            g = g0
-            k0 = k1
-            bad0 = bad1
-            go0 = go1
-            y0 = y1
-            g0 = g1
-            k1 = k2
-            bad1 = bad2
-            go1 = go2
-            y1 = y2
-            g1 = load_vec(gate, k1, q)
-            k2 = k3
-            bad2 = bad3
-            go2 = go3
-            y2 = y3
-            r = min(i + 4, last)
-            k3, bad3 = gate_row(index, r, n_gate, flag)
-            go3 = load_vec(grad_out, r, q)
-            y3 = load_vec(y, r, q)
-            add_row(acc, grad_y, i, q, k, bad, go, yv, g, tx, width)
-
-    sums = chunk_sums if rows_ahead == 1 else chunk_sums_deep
-
     @cuda.jit
     def backward_chunks(grad_y, partial, grad_out, gate, y, index, flag):
         # grid: x over 16-byte vectors, y over chunks (strided). Shared memory:
@@ -255,8 +180,8 @@ def make_vec_kernels(get, put, rnd, word_lanes: int, chunk_rows: int, rows_ahead
             return
         chunk = cuda.blockIdx.y
         while chunk < partial.shape[0]:
-            sums(acc, grad_y, grad_out, gate, y, index, flag, chunk, q, tx, width, n_rows,
-                 n_gate)
+            chunk_sums(acc, grad_y, grad_out, gate, y, index, flag, chunk, q, tx, width,
+                       n_rows, n_gate)
             for k in range(n_gate):
                 for j in range(vec_lanes):
                     partial[chunk, k, q * vec_lanes + j] = acc[(k * vec_lanes + j) * width + tx]
@@ -369,8 +294,8 @@ def make_vec_kernels(get, put, rnd, word_lanes: int, chunk_rows: int, rows_ahead
         if active:
             chunk = cuda.blockIdx.y
             while chunk < chunks:
-                sums(acc, grad_y, grad_out, gate, y, index, flag, chunk, q, tx, width, n_rows,
-                     n_gate)
+                chunk_sums(acc, grad_y, grad_out, gate, y, index, flag, chunk, q, tx,
+                           width, n_rows, n_gate)
                 if chunks == 1:
                     for k in range(n_gate):
                         store_gate_row(grad_gate, k, q, acc, tx, width, True)

@@ -60,27 +60,28 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"{self.prog}: {message}")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m gate_residual_matrix", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+def _add_selection(p: argparse.ArgumentParser, several: bool = False) -> None:
+    """The options that choose cells: matrix file(s), reports folder, stacks, modes, targets,
+    cases; ``several``: more than one matrix file, and ``--op``."""
+    if several:
+        p.add_argument("--matrix", type=nonempty_path, action="append", help="a matrix "
+                       "file (repeatable; default: every op's, runner/config/matrices.py)")
+        p.add_argument("--op", action="append", help="run only this op (repeatable)")
+    else:
+        p.add_argument("--matrix", type=nonempty_path, default=DEFAULT_MATRIX,
+                       help="matrix.yaml path")
+    p.add_argument("--reports", type=nonempty_path, default=DEFAULT_REPORTS,
+                   help="report directory")
+    p.add_argument("--stack", action="append", help="run only this stack (repeatable)")
+    p.add_argument("--mode", action="append", help="run only this mode (repeatable)")
+    p.add_argument("--target", action="append", help="cuda or cpu (repeatable)")
+    p.add_argument("--case", action="append", help='case id, e.g. 257 or "257-specials"')
 
-    def selection(p: argparse.ArgumentParser, several: bool = False) -> None:
-        if several:
-            p.add_argument("--matrix", type=nonempty_path, action="append", help="a matrix "
-                           "file (repeatable; default: every op's, runner/config/matrices.py)")
-            p.add_argument("--op", action="append", help="run only this op (repeatable)")
-        else:
-            p.add_argument("--matrix", type=nonempty_path, default=DEFAULT_MATRIX,
-                           help="matrix.yaml path")
-        p.add_argument("--reports", type=nonempty_path, default=DEFAULT_REPORTS,
-                       help="report directory")
-        p.add_argument("--stack", action="append", help="run only this stack (repeatable)")
-        p.add_argument("--mode", action="append", help="run only this mode (repeatable)")
-        p.add_argument("--target", action="append", help="cuda or cpu (repeatable)")
-        p.add_argument("--case", action="append", help='case id, e.g. 257 or "257-specials"')
 
+def _add_matrix_command(sub: argparse._SubParsersAction) -> None:
+    """The ``matrix`` subcommand: run the selected cells, write reports and tables."""
     m = sub.add_parser("matrix", help="run the selected cells, write reports and tables")
-    selection(m, several=True)
+    _add_selection(m, several=True)
     m.add_argument("--backend", default="auto", help="docker, host or auto (default: docker "
                    "when an engine answers, else host; docker stacks are skipped on host)")
     m.add_argument("--gpus", default="all", help='GPUs for docker cuda cells: "all" or ids "0,1"')
@@ -106,8 +107,14 @@ def _parser() -> argparse.ArgumentParser:
                    "(6: a verdict regressed; docs/ci.md)")
     add_rule_options(m)
 
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m gate_residual_matrix", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_matrix_command(sub)
+
     c = sub.add_parser("cell", help="run one cell in this process (used by the backends)")
-    selection(c)
+    _add_selection(c)
     c.add_argument("--run-id", default="", help="written into the report")
     c.add_argument("--no-timings", action="store_true", help="skip the timing loops")
 

@@ -201,24 +201,11 @@ def combine(parts: Sequence[dict], planned: Sequence[Sequence[str]], matrix, *,
                              "status": str(p.get("status")),
                              "duration_s": p.get("duration_s")} for i, p in enumerate(parts)]}
     if not with_data:
-        first = next((p for _, p in stopped), parts[0])
-        out = copy.deepcopy(first)
-        out["reason"] = _join(f"shard {i + 1}: {p.get('status')}: {p.get('reason')}"
-                              for i, p in enumerate(parts))
-        out["environment"] = {**(out.get("environment") or {}), "shards": shard_note}
-        out["duration_s"] = round(wall_s, 3)
-        return out
+        return _first_failed(parts, stopped, shard_note, wall_s)
     merged = copy.deepcopy(with_data[0])
     for p in with_data[1:]:
         merged = merge_reports(merged, p, matrix)
-    for name, entry in merged["results"].items():
-        entries = [p["results"][name] for p in with_data if name in p.get("results", {})]
-        worst = _worst([e["status"] for e in entries])
-        if worst != Status.OK:
-            bad = [e for e in entries if e["status"] == worst]
-            entry.update(status=worst, reason=_join(e.get("reason") for e in bad))
-            if bad[0].get("traceback"):
-                entry["traceback"] = bad[0]["traceback"]
+    _worst_results(merged, with_data)
     order = [c.id for c in matrix.cases]
     every = [c for c in order if c in {x for plan in planned for x in plan}]
     done = set(_ids(merged))
@@ -245,17 +232,46 @@ def combine(parts: Sequence[dict], planned: Sequence[Sequence[str]], matrix, *,
                         for i, p in stopped) + _RESUMES))
         return merged
     merged.pop("cases_missing", None)
-    statuses = [p["status"] for p in with_data]
-    worst = _worst(statuses)
-    merged["status"] = worst
+    merged["status"], merged["reason"] = _worst_status(with_data)
+    return merged
+
+
+def _first_failed(parts: Sequence[dict], stopped: list[tuple[int, dict]], shard_note: dict,
+                  wall_s: float) -> dict:
+    """The cell's report when no shard did a case: the first stopped shard's report (else
+    the first shard's), with every shard's reason."""
+    first = next((p for _, p in stopped), parts[0])
+    out = copy.deepcopy(first)
+    out["reason"] = _join(f"shard {i + 1}: {p.get('status')}: {p.get('reason')}"
+                          for i, p in enumerate(parts))
+    out["environment"] = {**(out.get("environment") or {}), "shards": shard_note}
+    out["duration_s"] = round(wall_s, 3)
+    return out
+
+
+def _worst_results(merged: dict, with_data: Sequence[dict]) -> None:
+    """Each implementation's status in ``merged``: its worst in any shard, with the reasons
+    of the shards where it had that status (and the first one's traceback)."""
+    for name, entry in merged["results"].items():
+        entries = [p["results"][name] for p in with_data if name in p.get("results", {})]
+        worst = _worst([e["status"] for e in entries])
+        if worst != Status.OK:
+            bad = [e for e in entries if e["status"] == worst]
+            entry.update(status=worst, reason=_join(e.get("reason") for e in bad))
+            if bad[0].get("traceback"):
+                entry["traceback"] = bad[0]["traceback"]
+
+
+def _worst_status(with_data: Sequence[dict]) -> tuple[str, str | None]:
+    """``(status, reason)`` of a cell whose shards did every case: the worst shard status,
+    with the reasons of the shards that have it (broken claims joined into one list)."""
+    worst = _worst([p["status"] for p in with_data])
     reasons = [p.get("reason") for p in with_data if p["status"] == worst]
     prefix = "bitwise claim broken: "
     if worst == Status.MISMATCH and all(r and r.startswith(prefix) for r in reasons):
-        merged["reason"] = prefix + ", ".join(r[len(prefix):] for r in reasons if r)
-    else:
-        merged["reason"] = _join(reasons) if worst != Status.OK else _join(
-            p.get("reason") for p in with_data)
-    return merged
+        return worst, prefix + ", ".join(r[len(prefix):] for r in reasons if r)
+    return worst, (_join(reasons) if worst != Status.OK
+                   else _join(p.get("reason") for p in with_data))
 
 
 def planned_ids(parts: Sequence[Sequence[Any]]) -> list[list[str]]:

@@ -31,11 +31,9 @@ from gate_residual_matrix.runner.cell import environment, precompile
 from gate_residual_matrix.runner.cell.case import CaseContext, out_of_memory, run_case
 from gate_residual_matrix.runner.cell.phases import PhaseClock
 from gate_residual_matrix.runner.plan.cells import cases_on
-from gate_residual_matrix.runner.reports.store import SCHEMA_VERSION
+from gate_residual_matrix.runner.reports.store import KIND, SCHEMA_VERSION
 from gate_residual_matrix.runner.status import SEVERITY, Status
 
-KIND = "gate_residual_matrix"
-"""The ``kind`` of every report of this project (its name; every op's reports share it)."""
 __all__ = ["fingerprint", "out_of_memory", "run_cell", "skeleton"]
 
 
@@ -248,72 +246,24 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
         report["reason"] = (f"no selected case runs on target {cell.target} (case targets: "
                             + ", ".join(f"{c.id}: {'/'.join(c.targets or ())}" for c in asked)
                             + ")")
-    p = matrix.problem
-    inference = bool(mode.torch.inference_mode)
-    calls = precompile.cell_plan(matrix, cell, cases)
-    workers = precompile.workers_for(calls, environment.available_cpus())
     env["gpu_lock"] = gpu_lock.path() is not None
-    if workers:
-        stamp = precompile.stamp_key(calls, torch_settings=mode.torch.model_dump(),
-                                     mode_env=dict(mode.env), op=matrix.op, sizes=p.sizes,
-                                     target=cell.target)
-        if precompile.stamped(stamp, calls):  # an earlier precompile filled this cache: load only
-            env["precompile"] = {"workers": 0, "calls": len(calls), "seconds": 0.0,
-                                 "failed": [], "stamp": stamp}
-            precompile.load_only()
-        else:  # their compiling may time kernels on the GPU (autotuning): shared lock
-            with clock("precompile"), gpu_lock.shared():
-                env["precompile"] = precompile.run(
-                    calls, torch_settings=mode.torch.model_dump(), op=matrix.op,
-                    sizes=p.sizes, target=cell.target, workers=workers)
-            precompile.leave_stamp(stamp, calls, env["precompile"])
-    weights = [case_weight(matrix, c) for c in cases]
+    _precompile(matrix, cell, cases, env, clock)
     per_case: dict[str, float] = {}
     with futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
                                     thread_name_prefix="sha256") as hasher:
-        spec = ops.get(matrix.op)
-        ctx = CaseContext(spec=spec, matrix=matrix, target=cell.target, device=device, impls=impls,
-                          results=report["results"], clock=clock, hasher=hasher,
-                          inference=inference, with_timings=timings)
+        ctx = CaseContext(spec=ops.get(matrix.op), matrix=matrix, target=cell.target,
+                          device=device, impls=impls, results=report["results"], clock=clock,
+                          hasher=hasher, inference=bool(mode.torch.inference_mode),
+                          with_timings=timings)
+        weights = [case_weight(matrix, c) for c in cases]
         for number, case in enumerate(cases, start=1):
             started = time.perf_counter()
-            key = str(case_key(case))
-            dtype, index_dtype = matrix.case_dtypes(case)
-            with clock("inputs"):
-                x = build(spec, n=case.n, sizes=p.sizes, dtype=dtype, index_dtype=index_dtype,
-                          seed=p.seed, specials=case.specials, grouped=case.grouped,
-                          case_id=case.base_id)
-                input_hashes = {k: hasher.submit(compare.tensor_sha256, v)
-                                for k, v in x.tensors.items()}
-                report["inputs"][key] = {"n": case.n, "specials": case.specials,
-                                         **({"grouped": True} if case.grouped else {}),
-                                         "dtype": dtype, "index_dtype": index_dtype,
-                                         "sha256": None,
-                                         **({"index_counts":
-                                             x.index_counts(p.sizes[spec.groups])}
-                                            if spec.groups else {})}
-            run_case(ctx, case, x, key, dtype)
-            with clock("hashing"):
-                report["inputs"][key]["sha256"] = {k: f.result()
-                                                   for k, f in input_hashes.items()}
-            del x, input_hashes
+            key = _run_one_case(ctx, report, case)
             per_case[key] = round(time.perf_counter() - started, 3)
             elapsed = time.perf_counter() - t0
-            # the rate of the cases after the first (which pays for imports and compiling)
-            done_w, left_w = sum(weights[1:number]), sum(weights[number:])
-            since_first = sum(list(per_case.values())[1:])
-            eta = (since_first / done_w * left_w if done_w
-                   else per_case[key] / weights[0] * left_w)
-            progress = {"case": number, "of": len(cases), "id": key,
-                        "case_s": per_case[key], "elapsed_s": round(elapsed, 1),
-                        "eta_s": round(eta, 1)}
+            progress = _progress(number, key, per_case, weights, elapsed)
             if on_case is not None and number < len(cases):
-                done = [case_key(c) for c in cases[:number]]
-                missing = [case_key(c) for c in cases[number:]]
-                snapshot = partial_view(report, done, missing)
-                snapshot["duration_s"] = round(elapsed, 3)
-                snapshot["phases"] = {**clock.as_report(total_s=elapsed), "cases": per_case}
-                on_case(snapshot, progress)
+                on_case(_snapshot(report, cases, number, elapsed, clock, per_case), progress)
             elif on_case is not None:
                 last_progress = progress
     _finish_status(report, matrix, ctx.broken if cases else [], ctx.no_baseline if cases else [])
@@ -327,3 +277,77 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
     if on_case is not None and cases:
         on_case(report, last_progress)
     return report
+
+
+def _precompile(matrix, cell, cases: list, env: dict, clock: PhaseClock) -> None:
+    """Compile the cell's kernels ahead of its cases in worker processes, where the plan
+    has calls and there are CPUs for them; or only load them when an earlier precompile
+    left its stamp on this cache. Records ``env["precompile"]``."""
+    mode = matrix.modes[cell.mode]
+    p = matrix.problem
+    calls = precompile.cell_plan(matrix, cell, cases)
+    workers = precompile.workers_for(calls, environment.available_cpus())
+    if not workers:
+        return
+    stamp = precompile.stamp_key(calls, torch_settings=mode.torch.model_dump(),
+                                 mode_env=dict(mode.env), op=matrix.op, sizes=p.sizes,
+                                 target=cell.target)
+    if precompile.stamped(stamp, calls):  # an earlier precompile filled this cache: load only
+        env["precompile"] = {"workers": 0, "calls": len(calls), "seconds": 0.0,
+                             "failed": [], "stamp": stamp}
+        precompile.load_only()
+    else:  # their compiling may time kernels on the GPU (autotuning): shared lock
+        with clock("precompile"), gpu_lock.shared():
+            env["precompile"] = precompile.run(
+                calls, torch_settings=mode.torch.model_dump(), op=matrix.op,
+                sizes=p.sizes, target=cell.target, workers=workers)
+        precompile.leave_stamp(stamp, calls, env["precompile"])
+
+
+def _run_one_case(ctx: CaseContext, report: dict, case) -> str:
+    """Build ``case``'s inputs, run every implementation on them (:func:`run_case`) and
+    record the inputs with their sha256 in ``report["inputs"]``; returns the case's key."""
+    matrix, spec, clock, p = ctx.matrix, ctx.spec, ctx.clock, ctx.matrix.problem
+    key = str(case_key(case))
+    dtype, index_dtype = matrix.case_dtypes(case)
+    with clock("inputs"):
+        x = build(spec, n=case.n, sizes=p.sizes, dtype=dtype, index_dtype=index_dtype,
+                  seed=p.seed, specials=case.specials, grouped=case.grouped,
+                  case_id=case.base_id)
+        input_hashes = {k: ctx.hasher.submit(compare.tensor_sha256, v)
+                        for k, v in x.tensors.items()}
+        report["inputs"][key] = {"n": case.n, "specials": case.specials,
+                                 **({"grouped": True} if case.grouped else {}),
+                                 "dtype": dtype, "index_dtype": index_dtype,
+                                 "sha256": None,
+                                 **({"index_counts": x.index_counts(p.sizes[spec.groups])}
+                                    if spec.groups else {})}
+    run_case(ctx, case, x, key, dtype)
+    with clock("hashing"):
+        report["inputs"][key]["sha256"] = {k: f.result() for k, f in input_hashes.items()}
+    return key
+
+
+def _snapshot(report: dict, cases: list, number: int, elapsed: float, clock: PhaseClock,
+              per_case: dict[str, float]) -> dict:
+    """The ``partial`` report after the first ``number`` of ``cases``, with the time and
+    phases so far: what ``on_case`` gets before the last case."""
+    done = [case_key(c) for c in cases[:number]]
+    missing = [case_key(c) for c in cases[number:]]
+    snapshot = partial_view(report, done, missing)
+    snapshot["duration_s"] = round(elapsed, 3)
+    snapshot["phases"] = {**clock.as_report(total_s=elapsed), "cases": per_case}
+    return snapshot
+
+
+def _progress(number: int, key: str, per_case: dict[str, float], weights: list[float],
+              elapsed: float) -> dict:
+    """What ``on_case`` gets after case ``number`` (1-based) of ``len(weights)``: the time
+    left estimated from the rate of the cases after the first (which pays for imports and
+    compiling), weighted by :func:`case_weight`."""
+    done_w, left_w = sum(weights[1:number]), sum(weights[number:])
+    since_first = sum(list(per_case.values())[1:])
+    eta = (since_first / done_w * left_w if done_w
+           else per_case[key] / weights[0] * left_w)
+    return {"case": number, "of": len(weights), "id": key, "case_s": per_case[key],
+            "elapsed_s": round(elapsed, 1), "eta_s": round(eta, 1)}

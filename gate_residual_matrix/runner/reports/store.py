@@ -282,16 +282,16 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-OUR_KIND = "gate_residual_matrix"
-"""The ``kind`` of every report this runner writes (``runner.cell.run.KIND``)."""
+KIND = "gate_residual_matrix"
+"""The ``kind`` of every report of this project (its name; every op's reports share it)."""
 _OUR_KEYS = ("cell", "fingerprint")
 """Top-level keys that only our reports have (the reference layout has neither)."""
 def _ours_without_version(data: Mapping[str, Any]) -> str | None:
     """The problem of a report of ours that lost its ``schema_version``, or None when
     ``data`` is not one (its ``kind`` is ours, or it has our ``cell`` and ``fingerprint``):
     such a file is refused, never read as a foreign report."""
-    if data.get("kind") == OUR_KIND:
-        why = f'kind "{OUR_KIND}"'
+    if data.get("kind") == KIND:
+        why = f'kind "{KIND}"'
     elif all(key in data for key in _OUR_KEYS):
         why = "keys cell and fingerprint"
     else:

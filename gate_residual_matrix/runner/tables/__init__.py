@@ -10,8 +10,9 @@ Two layers, imported in one direction only (tests/test_import_cycles.py checks i
 * :mod:`runner.tables.render` lays built tables out, one module per format: Markdown
   (``markdown``, ``pages``), HTML (``html``), CSV and JSON (``summary``), SVG (``plots``).
 
-:func:`~runner.tables.write.write_tables` reads, builds once, renders every format and writes
-the files. This module names the entry points the rest of the runner uses (``compare``,
+:func:`~runner.tables.write.write_tables` reads, builds once, renders every format (or those
+named: :data:`~runner.tables.formats.FORMATS`, name -> format) and writes the files. This
+module names the entry points the rest of the runner uses (``compare``,
 runner/compare_reports/, reads reports through the model's cells, pairs and configuration).
 
 Example:
@@ -22,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+from gate_residual_matrix.runner.tables.formats import FORMATS
 from gate_residual_matrix.runner.tables.model.bits import PairResult, pair_results
 from gate_residual_matrix.runner.tables.model.build import Tables, build_tables
 from gate_residual_matrix.runner.tables.model.cells import (
@@ -41,7 +43,8 @@ from gate_residual_matrix.runner.tables.render.markdown import (
 )
 from gate_residual_matrix.runner.tables.write import OUTPUTS, write_tables
 
-__all__ = ["ABSENT", "FACETS", "OUTPUTS", "CellReport", "Filters", "PairResult", "Tables",
+__all__ = ["ABSENT", "FACETS", "FORMATS", "OUTPUTS", "CellReport", "Filters", "PairResult",
+           "Tables",
            "build_tables", "cell_label", "configuration", "format_cmp", "library_row",
            "load_cells", "markdown", "md_text", "pair_results", "render_markdown", "slug",
            "write_tables"]

@@ -5,7 +5,8 @@ each file atomically where it changed.
 report`` and the end of ``python -m gate_residual_matrix matrix``). It writes :data:`OUTPUTS`
 (``README.md``, ``index.html``,
 ``summary.csv``, ``summary.json``), the Markdown pages (``cells/``, ``ab.md``) and the pictures
-(``plots/*.svg``). The outputs are a pure function of the reports and the current commit (no
+(``plots/*.svg``): each format of :data:`runner.tables.formats.FORMATS`, or those a caller
+names. The outputs are a pure function of the reports and the current commit (no
 timestamps), so regenerating them changes nothing.
 """
 
@@ -15,14 +16,15 @@ import contextlib
 import gc
 import os
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from gate_residual_matrix.runner.reports.store import read_reports, write_text_atomic
+from gate_residual_matrix.runner.tables.formats import Rendering, select
 from gate_residual_matrix.runner.tables.model.build import build_tables
 from gate_residual_matrix.runner.tables.model.filters import Filters
 from gate_residual_matrix.runner.tables.model.headline import choose_level
-from gate_residual_matrix.runner.tables.render import html, pages, plots, summary
+from gate_residual_matrix.runner.tables.render import html, plots
 
 __all__ = ["OUTPUTS", "current_commit", "write_tables"]
 
@@ -92,7 +94,7 @@ def _gc_paused() -> Iterator[None]:
 
 def write_tables(reports_dir: Path, out: Path | None = None, *, filters: Filters | None = None,
                  ab: Sequence[tuple[str, str]] | None = None,
-                 head: str | bool | None = True) -> Path:
+                 head: str | bool | None = True, formats: Iterable[str] | None = None) -> Path:
     """Read every report under ``reports_dir`` and write the outputs atomically.
 
     Writes, next to ``out``: the Markdown (``README.md``: the headline first), ``index.html``,
@@ -107,25 +109,31 @@ def write_tables(reports_dir: Path, out: Path | None = None, *, filters: Filters
         filters, ab: as for :func:`~runner.tables.model.build.build_tables`.
         head: the current commit for staleness marks; True (default) asks git
             (:func:`current_commit`), None means unknown.
+        formats: the names of the formats to write (:data:`runner.tables.formats.FORMATS`:
+            markdown, html, csv, json, plots); every one when None.
 
     Returns:
         The Markdown path written.
     Raises:
         ReportError: ``reports_dir`` is not a directory (bad files never raise: they are
             listed under "Unreadable files").
-        SelectionError: a filter value or ``--ab`` name no report has; nothing is written.
+        SelectionError: a filter value or ``--ab`` name no report has, or an unknown format;
+            nothing is written.
 
     Example:
         >>> write_tables(Path("reports"))
         PosixPath('reports/README.md')
     """
     with _gc_paused():
-        return _write_tables(Path(reports_dir), out, filters=filters, ab=ab, head=head)
+        return _write_tables(Path(reports_dir), out, filters=filters, ab=ab, head=head,
+                             formats=formats)
 
 
 def _write_tables(reports_dir: Path, out: Path | None, *, filters: Filters | None,
-                  ab: Sequence[tuple[str, str]] | None, head: str | bool | None) -> Path:
+                  ab: Sequence[tuple[str, str]] | None, head: str | bool | None,
+                  formats: Iterable[str] | None) -> Path:
     """:func:`write_tables`'s work."""
+    chosen = select(formats)
     reports_dir = Path(reports_dir)
     out = reports_dir / OUTPUTS[0] if out is None else Path(out)
     # this tool's outputs, next to ``out`` and in the reports directory, are never reports
@@ -137,20 +145,20 @@ def _write_tables(reports_dir: Path, out: Path | None, *, filters: Filters | Non
                           head=current_commit() if head is True else head or None)
     headline = choose_level(tables.cells, tables, html.HTML_MARKS)
     figures = plots.render_plots(tables.cells, headline, reports_dir / "bench")
-    texts = {out.parent / name: text for name, text in
-             pages.markdown_pages(tables, figures).items()}
-    texts[out] = texts.pop(out.parent / OUTPUTS[0])
-    texts[out.parent / OUTPUTS[1]] = html.render_html(tables, figures, headline)
-    texts[out.parent / OUTPUTS[2]] = summary.render_csv(tables)
-    texts[out.parent / OUTPUTS[3]] = summary.render_json(tables)
-    texts.update({out.parent / "plots" / name: svg for name, (_, svg) in figures.items()})
-    for directory in ("cells", "plots"):
-        (out.parent / directory).mkdir(parents=True, exist_ok=True)
+    rendering = Rendering(tables=tables, figures=figures, headline=headline, out=out)
+    written = {f.name: f.render(rendering) for f in chosen}
+    for f in chosen:
+        if f.folder:
+            (out.parent / f.folder).mkdir(parents=True, exist_ok=True)
     main = {out, *(out.parent / name for name in OUTPUTS[1:])}
-    for path, text in texts.items():
-        _write_if_changed(path, text, durable=path in main)
-    _sweep(out.parent / "cells", ".md", {p.name for p in texts if p.parent.name == "cells"})
-    _sweep(out.parent / "plots", ".svg", set(figures))
-    if not tables.ab and (out.parent / "ab.md").is_file():
-        (out.parent / "ab.md").unlink()
+    for texts in written.values():
+        for path, text in texts.items():
+            _write_if_changed(path, text, durable=path in main)
+    for f in chosen:
+        if f.folder and f.sweep:
+            folder = out.parent / f.folder
+            _sweep(folder, f.sweep, {p.name for p in written[f.name] if p.parent == folder})
+        for path in f.stale(rendering):
+            if path.is_file():
+                path.unlink()
     return out
