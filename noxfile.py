@@ -153,7 +153,7 @@ def lint(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmark (GPU: CUDA events, medians, copy bandwidth); writes reports/bench/*.json."""
     install_project(session)
-    run_runner(session, "gate_residual_matrix.bench.gate_residual", *session.posargs)
+    run_runner(session, "gate_residual_matrix.bench", *session.posargs)
 
 
 @nox.session(venv_params=VENV)
