@@ -147,7 +147,9 @@ for step in $steps; do
             python3 -c "import json, glob; [print(r['cell']['id'], r['status'], r['duration_s'], 's', len(r['cases']), 'cases', {k: v for k, v in r.get('phases', {}).items() if not isinstance(v, dict)}) for r in (json.load(open(p)) for p in sorted(glob.glob('$reports/*.json'))) if 'cell' in r]" 2>&1 || true
             tar czf "$out/cells-reports.tgz" -C "$reports" $(cd "$reports" && ls *.json) && rm -rf "$reports"
             tar czf "$out/cells-logs.tgz" -C "$out" $(cd "$out" && ls matrix-cell-*.log precompile-*.log rlbuild.log) && rm -f "$out"/matrix-cell-*.log "$out"/precompile-*.log ;;
-    bench)  python3 -m gate_residual_matrix.bench ${BENCH_ARGS:-} --out "$out" 2>&1 | tee "$out/bench.log" | tail -60 || rc=1 ;;
+    bench)  # one archive of every op's <op>.json/.md (only a few files come back)
+            python3 -m gate_residual_matrix.bench ${BENCH_ARGS:-} --out "$out/bench" 2>&1 | tee "$out/bench.log" | tail -60 || rc=1
+            [ -d "$out/bench" ] && tar czf "$out/bench.tgz" -C "$out" bench && rm -rf "$out/bench" ;;
     benchruns) # the benchmark BENCH_RUNS times (default 4), each a fresh process, e.g. with
             # BENCH_ARGS="--op gate_residual --n 1 --peer eager --peer numba --rounds 20 --iters 1000":
             # run-to-run spread of a small-N verdict (issue 14); one archive comes back

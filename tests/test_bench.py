@@ -282,3 +282,49 @@ def test_a_bench_files_picture_draws_the_floor_of_its_own_op():
     floor = next(line for line in fig.axes[0].get_lines() if "floor" in line.get_label())
     assert list(floor.get_ydata()) == pytest.approx(
         [ops.get("rms_norm").bytes_moved(n, {"D": 5376}, 2)[0] / 4e9 for n in (4096, 32768)])
+
+
+def test_compile_ahead_covers_the_compiling_rows_at_every_case():
+    """The calls handed to the matrix cell's precompile workers: both modes of each case for
+    a row that compiles per shape, one call per case for a row that caches its kernels."""
+    import types
+
+    from gate_residual_matrix.bench.precompile import calls
+
+    _, matrix = run.matrix_of("rms_norm")
+    settings = run.Settings(device="cuda", dtypes=("bfloat16", "float32"), ns=(8, 3),
+                            iters=1, warmup=0, rounds=1)
+    table = [peer_of(_impl("compiled", lambda x, backward: {}, compiles_per_shape=True)),
+             peer_of(_impl("numba", lambda x, backward: {}, cached_kernels=("cuda",))),
+             dataclasses.replace(peer_of(_impl("lib", lambda x, backward: {},
+                                               compiles_per_shape=True)),
+                                 dtypes=("float32",)),
+             peer_of(_impl("eager", lambda x, backward: {}))]
+    got = calls(types.SimpleNamespace(table=table, matrix=matrix, settings=settings))
+    cases = [(d, n) for n in (8, 3) for d in ("bfloat16", "float32")]
+    want = ([("compiled", d, n, g) for d, n in cases for g in ("train", "no_grad")]
+            + [("numba", d, n, "train") for d, n in cases]
+            + [("lib", "float32", n, g) for n in (8, 3) for g in ("train", "no_grad")])
+    assert sorted((c["impl"], c["dtype"], c["rows"], c["grad"]) for c in got) == sorted(want)
+    assert {c["index_dtype"] for c in got} == {matrix.problem.index_dtype}
+
+
+def test_compile_ahead_runs_the_matrix_cells_workers(monkeypatch):
+    """One worker of runner.cell.precompile makes the calls (here the eager row, standing in
+    for a compiling one, on the CPU) and its record comes back per op."""
+    import types
+
+    from gate_residual_matrix.bench.precompile import precompile
+
+    monkeypatch.setenv("GATE_RESIDUAL_PRECOMPILE", "1")
+    _, matrix = run.matrix_of("rms_norm")
+    stub = types.SimpleNamespace(
+        op="rms_norm", matrix=matrix,
+        settings=run.Settings(device="cpu", dtypes=("bfloat16",), ns=(2,), iters=1, warmup=0,
+                              rounds=1),
+        table=[peer_of(_impl("eager", lambda x, backward: {}, compiles_per_shape=True))])
+    said: list[str] = []
+    records = precompile([stub], say=lambda line, **_: said.append(line))
+    assert records["rms_norm"]["calls"] == 2 and records["rms_norm"]["failed"] == []
+    assert said[0] == "precompile: 2 calls in 1 workers" and said[1].startswith(
+        "precompile rms_norm: 2 calls, 1 workers, ")

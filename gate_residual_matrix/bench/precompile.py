@@ -19,12 +19,14 @@ from gate_residual_matrix.bench.run import OpBench, plan
 def calls(bench: OpBench) -> list[dict]:
     """The calls that compile ``bench``'s graphs and kernels on its cases: per peer that
     compiles per shape, per case, forward+backward (``train``, peers with a backward) and
-    the forward (``no_grad``); per peer that caches its kernels on cuda, the first of these."""
+    the forward (``no_grad``); per peer that caches its kernels on the bench's device, the
+    first of these."""
     out = []
     index_dtype = bench.matrix.problem.index_dtype
     for peer in bench.table:
         impl = peer.impl
-        if impl is None or not (impl.compiles_per_shape or "cuda" in impl.cached_kernels):
+        target = bench.settings.device
+        if impl is None or not (impl.compiles_per_shape or target in impl.cached_kernels):
             continue
         for dtype, n in plan(bench.settings):
             if not peer.takes(dtype):
@@ -56,7 +58,8 @@ def precompile(benches: list[OpBench], say=print) -> dict[str, dict]:
         share = max(1, round(workers * len(items) / total))
         return cell_precompile.run(items, torch_settings=bench.matrix.modes["plain"].torch
                                    .model_dump(), op=bench.op,
-                                   sizes=bench.matrix.problem.sizes, target="cuda",
+                                   sizes=bench.matrix.problem.sizes,
+                                   target=bench.settings.device,
                                    workers=share)
 
     with futures.ThreadPoolExecutor(max_workers=len(work)) as pool:
