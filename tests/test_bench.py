@@ -328,3 +328,26 @@ def test_compile_ahead_runs_the_matrix_cells_workers(monkeypatch):
     assert records["rms_norm"]["calls"] == 2 and records["rms_norm"]["failed"] == []
     assert said[0] == "precompile: 2 calls in 1 workers" and said[1].startswith(
         "precompile rms_norm: 2 calls, 1 workers, ")
+
+
+def test_a_failure_outside_the_peers_is_one_line_and_a_log(tmp_path, capsys, monkeypatch):
+    """An op whose case fails (here: its inputs) is one line and exit 1, the traceback in
+    ``<op>.error.log``; the other ops still run and write their files."""
+    real = run.input_sets
+
+    def broken(spec, *args, **kwargs):
+        if spec.name == "rms_norm":
+            raise MemoryError("no room")
+        return real(spec, *args, **kwargs)
+
+    monkeypatch.setattr(run, "input_sets", broken)
+    assert cli.main(["--rehearse", "--op", "rms_norm", "--op", "indexed_scale_shift",
+                     "--peer", "eager", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    line = f"error: rms_norm bfloat16 N=3: MemoryError: no room (traceback: {tmp_path}"
+    assert err.count(line) == 2  # as it happens, and again at the end
+    assert "MemoryError: no room" in (tmp_path / "rms_norm.error.log").read_text()
+    doc = json.loads((tmp_path / "rms_norm.json").read_text())
+    assert (doc["complete"], doc["cases_not_run"]) == (False, ["bfloat16 N=3 (error)"])
+    assert json.loads((tmp_path / "indexed_scale_shift.json").read_text())["complete"]

@@ -12,8 +12,8 @@ first case, worker processes compile every op's torch.compile graphs and numba k
 (:mod:`bench.precompile`).
 
 Exit codes: 0; 1 when an op failed outside its peers' calls (one line, the traceback in
-``<out>/<op>.error.log``); 2 bad options or matrix files; 4 no CUDA device (one line);
-130 Ctrl-C (the finished cases are written).
+``<out>/<op>.error.log``; ``bench.error.log`` for a failure of no op); 2 bad options or
+matrix files; 4 no CUDA device (one line); 130 Ctrl-C (the finished cases are written).
 
 Example::
 
@@ -145,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: the finished cases are written", file=sys.stderr)
         return 130
+    except Exception as err:  # anything else: one line, the traceback in a file
+        _failure("bench", "run", err, args.out)
+        return 1
 
 
 def bench(selected: tuple[str, ...], s, out: Path, *, deadline: float | None = None) -> int:
@@ -169,7 +172,10 @@ def bench(selected: tuple[str, ...], s, out: Path, *, deadline: float | None = N
     if s.device == "cuda" and benches:
         from gate_residual_matrix.bench.precompile import precompile
 
-        precompile(list(benches.values()))
+        try:
+            precompile(list(benches.values()))
+        except Exception as err:  # it only saves time: the first calls compile instead
+            _failure("bench", "precompile", err, out)
     for dtype, n in plan(s):
         for op, b in list(benches.items()):
             if deadline is not None and time.monotonic() - started > deadline:
