@@ -201,7 +201,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(**SESSION)
 def bench(session: nox.Session) -> None:
     """Benchmark (GPU: CUDA events, medians, copy bandwidth); writes reports/bench/*.json."""
-    run_runner(session, "gate_residual_matrix.bench.gate_residual", *session.posargs)
+    run_runner(session, "gate_residual_matrix.bench", *session.posargs)
 
 
 @nox.session

@@ -147,15 +147,17 @@ for step in $steps; do
             python3 -c "import json, glob; [print(r['cell']['id'], r['status'], r['duration_s'], 's', len(r['cases']), 'cases', {k: v for k, v in r.get('phases', {}).items() if not isinstance(v, dict)}) for r in (json.load(open(p)) for p in sorted(glob.glob('$reports/*.json'))) if 'cell' in r]" 2>&1 || true
             tar czf "$out/cells-reports.tgz" -C "$reports" $(cd "$reports" && ls *.json) && rm -rf "$reports"
             tar czf "$out/cells-logs.tgz" -C "$out" $(cd "$out" && ls matrix-cell-*.log precompile-*.log rlbuild.log) && rm -f "$out"/matrix-cell-*.log "$out"/precompile-*.log ;;
-    bench)  python3 -m gate_residual_matrix.bench.gate_residual ${BENCH_ARGS:-} --out "$out" 2>&1 | tee "$out/bench.log" | tail -60 || rc=1 ;;
+    bench)  # one archive of every op's <op>.json/.md (only a few files come back)
+            python3 -m gate_residual_matrix.bench ${BENCH_ARGS:-} --out "$out/bench" 2>&1 | tee "$out/bench.log" | tail -60 || rc=1
+            [ -d "$out/bench" ] && tar czf "$out/bench.tgz" -C "$out" bench && rm -rf "$out/bench" ;;
     benchruns) # the benchmark BENCH_RUNS times (default 4), each a fresh process, e.g. with
-            # BENCH_ARGS="--case bfloat16:1 --peer eager --peer numba --rounds 20 --iters 1000":
+            # BENCH_ARGS="--op gate_residual --n 1 --peer eager --peer numba --rounds 20 --iters 1000":
             # run-to-run spread of a small-N verdict (issue 14); one archive comes back
             for i in $(seq "${BENCH_RUNS:-4}"); do
               mkdir -p "$out/bench-runs/run-$i"
-              python3 -m gate_residual_matrix.bench.gate_residual ${BENCH_ARGS:-} --out "$out/bench-runs/run-$i" > "$out/bench-runs/run-$i/bench.log" 2>&1 \
+              python3 -m gate_residual_matrix.bench ${BENCH_ARGS:-} --out "$out/bench-runs/run-$i" > "$out/bench-runs/run-$i/bench.log" 2>&1 \
                 || { rc=1; echo "run $i failed:"; tail -n 5 "$out/bench-runs/run-$i/bench.log"; continue; }
-              grep -h "^| [a-z0-9]* | [0-9]* | " "$out/bench-runs/run-$i"/bench-*.md | sed "s/^/run $i: /"
+              grep -h "^| [a-z0-9]* | [0-9]* | " "$out/bench-runs/run-$i"/*.md | sed "s/^/run $i: /"
             done
             tar czf "$out/bench-runs.tgz" -C "$out" bench-runs && rm -rf "$out/bench-runs" ;;
     profile) python3 scripts/profile_host.py 1 > "$out/profile-host.txt" 2>&1 || rc=1; grep "us/call" "$out/profile-host.txt" ;;

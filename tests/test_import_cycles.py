@@ -171,11 +171,13 @@ def test_layer_check_finds_what_it_looks_for():
 
 PKG = "gate_residual_matrix"
 LAYERS = {
-    f"{PKG}.kernels": (f"{PKG}.contract", f"{PKG}.ops", f"{PKG}.runner"),
-    f"{PKG}.contract": (f"{PKG}.ops", f"{PKG}.runner"),
-    f"{PKG}.ops": (f"{PKG}.runner",),
+    f"{PKG}.kernels": (f"{PKG}.contract", f"{PKG}.ops", f"{PKG}.runner", f"{PKG}.bench"),
+    f"{PKG}.contract": (f"{PKG}.ops", f"{PKG}.runner", f"{PKG}.bench"),
+    f"{PKG}.ops": (f"{PKG}.runner", f"{PKG}.bench"),
+    f"{PKG}.runner": (f"{PKG}.bench",),
 }
-"""Each package and the packages above it, which it must never import."""
+"""Each package and the packages above it, which it must never import (the benchmark sits
+on top: it reads the runner's matrices and rows; the runner never imports it)."""
 
 
 def upward_imports(edges: dict[str, set[str]]) -> list[str]:
@@ -191,13 +193,17 @@ def upward_imports(edges: dict[str, set[str]]) -> list[str]:
 
 def test_op_contract_is_below_the_runner():
     """No module of ops/, contract/ or kernels/ imports the runner (or, for the lower two,
-    an op): an op author needs the contract, never the runner."""
+    an op): an op author needs the contract, never the runner. Nothing below the benchmark
+    imports it."""
     assert upward_imports(graph()) == []
 
 
 def test_upward_import_check_finds_what_it_looks_for():
     edges = {f"{PKG}.ops.rms_norm.eager": {f"{PKG}.contract.base", f"{PKG}.runner.errors"},
              f"{PKG}.contract.inputs": {f"{PKG}.ops"},
-             f"{PKG}.runner.cell.run": {f"{PKG}.ops", f"{PKG}.contract.base"}}
+             f"{PKG}.runner.cell.run": {f"{PKG}.ops", f"{PKG}.contract.base"},
+             f"{PKG}.runner.tables.render.plots": {f"{PKG}.bench.run"},
+             f"{PKG}.bench.run": {f"{PKG}.runner.cell.catalog", f"{PKG}.contract.inputs"}}
     assert upward_imports(edges) == [f"{PKG}.contract.inputs -> {PKG}.ops",
-                                     f"{PKG}.ops.rms_norm.eager -> {PKG}.runner.errors"]
+                                     f"{PKG}.ops.rms_norm.eager -> {PKG}.runner.errors",
+                                     f"{PKG}.runner.tables.render.plots -> {PKG}.bench.run"]

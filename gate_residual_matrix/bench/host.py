@@ -1,4 +1,5 @@
-"""Host time per call of the gate_residual CUDA entry points, broken down (issue 14).
+"""Host time per call of the gate_residual CUDA entry points, broken down: gate_residual's
+own extra beside the generic benchmark (``python -m gate_residual_matrix.bench.host``).
 
 At N = 1 the GPU work is a few µs and a call costs what its Python costs. :func:`host_costs`
 times, with ``perf_counter`` over back-to-back calls (the least of ``repeats`` rounds of
@@ -20,9 +21,9 @@ tensors, the stream is 0, the kernels are not compiled (a dummy handle), and the
 is libc's ``memcmp(config, function, 0, extra)``, a C function of ``cuLaunchKernelEx``'s
 ctypes signature that returns 0 (``CUDA_SUCCESS``) without touching memory: so every line of
 Python up to the driver, and ctypes' own marshalling, is timed on a machine without a GPU.
-The driver's work (about 2-4 µs per launch) and the CUDA caching allocator are not: CPU
-``empty_like`` is not CUDA's. ``python -m bench.gate_residual --host`` prints these figures
-here.
+The driver's work and the CUDA caching allocator are not: CPU ``empty_like`` is not
+CUDA's. ``python -m gate_residual_matrix.bench.host`` prints these figures (:func:`main`: on
+the GPU as it is, here emulated).
 """
 
 from __future__ import annotations
@@ -208,5 +209,45 @@ def replaced_launch_paths(r, g, y, i, *, calls: int, repeats: int) -> dict[str, 
             "replaced.launcher_call": t(lambda: K._launch_forward(out, r, g, y, i, sink))}
 
 
-__all__ = ["emulate_on_cpu", "host_costs", "noop_launch_ex", "per_call_us",
-           "replaced_launch_paths"]
+def host_overhead(device: str, *, quick: bool = False) -> dict:
+    """:func:`host_costs` at N = 1 (bf16, the matrix's D = 5376 and G = 9, the contract's
+    inputs): on the GPU as it is, on the CPU under :func:`emulate_on_cpu`. Returns
+    ``{"how": ..., "per_call_us": {what: µs}}``; ``quick``: 50 calls x 2 rounds."""
+    from gate_residual_matrix import ops
+    from gate_residual_matrix.contract.inputs import build
+
+    x = build(ops.get("gate_residual"), n=1, sizes={"D": 5376, "G": 9}, dtype="bfloat16",
+              index_dtype="int64", seed=2).tensors
+    calls, repeats = (50, 2) if quick else (1000, 5)
+    if device == "cuda":
+        x = {k: v.to("cuda") for k, v in x.items()}
+        how = "perf_counter over back-to-back calls, the least of the rounds, on the GPU"
+        return {"how": how, "per_call_us": host_costs(x, calls=calls, repeats=repeats)}
+    with emulate_on_cpu():
+        costs = host_costs(x, calls=calls, repeats=repeats)
+    return {"how": "CPU tensors, the driver call replaced by a no-op C function "
+                   "(bench/host.py)", "per_call_us": costs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the host time per call (µs) of each entry point and part; ``--quick``: fewer
+    calls. Returns 0."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m gate_residual_matrix.bench.host",
+                                description=main.__doc__)
+    p.add_argument("--quick", action="store_true", help="50 calls x 2 rounds per figure")
+    args = p.parse_args(argv)
+    host = host_overhead("cuda" if torch.cuda.is_available() else "cpu", quick=args.quick)
+    print(f"host time per call (µs; {host['how']}):")
+    for k, v in host["per_call_us"].items():
+        print(f"  {k:40s} {v:8.2f}")
+    return 0
+
+
+__all__ = ["emulate_on_cpu", "host_costs", "host_overhead", "main", "noop_launch_ex",
+           "per_call_us", "replaced_launch_paths"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,167 +1,142 @@
-"""The implementations ``bench.gate_residual`` times side by side, each through its public
-function.
+"""The benchmark's peers: the rows of an op's matrix file, each called through its contract.
 
-A :class:`Peer` is a name, what it runs (the code path, as a report records it), a forward
-``forward(r, g, y, i) -> out`` and, where it has one, a differentiable ``op(r, g, y, i) ->
-out`` whose backward autograd runs; or the one-line reason it cannot run here. The bench
-calls every peer with the same harness (:func:`contract.timing.median_ms`).
+Every row of the op's matrix (:func:`runner.cell.catalog.rows`: library rows expanded per
+version, kernel-only from the wheelhouse where not installed; ``rl_kernel_h3`` on its source
+tree) is a peer, called as the matrix cell calls it when it times it
+(:func:`runner.cell.case.timings`): ``impl.run(inputs, backward=False)`` for the forward and
+``impl.run(inputs, backward=True)`` for forward+backward (rows with a backward). Nothing here
+names an op or a tensor.
 
-* ``eager``: ``residual + gate.index_select(0, index) * y``.
-* ``compiled``: ``torch.compile`` of the same expression as the matrix's ``compiled`` row
-  (:mod:`ops.gate_residual.compiled`: ``dynamic=False``, its dynamo settings); one compiled
-  function per (dtype, N, forward or forward+backward), so no case recompiles another's.
-* ``numba``: ours, :func:`kernels.gate_residual.gate_residual_forward` and
-  :func:`kernels.gate_residual.gate_residual` (the CPU twin on the CPU).
-* ``rl_kernel_h3``: RL-Kernel's ``H3GateResidualCudaOp`` from the source tree the matrix
-  resolves (:mod:`contract.rl_kernel_tree`: ``$GATE_RESIDUAL_RL_KERNEL``,
-  ``.carry/rl-kernel-h3``, ``../shared/third_party/rl-kernel-h3``); its extension is built on
-  first import.
-* library rows ``<impl>-<version>`` (default :data:`LIBRARIES`): the library's own function,
-  installed or kernel-only from the kernel wheelhouse (:mod:`contract.versioned`), called
-  directly: the runner's code-path watch is left out, so its cost is not
-  charged to the library. Forward only.
+A row that cannot run is not a peer: :func:`peers` returns it as :class:`Skipped` with the
+reason, named once in the output (the accuracy reference, which computes in float64; a
+test-only fault injector; a row whose library is missing or that does not run on this
+target; ``--no-compile``, ``--skip`` or ``--peer`` leaving it out).
+
+The copy peer (:func:`copy_peer`) is the floor: a device copy of the bytes the op must move
+(:attr:`ops.spec.OpSpec.bytes_moved`), timed with the peers in the same rounds.
+
+Example::
+
+    table, skipped = peers("rms_norm", matrix, "cuda")
+    [p.name for p in table][:3]     # ['eager', 'eager_functional', 'numba']
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import types
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
-#: The library rows timed by default: the newest versions in matrix.yaml of the two library
-#: kernels of the op itself (SGLang's ``indexed_gate_bf16``, vllm-omni's ``indexed_gate``).
-LIBRARIES = ("sglang_indexed_gate_triton-0.5.23", "vllm_omni_gated_residual-0.30.0")
+from gate_residual_matrix.contract.base import Implementation
+
+#: the name of the copy peer's rows
+COPY = "copy"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Peer:
-    """One implementation as the bench calls it (see the module docstring).
+    """One implementation as the bench calls it.
 
-    ``dtypes``: storage dtypes it takes (None: all). ``context``: entered around all of its
-    timed calls (a kernel-only library's modules in ``sys.modules``). ``unavailable``: why it
-    cannot run here (then ``forward`` is None).
-    """
+    ``forward`` / ``forward_backward``: one call on an input set (a dict of tensors), None
+    where the peer has no such mode. ``dtypes``: the storage dtypes it takes (None: all).
+    ``sets``: input sets of its own (the copy's buffers, or clones for a peer that writes
+    its inputs), rotated over instead of the case's. ``impl``: the row it calls (None for
+    the copy). ``mutates``: the inputs its forward writes (its own ``sets`` then)."""
 
     name: str
     ran: str
-    forward: Callable | None = None
-    op: Callable | None = None
+    forward: Callable[[dict], object] | None
+    forward_backward: Callable[[dict], object] | None = None
     dtypes: tuple[str, ...] | None = None
-    context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
-    unavailable: str | None = None
-    per_case: Callable[[str, int, bool], Callable] | None = field(default=None, repr=False)
+    sets: list[dict] | None = None
+    impl: Implementation | None = None
+    mutates: tuple[str, ...] = ()
 
     def takes(self, dtype: str) -> bool:
-        """Whether it runs ``dtype`` rows."""
+        """Whether it runs ``dtype`` cases."""
         return self.dtypes is None or dtype in self.dtypes
 
 
-def _eager(r, g, y, i):
-    return r + g.index_select(0, i) * y
+@dataclass(frozen=True)
+class Skipped:
+    """A row of the matrix that is not timed, and why (one line)."""
+
+    name: str
+    reason: str
 
 
-def eager_peer() -> Peer:
-    return Peer("eager", "torch: residual + gate.index_select(0, index) * y", _eager, _eager)
+def peer_of(impl: Implementation) -> Peer:
+    """``impl`` as a peer: its ``run`` without and with the backward."""
+    def forward(x: dict) -> object:
+        return impl.run(x, backward=False)
+
+    def forward_backward(x: dict) -> object:
+        return impl.run(x, backward=True)
+
+    return Peer(impl.name, impl.ran(), forward,
+                forward_backward if impl.has_backward else None,
+                dtypes=getattr(impl, "dtypes", None) or None, impl=impl)
 
 
-def numba_peer(device: str) -> Peer:
-    """Ours: the public entry points (the CPU twin on the CPU)."""
-    if device == "cuda":
-        from gate_residual_matrix.kernels.gate_residual import gate_residual, gate_residual_forward
-
-        return Peer("numba", "kernels.gate_residual: gate_residual_forward / gate_residual",
-                    gate_residual_forward, gate_residual)
-    from gate_residual_matrix.kernels.gate_residual_cpu import GateResidualCPU, gate_residual_cpu
-
-    return Peer("numba", "kernels.gate_residual_cpu: gate_residual_cpu / GateResidualCPU",
-                gate_residual_cpu, GateResidualCPU.apply)
-
-
-def compiled_peer(device: str) -> Peer:
-    """``torch.compile`` of the matrix's expression; one compiled function per case and
-    mode (``per_case(dtype, n, backward)``), built at the case's first call."""
-    from gate_residual_matrix.ops.gate_residual.compiled import expression, missing_compiler
-    from gate_residual_matrix.ops.torch_compile import settings
-
-    why = missing_compiler(device)
-    if why:
-        return Peer("compiled", "torch.compile (inductor)", unavailable=why)
-    made: dict[tuple, Callable] = {}
-
-    def per_case(dtype: str, n: int, backward: bool) -> Callable:
-        key = (dtype, n, backward)
-        if key not in made:
-            # a fresh code object per case: dynamo's cache is per code object
-            code = expression.__code__.replace()
-            fresh = types.FunctionType(code, expression.__globals__, f"expression_{len(made)}")
-            made[key] = torch.compile(fresh, dynamic=False)
-        return made[key]
-
-    return Peer("compiled", "torch.compile(ops.gate_residual.compiled.expression, "
-                "dynamic=False), inductor defaults", per_case=per_case,
-                context=lambda: settings(False))
+def skip_reason(impl: Implementation, target: str, *, compile: bool = True,
+                skip: Sequence[str] = ()) -> str | None:
+    """Why ``impl`` is not a peer on ``target``, or None (see the module docstring)."""
+    if impl.name in skip or impl.name.rsplit("-", 1)[0] in skip:
+        return "left out by --skip"
+    if impl.role == "accuracy_reference":
+        return "the accuracy reference (computes in float64): not a peer"
+    if impl.run.__module__.rsplit(".", 1)[-1] == "faulty":
+        return "a test-only fault injector"
+    if impl.compiles_per_shape and not compile:
+        return "compiles per shape: left out by --no-compile"
+    return impl.unavailable_reason(target)
 
 
-def rl_kernel_peer(device: str) -> Peer:
-    """RL-Kernel's op on the source tree the matrix would use (built on first import)."""
-    from gate_residual_matrix.contract.library import LibraryImplementation
-    from gate_residual_matrix.contract.versioned import on_tree
-    from gate_residual_matrix.runner.cell.catalog import get
+def peers(op: str, matrix, device: str, *, only: Sequence[str] | None = None,
+          skip: Sequence[str] = (), compile: bool = True) -> tuple[list[Peer], list[Skipped]]:
+    """The peers of ``op``'s ``matrix`` rows on ``device`` ("cuda" or "cpu"), in the
+    matrix's order, and the rows left out with their reasons.
 
-    row = get("rl_kernel_h3")
-    if not isinstance(row, LibraryImplementation):  # pragma: no cover - the registry's
-        raise TypeError(f"rl_kernel_h3 is a {type(row).__name__}, not a library row")
-    impl = on_tree(row)
-    why = impl.unavailable_reason(device)
-    if why:
-        return Peer("rl_kernel_h3", " | ".join(impl.entries), unavailable=why)
-    _, op_class = impl.entry()
-    op = op_class()
+    ``only``: names to keep (a versioned row's base name keeps every version; the others
+    are not even asked whether they can run: RL-Kernel's row builds its extension when
+    asked); None keeps all. ``skip``: names to leave out (the same matching).
+    """
+    from gate_residual_matrix.runner.cell import catalog
 
-    def call(r, g, y, i):
-        return op(r, y, g, i)
-
-    return Peer("rl_kernel_h3", impl.ran(), call, call)
-
-
-def library_peer(name: str, device: str) -> Peer:
-    """A library row ``<impl>-<version>``: its function, called directly (forward only)."""
-    from gate_residual_matrix.contract.library import LibraryImplementation
-    from gate_residual_matrix.contract.versioned import _USED
-    from gate_residual_matrix.runner.cell.catalog import get
-
-    try:
-        impl = get(name)
-    except KeyError as err:
-        return Peer(name, name, unavailable=str(err).strip("'\""))
-    if not isinstance(impl, LibraryImplementation):
-        return Peer(name, name, unavailable=f"{name} is not a library row")
-    why = impl.unavailable_reason(device)
-    if why:
-        return Peer(name, " | ".join(impl.entries), unavailable=why)
-    _, fn = impl.entry()
-    installed = getattr(impl, "installed", lambda: True)()
-    context = contextlib.nullcontext if installed else _USED[impl.name].active
-    return Peer(name, impl.ran(), fn, None, dtypes=impl.dtypes, context=context)
+    table: list[Peer] = []
+    skipped: list[Skipped] = []
+    for impl in catalog.rows(matrix):
+        if only is not None and not ({impl.name, impl.name.rsplit("-", 1)[0]} & set(only)):
+            skipped.append(Skipped(impl.name, "left out by --peer"))
+            continue
+        why = skip_reason(impl, device, compile=compile, skip=skip)
+        if why:
+            skipped.append(Skipped(impl.name, why))
+        else:
+            table.append(peer_of(impl))
+    return table, skipped
 
 
-def peers(device: str, *, with_compile: bool, libraries=LIBRARIES,
-          only: list[str] | None = None) -> list[Peer]:
-    """The peers in table order: eager, compiled, ours, RL-Kernel, the library rows.
-    ``only``: the names to make (the others are not even imported: RL-Kernel's builds its
-    extension on import); None: all."""
-    makers: list[tuple[str, Callable[[], Peer]]] = [("eager", eager_peer)]
-    if with_compile:
-        makers.append(("compiled", lambda: compiled_peer(device)))
-    makers += [("numba", lambda: numba_peer(device)),
-               ("rl_kernel_h3", lambda: rl_kernel_peer(device))]
-    makers += [(name, functools.partial(library_peer, name, device)) for name in libraries]
-    return [make() for name, make in makers if only is None or name in only]
+def copy_peer(nbytes: tuple[int, int], device: str, count: int) -> Peer:
+    """The copy floor: ``dst.copy_(src)`` of ``nbytes[0] // 2`` bytes as the forward and of
+    ``nbytes[1] // 2`` as forward+backward (a copy reads and writes each byte: the bytes
+    moved are the op's), over ``count`` buffer pairs of each, rotated as the inputs are."""
+    def pair(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        src = torch.empty(max(size // 2, 1), dtype=torch.uint8, device=device)
+        return src, torch.empty_like(src)
+
+    sets = [{"forward": pair(nbytes[0]), "forward_backward": pair(nbytes[1])}
+            for _ in range(count)]
+
+    def forward(x: dict) -> object:
+        return x["forward"][1].copy_(x["forward"][0])
+
+    def forward_backward(x: dict) -> object:
+        return x["forward_backward"][1].copy_(x["forward_backward"][0])
+
+    return Peer(COPY, f"torch: dst.copy_(src) on {device}, the bytes the op must move",
+                forward, forward_backward, sets=sets)
 
 
-__all__ = ["LIBRARIES", "Peer", "compiled_peer", "eager_peer", "library_peer", "numba_peer",
-           "peers", "rl_kernel_peer"]
+__all__ = ["COPY", "Peer", "Skipped", "copy_peer", "peer_of", "peers", "skip_reason"]

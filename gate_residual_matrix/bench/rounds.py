@@ -1,18 +1,19 @@
 """The benchmark's timing of one case: every peer interleaved over rounds, the order rotated.
 
 At small N the calls are host-bound (tens of µs) and a peer timed in its own stretch of
-time carries that stretch's GPU clock and host state: two H200 runs of the benchmark had
-eager's bf16 forward at N = 257 at 0.062 and 0.035 ms (docs/performance.md, issue 14).
-So :func:`time_peers` gives each (dtype, N) ``rounds`` rounds; in each round every peer, in
-turn, gets ``warmup`` untimed calls then its share of ``iters`` timed calls (forward, then
-forward+backward), with the same harness as before (:func:`contract.timing.median_ms`: CUDA
-events around each call); round r starts at peer r mod P and goes on in table order, so no
-peer is always first or always after the same one. A peer's figure is the median of all its
-samples from all rounds; its 25th and 75th percentiles are kept beside it.
+time carries that stretch's GPU clock and host state (docs/performance.md: two runs of one
+case that disagreed). So :func:`time_peers` gives each case ``rounds`` rounds; in each round
+every peer, in turn, gets ``warmup`` untimed calls then its share of ``iters`` timed calls
+(forward, then forward+backward), with one harness (:func:`contract.timing.median_ms`: CUDA
+events around each call, or ``perf_counter`` on the CPU); round r starts at peer r mod P and
+goes on in table order, so no peer is always first or always after the same one. A peer's
+figure is the median of all its samples from all rounds; its 25th and 75th percentiles are
+kept beside it.
 
-The input sets are rotated as before: each peer's calls of one mode go on through the sets
-from where its previous round stopped (``sets[k % len(sets)]``, k counting every call of
-that peer and mode, warm-up included), so that one pass over them touches > 3x the L2.
+The input sets are rotated: each peer's calls of one mode go on through the sets from where
+its previous round stopped (``sets[k % len(sets)]``, k counting every call of that peer and
+mode, warm-up included), so that one pass over them touches > 3x the L2. A peer with sets of
+its own (:attr:`bench.peers.Peer.sets`) rotates over those.
 """
 
 from __future__ import annotations
@@ -22,30 +23,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
-
 from gate_residual_matrix.bench.peers import Peer
 from gate_residual_matrix.contract.timing import median_ms, percentile
 
 #: the timed modes, in the order each turn runs them (the row keys' prefixes)
 MODES = ("forward", "forward_backward")
-
-
-def _step(op: Callable) -> Callable[[dict], object]:
-    """One forward+backward of a differentiable ``op`` through ``torch.autograd.grad(out,
-    (residual, gate, y), grad_out)`` (not ``out.backward()``: docs/performance.md)."""
-    def step(x):
-        leaves = [x[k].detach().requires_grad_() for k in ("residual", "gate", "y")]
-        out = op(leaves[0], leaves[1], leaves[2], x["index"])
-        return torch.autograd.grad(out, leaves, x["grad_out"])
-    return step
-
-
-def _forward(f: Callable) -> Callable[[dict], object]:
-    def forward(x):
-        with torch.no_grad():
-            return f(x["residual"], x["gate"], x["y"], x["index"])
-    return forward
 
 
 def round_order(count: int, r: int) -> list[int]:
@@ -76,32 +58,28 @@ class _Peer:
     error: str | None = None
 
 
-def _prepare(peer: Peer, dtype: str, n: int) -> _Peer:
-    forward, op = peer.forward, peer.op
-    if peer.per_case is not None:
-        forward, op = peer.per_case(dtype, n, False), peer.per_case(dtype, n, True)
-    return _Peer(peer, {"forward": _forward(forward) if forward is not None else None,
-                        "forward_backward": _step(op) if op is not None else None})
+def _prepare(peer: Peer) -> _Peer:
+    return _Peer(peer, {"forward": peer.forward, "forward_backward": peer.forward_backward})
 
 
 def _turn(state: _Peer, sets: list[dict], device: str, *, iters: int, warmup: int) -> None:
     """One peer's turn in a round: each mode still running, ``warmup`` + ``iters`` calls.
     An exception stops the mode that raised (a forward's stops the peer) and is kept."""
     mode = MODES[0]
+    sets = state.peer.sets or sets
     try:
-        with state.peer.context():
-            for mode in MODES:
-                call = state.calls[mode]
-                if call is None:
-                    continue
-                offset = state.made[mode]
+        for mode in MODES:
+            call = state.calls[mode]
+            if call is None:
+                continue
+            offset = state.made[mode]
 
-                def fn(i: int, call=call, offset=offset) -> object:
-                    return call(sets[(offset + i) % len(sets)])
+            def fn(i: int, call=call, offset=offset) -> object:
+                return call(sets[(offset + i) % len(sets)])
 
-                t = median_ms(fn, device=device, warmup=warmup, iters=iters, samples=True)
-                state.made[mode] += warmup + t["iters"]
-                state.samples[mode] += t["samples_ms"]
+            t = median_ms(fn, device=device, warmup=warmup, iters=iters, samples=True)
+            state.made[mode] += warmup + t["iters"]
+            state.samples[mode] += t["samples_ms"]
     except Exception as err:  # one peer's failure is a row, not the end of the run
         if state.error is None:
             first = (str(err).strip().splitlines() or [""])[0]
@@ -123,15 +101,14 @@ def _row(state: _Peer) -> dict:
     return out
 
 
-def time_peers(table: list[Peer], sets: list[dict], dtype: str, n: int, device: str, *,
+def time_peers(table: list[Peer], sets: list[dict], device: str, *,
                iters: int, warmup: int, rounds: int,
                seconds: dict[str, float] | None = None) -> list[dict]:
     """Time every peer of ``table`` on one case, interleaved (the module docstring).
 
     Args:
-        table: the peers to run, in table order (none unavailable; each takes ``dtype``).
-        sets: input sets (``residual``, ``y``, ``grad_out``: (n, D); ``gate``: (G, D);
-            ``index``: (n,)), rotated over.
+        table: the peers to run, in table order (each able to run the case).
+        sets: the case's input sets (the op's inputs by name), rotated over.
         iters: timed calls per peer and mode over all rounds (:func:`split_iters`).
         warmup: untimed calls before each peer's timed calls, in every round.
         rounds: 1 <= rounds <= iters; round r runs the peers in :func:`round_order`.
@@ -145,11 +122,10 @@ def time_peers(table: list[Peer], sets: list[dict], dtype: str, n: int, device: 
 
     Example::
 
-        rows = time_peers(peers("cuda", with_compile=True), sets, "bfloat16", 257, "cuda",
-                          iters=100, warmup=10, rounds=5)
+        rows = time_peers(table, sets, "cuda", iters=100, warmup=10, rounds=5)
     """
     shares = split_iters(iters, rounds)
-    states = [_prepare(peer, dtype, n) for peer in table]
+    states = [_prepare(peer) for peer in table]
     for r, share in enumerate(shares):
         for k in round_order(len(states), r):
             t0 = time.perf_counter()
@@ -160,12 +136,11 @@ def time_peers(table: list[Peer], sets: list[dict], dtype: str, n: int, device: 
     return [_row(s) for s in states]
 
 
-def time_peer(peer: Peer, sets: list[dict], dtype: str, n: int, device: str, *, iters: int,
-              warmup: int, rounds: int = 1) -> dict:
+def time_peer(peer: Peer, sets: list[dict], device: str, *, iters: int, warmup: int,
+              rounds: int = 1) -> dict:
     """One peer alone: :func:`time_peers` of ``[peer]`` (``forward_ms``, the percentiles,
     ``forward_backward_*`` where it has a backward, ``error`` where a call raised)."""
-    return time_peers([peer], sets, dtype, n, device, iters=iters, warmup=warmup,
-                      rounds=rounds)[0]
+    return time_peers([peer], sets, device, iters=iters, warmup=warmup, rounds=rounds)[0]
 
 
 __all__ = ["MODES", "round_order", "split_iters", "time_peer", "time_peers"]

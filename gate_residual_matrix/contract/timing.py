@@ -1,6 +1,6 @@
 """Median wall time of a callable on the GPU (CUDA events) or the CPU (perf_counter).
 
-Used by the cell runner's timings and by ``bench.gate_residual``, with the usual method of
+Used by the cell runner's timings and by the benchmark (:mod:`bench`), with the usual method of
 GPU timing: warm up first, time each call, take the median.
 """
 
@@ -23,7 +23,7 @@ def median_ms(fn: Callable[[int], object], *, device: str, warmup: int, iters: i
     each call sits between two CUDA events on the current stream and all are read after one
     synchronisation. Returns ``{"median_ms", "min_ms", "iters"}``; with ``samples=True`` also
     ``"samples_ms"``, every timed call's milliseconds in call order (for pooling samples over
-    several calls of this function, as ``bench.gate_residual``'s interleaved rounds do).
+    several calls of this function, as the benchmark's interleaved rounds do).
     Raises whatever ``fn`` raises.
 
     Example::

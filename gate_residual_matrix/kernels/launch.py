@@ -2,8 +2,9 @@
 
 A numba.cuda dispatcher call types every argument, wraps each tensor in a device array view
 (creating a stream object from its ``__cuda_array_interface__``) and builds a launch
-configuration: about 0.4 ms of host time per call on the H200's host, measured by
-``bench/gate_residual.py`` (``docs/performance.md``), far longer than the kernel at small N.
+configuration: about 0.4 ms of host time per call on the H200's host, measured by the
+benchmark's host breakdown (``bench/host.py``, ``docs/performance.md``), far longer than the
+kernel at small N.
 
 :class:`Launcher` compiles one signature once with numba and keeps the compiled kernel's
 driver handle. A launch packs the kernel's parameters, in numba's array ABI (for each array
@@ -19,7 +20,7 @@ parameter buffer, the ``extra`` array and a ``CUlaunchConfig`` are built once pe
 and a call writes only the data pointers into their slots and calls ``cuLaunchKernelEx`` with
 four arguments (``cuLaunchKernel`` with eleven where the driver lacks it): about 0.7 µs of
 ctypes on the CPU machine against 6.6 µs for building the buffer and calling
-``cuLaunchKernel`` each time (``python -m bench.gate_residual --host``).
+``cuLaunchKernel`` each time (``python -m gate_residual_matrix.bench.host``).
 """
 
 from __future__ import annotations
@@ -241,7 +242,7 @@ def _cu_launch_kernel_ex():
 
 
 #: The driver entry points :class:`PackedLaunch` calls, loaded on first use;
-#: ``bench.gate_residual --host`` replaces them with no-op C functions of the same
+#: ``bench.host.emulate_on_cpu`` replaces them with no-op C functions of the same
 #: signatures to time the Python path on a machine without a GPU.
 DRIVER: dict[str, object] = {}
 

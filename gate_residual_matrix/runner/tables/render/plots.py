@@ -13,8 +13,8 @@ links them and the HTML page embeds them. Three kinds:
   differ, grey where the pair was not compared.
 * ``bench-<file>.svg``: each ``reports/bench/*.json`` with rows of ``N``, ``dtype``, ``D``,
   ``forward_ms`` (and ``forward_backward_ms``): time against N per implementation for its
-  first dtype, with the bandwidth floor, the bytes the op must move
-  (the first op's ``bytes_moved``, :mod:`ops`: bench/gate_residual.py times it) over the file's
+  first dtype, with the bandwidth floor, the bytes the op must move (the ``bytes_moved`` of
+  the file's ``op``; files without one are the first op's, :mod:`ops`) over the file's
   ``copy_GBps``.
 
 The SVG is deterministic (fixed hash salt, no date, text kept as text), so rendering twice
@@ -233,7 +233,8 @@ def _bench_figure(title: str, doc: Mapping[str, Any]) -> Figure | None:
                         color=f"C{n % 10}", label=impl)
         size = ITEMSIZE.get(str(dtype))
         first = rows[0]
-        spec = ops.get(ops.OPS[0])  # bench/gate_residual.py times the first op
+        op = doc.get("op")  # benchmark files from before the generic bench: the first op's
+        spec = ops.get(op if op in ops.OPS else ops.OPS[0])
         sizes = {k: first[k] for k in spec.sizes if _count(first.get(k))}
         if _time(copy) and size and len(sizes) == len(spec.sizes):
             ns = sorted({r["N"] for r in rows})
