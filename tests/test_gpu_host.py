@@ -296,6 +296,7 @@ def cells(monkeypatch):
 
     def precompile_modes(path, *, target, modes, workers, timeout_s, cases, say):
         calls["precompile"].append((Path(path).name, tuple(modes), target, cases))
+        calls["precompile_s"] = timeout_s
         return {m: "compiled" for m in modes}
 
     monkeypatch.setattr(pipeline, "run_matrix", run_matrix)
@@ -349,6 +350,7 @@ def test_no_cell_starts_without_the_time_for_one(tmp_path, cells, capsys):
     assert modes.run_modes(run) == 1
     assert cells["cells"] == []
     assert "matrix-rms-norm.yaml plain: not started" in capsys.readouterr().out
+    assert cells["precompile_s"] <= modes.MIN_CELL_S / 2 * modes.PRECOMPILE_SHARE
 
 
 def test_several_modes_at_once_share_one_gpu_lock(tmp_path, cells, monkeypatch):

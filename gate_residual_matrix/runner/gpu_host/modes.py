@@ -7,8 +7,9 @@ In this order, within the run's deadline:
    fingerprint is not run again, a partial one runs only its missing cases.
 2. **Compile ahead.** One :func:`runner.cell.precompile.precompile_modes` per matrix file,
    all at once (the CPUs shared out among them), each filling the compile caches for every
-   selected mode in one pool of workers and leaving its stamps; a mode whose cells already
-   have an ``ok`` report is left out. RL-Kernel's extension builds beside them (target cuda).
+   selected mode in one pool of workers and leaving its stamps, in at most
+   :data:`PRECOMPILE_SHARE` of the time left; a mode whose cells already have an ``ok``
+   report is left out. RL-Kernel's extension builds beside them (target cuda).
 3. **The cells**, mode by mode (every file's cell of the first mode, then the next mode),
    each through :func:`runner.pipeline.run_matrix` on the host backend (its shards share the
    GPU under :mod:`contract.gpu_lock`) with the time left as its timeout: a cell stopped at
@@ -36,6 +37,10 @@ from gate_residual_matrix.runner.gpu_host.steps import HostRun
 
 MIN_CELL_S = 30.0
 """A cell started with less time left than this would end before its first case."""
+PRECOMPILE_SHARE = 0.5
+"""At most this share of the time left goes to compiling ahead, so that a run with a deadline
+always gets to its cells (what the workers compiled before they were stopped is in the
+caches; a cell compiles the rest itself)."""
 RESUME = Path(".carry") / "resume"
 
 
@@ -109,7 +114,8 @@ def precompile(run: HostRun, loaded: dict, reports: Path) -> None:
     per = max(1, ((available_cpus() or 2) - 2) // len(todo))
     started = time.monotonic()
     left = run.left()
-    timeout_s = ahead.TIMEOUT_S if left is None else max(min(left, ahead.TIMEOUT_S), 1.0)
+    timeout_s = ahead.TIMEOUT_S if left is None else \
+        max(min(left * PRECOMPILE_SHARE, ahead.TIMEOUT_S), 1.0)
 
     def one(path: Path, modes: list[str]) -> str:
         try:
