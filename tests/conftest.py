@@ -29,10 +29,12 @@ def _cuda() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    """GPU tests are skipped where torch sees no CUDA device (CI); the H200 script runs them."""
+    """GPU tests are skipped where torch sees no CUDA device (CI); on a GPU host the
+    ``tests`` step of ``gpu-host`` runs them."""
     if not any("gpu" in item.keywords for item in items) or _cuda():
         return
-    skip = pytest.mark.skip(reason="no CUDA device: run scripts/h200.sh on the H200")
+    skip = pytest.mark.skip(reason="no CUDA device: on a GPU host, python -m "
+                                   "gate_residual_matrix gpu-host --steps tests")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

@@ -1,7 +1,7 @@
 """One GPU, several cells at once, and timings that see the GPU alone.
 
 Cells of different modes share nothing but the device, so a GPU host can run several at
-once (``scripts/h200.sh``: ``MODE_JOBS``), and one cell can run as several processes (its
+once (``gpu-host --jobs``), and one cell can run as several processes (its
 shards, :mod:`runner.backends.shards`): their bits do not depend on it. Their timings would: a
 kernel timed while another process's kernels run is slower than alone. So when
 ``GATE_RESIDUAL_GPU_LOCK`` names a lock file, every cell process on the host takes it

@@ -1,5 +1,5 @@
-"""Command line: ``python -m gate_residual_matrix {matrix,cell,build,base-image,report,compare}
-...`` (nox).
+"""Command line: ``python -m gate_residual_matrix {matrix,cell,build,base-image,report,compare,
+gpu-host} ...`` (nox).
 
 Every :class:`runner.errors.MatrixError` is caught here, printed as one line on stderr and
 mapped to its exit code (config 2, report 3, backend 4, failed cells 5, a verdict that
@@ -150,6 +150,9 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("new", type=Path, metavar="NEW_DIR", nargs="?", default=DEFAULT_REPORTS,
                    help="the reports to check (default: %(default)s)")
     add_rule_options(k)
+    from gate_residual_matrix.runner.gpu_host.command import add_parser as add_gpu_host
+
+    add_gpu_host(sub)
     return parser
 
 
@@ -280,6 +283,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return run_compare(args)
 
 
+def _cmd_gpu_host(args: argparse.Namespace) -> int:
+    from gate_residual_matrix.runner.gpu_host.command import run
+
+    return run(args)
+
+
 @contextlib.contextmanager
 def _signals_interrupt() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP (a closed terminal or SSH session) raise
@@ -315,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
             args = _parser().parse_args(argv)
             commands = {"matrix": _cmd_matrix, "cell": _cmd_cell, "build": _cmd_build,
                         "base-image": _cmd_base_image, "report": _cmd_report,
-                        "compare": _cmd_compare}
+                        "compare": _cmd_compare, "gpu-host": _cmd_gpu_host}
             return commands[args.command](args)
     except MatrixError as err:
         print(f"error: {shown(str(err))}", file=sys.stderr)

@@ -97,3 +97,8 @@ class Regressed(MatrixError):
     runner/compare_reports/, docs/ci.md)."""
 
     exit_code = 6
+
+
+class StepsFailed(MatrixError):
+    """``gpu-host`` ran every step it could but at least one did not end ok, or was not run
+    for want of time (exit 1; each step's exit code and log in ``OUT/steps.json``)."""

@@ -295,12 +295,15 @@ def main(argv: list[str]) -> int:
 
 
 def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
-                     workers: int | None = None, say=None) -> dict:
+                     workers: int | None = None, say=None, timeout_s: float = TIMEOUT_S,
+                     cases: list[str] | None = None) -> dict:
     """Fill the compile caches for the host cells ``modes`` x ``target`` of a matrix in one
     pool of workers (each with its mode's variables over this environment, and its torch
     settings) and leave each mode's stamp; modes whose stamp is there are not compiled again.
     Returns ``{mode: "stamped" | "compiled" | "nothing to compile" | "failed: ..."}``.
-    ``say(line)``, when given, hears what is about to be compiled.
+    ``say(line)``, when given, hears what is about to be compiled; ``timeout_s`` bounds the
+    whole (workers still running then are killed: their modes are ``failed``); ``cases``, the
+    case ids the cells will run (default: every case of the matrix).
     Raises :class:`runner.errors.ConfigError` for a bad matrix, an unknown mode or target,
     :class:`runner.errors.BackendError` for target cuda without a GPU."""
     from gate_residual_matrix.runner.cell import catalog as implementations
@@ -328,7 +331,8 @@ def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
         if not matrix.modes[mode].runs_on(target):
             outcome[mode] = f"not on target {target}"
             continue
-        items = cell_plan(matrix, Cell("host", mode, target), matrix.cases)
+        selected = [c for c in matrix.cases if cases is None or c.id in cases]
+        items = cell_plan(matrix, Cell("host", mode, target), selected)
         spec = matrix.modes[mode]
         torch_settings = spec.torch.model_dump()
         key = stamp_key(items, torch_settings=torch_settings, mode_env=dict(spec.env),
@@ -354,8 +358,9 @@ def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
         for wave in ([0], list(range(1, len(groups)))):
             if not wave:
                 continue
+            left = max(timeout_s - (time.perf_counter() - started), 1.0)
             record = run_groups([groups[gi] for gi in wave], op=matrix.op, sizes=p.sizes,
-                                target=target, workers=n, timeout_s=TIMEOUT_S)
+                                target=target, workers=n, timeout_s=left)
             for gi in wave:
                 mode, key = keys[gi]
                 if record["failed"]:

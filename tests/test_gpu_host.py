@@ -1,0 +1,380 @@
+"""``gpu-host``: the step runner, the source stamp and the options (no GPU: fake steps)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gate_residual_matrix.runner.__main__ import main
+from gate_residual_matrix.runner.gpu_host import command, modes, procedure, stamp
+from gate_residual_matrix.runner.gpu_host.steps import TIMEOUT_RC, HostRun, run_steps
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _fails(run: HostRun) -> int:
+    print("about to fail")
+    return 3
+
+
+def _raises(run: HostRun) -> int:
+    raise RuntimeError("a defect in a step")
+
+
+def _child(run: HostRun) -> int:
+    print("from python", flush=True)
+    return run.child([sys.executable, "-c", "import sys; print('from the child'); "
+                      "print('child stderr', file=sys.stderr)"])
+
+
+def _record(out: Path) -> dict:
+    return json.loads((out / "steps.json").read_text())
+
+
+def test_a_failing_step_does_not_stop_the_others(tmp_path):
+    run = HostRun(out=tmp_path / "out", root=tmp_path)
+    results = run_steps(run, {"first": _fails, "second": _raises, "third": _child})
+
+    assert [(r.name, r.status, r.rc) for r in results] == [
+        ("first", "failed", 3), ("second", "failed", 1), ("third", "ok", 0)]
+    record = _record(run.out)
+    assert record["schema_version"] == 1
+    assert [(s["name"], s["status"], s["rc"], s["log"]) for s in record["steps"]] == [
+        ("first", "failed", 3, "first.log"), ("second", "failed", 1, "second.log"),
+        ("third", "ok", 0, "third.log")]
+    assert all(isinstance(s["wall_s"], float) and s["wall_s"] >= 0 for s in record["steps"])
+    assert (run.out / "first.log").read_text() == "about to fail\n"
+    assert "RuntimeError: a defect in a step" in (run.out / "second.log").read_text()
+    third = (run.out / "third.log").read_text()
+    assert "from python" in third and "from the child" in third and "child stderr" in third
+
+
+def test_the_deadline_stops_a_child_and_skips_later_steps(tmp_path):
+    def slow(run: HostRun) -> int:
+        return run.child([sys.executable, "-c", "import time; time.sleep(60)"])
+
+    run = HostRun(out=tmp_path / "out", root=tmp_path, deadline=time.monotonic() + 2)
+    started = time.monotonic()
+    results = run_steps(run, {"slow": slow, "later": lambda run: 0})
+
+    assert time.monotonic() - started < 30
+    assert [(r.status, r.rc) for r in results] == [("timeout", TIMEOUT_RC), ("not run", None)]
+    assert [s["status"] for s in _record(run.out)["steps"]] == ["timeout", "not run"]
+
+
+def test_an_interruption_is_recorded_and_goes_on(tmp_path):
+    def interrupted(run: HostRun) -> int:
+        raise KeyboardInterrupt
+
+    run = HostRun(out=tmp_path / "out", root=tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        run_steps(run, {"ok": lambda run: 0, "stopped": interrupted, "never": lambda run: 0})
+    assert [(s["name"], s["status"], s["rc"]) for s in _record(run.out)["steps"]] == [
+        ("ok", "ok", 0), ("stopped", "interrupted", 130)]
+
+
+@pytest.fixture
+def fake_steps(monkeypatch, tmp_path):
+    """The command with fake steps, a project root without a stamp, and one matrix file."""
+    calls = []
+
+    def ok(run: HostRun) -> int:
+        calls.append(("ok", run.modes, run.jobs, run.target))
+        return 0
+
+    def bad(run: HostRun) -> int:
+        calls.append(("bad",))
+        return 1
+
+    monkeypatch.setattr(procedure, "STEPS", {"env": ok, "tests": bad, "modes": ok})
+    monkeypatch.setattr(command, "PROJECT_ROOT", tmp_path)
+    return calls
+
+
+def _cli(tmp_path, *args: str) -> int:
+    return main(["gpu-host", "--out", str(tmp_path / "out"), "--matrix",
+                 str(ROOT / "matrix-rms-norm.yaml"), *args])
+
+
+def test_exit_code_is_1_when_a_step_failed_and_every_step_ran(tmp_path, fake_steps, capsys):
+    code = _cli(tmp_path, "--steps", "env,tests,modes", "--mode", "plain", "--jobs", "2")
+    assert code == 1
+    assert fake_steps == [("ok", ("plain",), 2, "cuda"), ("bad",), ("ok", ("plain",), 2, "cuda")]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: 1 of 3 steps did not end ok: tests (failed, rc 1); logs in "
+                   f"{tmp_path / 'out'}"]
+    record = _record(tmp_path / "out")
+    assert [s["status"] for s in record["steps"]] == ["ok", "failed", "ok"]
+    assert record["options"]["modes"] == ["plain"]
+    assert record["source"]["matches"] is None
+
+
+def test_exit_code_is_0_when_every_step_is_ok(tmp_path, fake_steps):
+    assert _cli(tmp_path, "--steps", "modes,env", "--target", "cpu") == 0
+    assert [c[0] for c in fake_steps] == ["ok", "ok"]
+    every = ("plain", "deterministic", "tf32", "inference", "vllm_batch_invariant",
+             "sglang_ieee")
+    assert fake_steps[0][1] == every and fake_steps[0][3] == "cpu"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--steps", "env,nope"], "--steps: expected step names from env, tests, modes, got 'nope'"),
+    (["--steps", "env,env"], "--steps: a step is named twice"),
+    (["--jobs", "0"], "--jobs: expected a whole number >= 1, got 0"),
+    (["--jobs", "two"], "argument --jobs: invalid int value: 'two'"),
+    (["--timeout", "-5"], "--timeout: expected a number of seconds > 0, got -5"),
+    (["--target", "gpu"], "--target: expected one of cuda, cpu, got 'gpu'"),
+    (["--mode", "nope"], "--mode: expected a mode of the matrix files (plain, deterministic"),
+    (["--stamp", "--steps", "env"], "--stamp: records the source and exits"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_a_bad_option_is_one_line_and_exit_2(tmp_path, fake_steps, capsys, args, message):
+    assert _cli(tmp_path, *args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+    assert fake_steps == [] and not (tmp_path / "out").exists()
+
+
+def test_an_out_that_is_a_file_is_refused(tmp_path, fake_steps, capsys):
+    (tmp_path / "file").write_text("x")
+    assert main(["gpu-host", "--out", str(tmp_path / "file"), "--steps", "env"]) == 2
+    assert "--out: expected a folder" in capsys.readouterr().err
+
+
+# --- the source stamp --------------------------------------------------------------------
+
+@pytest.fixture
+def checkout(tmp_path):
+    """A git checkout with a few source files, committed."""
+    if shutil.which("git") is None:
+        pytest.skip("no git")
+    root = tmp_path / "repo"
+    (root / "gate_residual_matrix").mkdir(parents=True)
+    (root / "gate_residual_matrix" / "a.py").write_text("A = 1\n")
+    (root / "gate_residual_matrix" / "__pycache__").mkdir()
+    (root / "gate_residual_matrix" / "__pycache__" / "a.pyc").write_bytes(b"\0")
+    (root / "matrix.yaml").write_text("op: x\n")
+    (root / "README.md").write_text("readme\n")
+    (root / "reports").mkdir()
+    (root / "reports" / "r.json").write_text("{}\n")
+    (root / ".gitignore").write_text("__pycache__/\n/.carry/\n")
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], check=True, text=True,
+                              capture_output=True).stdout
+
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    return root, git("rev-parse", "HEAD").strip()
+
+
+def test_a_stamp_matches_its_own_files(checkout):
+    root, head = checkout
+    written = stamp.write_stamp(root)
+    assert written["commit"] == head
+    assert sorted(written["files"]) == ["README.md", "gate_residual_matrix/a.py", "matrix.yaml"]
+    assert json.loads((root / ".carry" / "source.json").read_text()) == written
+    environ: dict = {}
+    checked = stamp.apply_stamp(root, environ)
+    assert checked["matches"] is True
+    assert environ == {"GATE_RESIDUAL_COMMIT": head, "GATE_RESIDUAL_DIRTY": "0"}
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    (lambda root: (root / "README.md").write_text("edited\n"), "README.md, changed"),
+    (lambda root: (root / "matrix.yaml").unlink(), "matrix.yaml, missing"),
+    (lambda root: (root / "gate_residual_matrix" / "b.py").write_text(""),
+     "gate_residual_matrix/b.py, extra"),
+])
+def test_a_copy_that_differs_sets_no_commit(checkout, change, named):
+    root, _ = checkout
+    stamp.write_stamp(root)
+    shutil.rmtree(root / ".git")  # the GPU host's copy: no git
+    change(root)
+    environ: dict = {}
+    checked = stamp.apply_stamp(root, environ)
+    assert checked["matches"] is False and named in checked["note"]
+    assert environ == {}
+
+
+def test_a_digest_is_that_of_sha256sum_over_the_sorted_files(checkout):
+    root, _ = checkout
+    written = stamp.write_stamp(root)
+    lines = "".join(f"{written['files'][p]}  {p}\n" for p in
+                    ("README.md", "gate_residual_matrix/a.py", "matrix.yaml"))
+    import hashlib
+
+    assert written["digest"] == hashlib.sha256(lines.encode()).hexdigest()
+
+
+def test_stamping_a_dirty_tree_is_one_line_and_exit_2(checkout, monkeypatch, capsys):
+    root, _ = checkout
+    (root / "gate_residual_matrix" / "a.py").write_text("A = 2\n")
+    (root / "reports" / "r.json").write_text('{"new": 1}\n')  # reports do not count
+    monkeypatch.setattr(command, "PROJECT_ROOT", root)
+    assert main(["gpu-host", "--stamp"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --stamp: commit first: 1 tracked file(s) changed "
+                   "(first: gate_residual_matrix/a.py)"]
+    assert not (root / ".carry").exists()
+
+
+def test_stamping_without_git_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(command, "PROJECT_ROOT", tmp_path)
+    assert main(["gpu-host", "--stamp"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--stamp: needs git and a checkout" in err[0]
+
+
+def test_an_unreadable_stamp_is_a_note_not_an_error(tmp_path):
+    (tmp_path / ".carry").mkdir()
+    (tmp_path / ".carry" / "source.json").write_text("[1, 2]")
+    environ: dict = {}
+    checked = stamp.apply_stamp(tmp_path, environ)
+    assert checked["matches"] is None and "unreadable" in checked["note"] and environ == {}
+
+
+# --- the steps' helpers ------------------------------------------------------------------
+
+def test_resume_copies_only_the_reports_that_are_missing(tmp_path):
+    carried = tmp_path / ".carry" / "resume"
+    carried.mkdir(parents=True)
+    (carried / "a.json").write_text("carried a")
+    (carried / "b.json").write_text("carried b")
+    reports = tmp_path / "out" / "reports"
+    reports.mkdir(parents=True)
+    (reports / "a.json").write_text("this run's a")
+    assert modes.resume(HostRun(out=tmp_path / "out", root=tmp_path), reports) == ["b.json"]
+    assert (reports / "a.json").read_text() == "this run's a"
+    assert (reports / "b.json").read_text() == "carried b"
+
+
+def test_the_tests_step_takes_every_file_with_gpu_tests():
+    files = procedure.gpu_test_files(ROOT)
+    assert "tests/test_kernels_gpu.py" in files and "tests/test_op_input.py" in files
+    assert "tests/test_gpu_host.py" not in files and "tests/test_config.py" not in files
+
+
+# --- the modes step's order, deadline and failures (the runner's functions faked) ---------
+
+class _Run(HostRun):
+    """A run whose child processes (RL-Kernel's build) are only recorded."""
+
+    started: list
+
+    def start(self, argv, *, env=None):
+        self.started = [*getattr(self, "started", []), list(argv)]
+        return None
+
+    def finish(self, proc) -> int:
+        return 0
+
+
+@pytest.fixture
+def cells(monkeypatch):
+    """run_matrix and the precompile faked: the calls, in order; ``fail`` names the
+    (file, mode) whose run raises a ConfigError."""
+    from gate_residual_matrix.runner import pipeline
+    from gate_residual_matrix.runner.cell import precompile
+    from gate_residual_matrix.runner.errors import ConfigError
+    from gate_residual_matrix.runner.outcome import CellOutcome
+
+    calls: dict = {"cells": [], "precompile": [], "fail": set(), "status": "ok"}
+
+    def run_matrix(path, *, reports_dir, modes, targets, cases, timeout_s, **kw):
+        calls["cells"].append((Path(path).name, modes[0], targets[0], cases, kw["backend"]))
+        if (Path(path).name, modes[0]) in calls["fail"]:
+            raise ConfigError("a file that cannot run")
+        return [CellOutcome(f"{Path(path).stem}-{modes[0]}", calls["status"], None, reports_dir)]
+
+    def precompile_modes(path, *, target, modes, workers, timeout_s, cases, say):
+        calls["precompile"].append((Path(path).name, tuple(modes), target, cases))
+        calls["precompile_s"] = timeout_s
+        return {m: "compiled" for m in modes}
+
+    monkeypatch.setattr(pipeline, "run_matrix", run_matrix)
+    monkeypatch.setattr(precompile, "precompile_modes", precompile_modes)
+    return calls
+
+
+FILES = (ROOT / "matrix-rms-norm.yaml", ROOT / "matrix-scale-shift.yaml")
+
+
+def test_modes_run_mode_by_mode_after_one_precompile_per_file(tmp_path, cells):
+    run = _Run(out=tmp_path / "out", root=tmp_path, matrices=FILES, modes=("tf32", "plain"))
+    assert modes.run_modes(run) == 0
+    assert sorted(cells["precompile"]) == [
+        ("matrix-rms-norm.yaml", ("tf32", "plain"), "cuda", None),
+        ("matrix-scale-shift.yaml", ("tf32", "plain"), "cuda", None)]
+    assert cells["cells"] == [
+        ("matrix-rms-norm.yaml", "tf32", "cuda", None, "host"),
+        ("matrix-scale-shift.yaml", "tf32", "cuda", None, "host"),
+        ("matrix-rms-norm.yaml", "plain", "cuda", None, "host"),
+        ("matrix-scale-shift.yaml", "plain", "cuda", None, "host")]
+    assert run.started[0][-1] == "rlbuild"
+
+
+def test_modes_keep_to_the_target_and_the_cases_each_file_has(tmp_path, cells):
+    run = _Run(out=tmp_path / "out", root=tmp_path, matrices=FILES, modes=("plain", "tf32"),
+               target="cpu", cases=("255",))
+    assert modes.run_modes(run) == 0
+    # tf32 has no cpu cell; case "255" is rms_norm's only
+    assert cells["cells"] == [("matrix-rms-norm.yaml", "plain", "cpu", ["255"], "host")]
+    assert cells["precompile"] == [("matrix-rms-norm.yaml", ("plain",), "cpu", ["255"])]
+    assert not getattr(run, "started", [])
+
+
+def test_a_file_that_cannot_run_fails_the_step_but_not_the_others(tmp_path, cells):
+    cells["fail"] = {("matrix-rms-norm.yaml", "plain")}
+    run = _Run(out=tmp_path / "out", root=tmp_path, matrices=FILES, modes=("plain",))
+    assert modes.run_modes(run) == 1
+    assert [c[0] for c in cells["cells"]] == ["matrix-rms-norm.yaml", "matrix-scale-shift.yaml"]
+
+
+def test_a_cell_that_did_not_end_ok_fails_the_step(tmp_path, cells):
+    cells["status"] = "partial"
+    run = _Run(out=tmp_path / "out", root=tmp_path, matrices=FILES[:1], modes=("plain",))
+    assert modes.run_modes(run) == 1
+
+
+def test_no_cell_starts_without_the_time_for_one(tmp_path, cells, capsys):
+    run = _Run(out=tmp_path / "out", root=tmp_path, matrices=FILES, modes=("plain",),
+               deadline=time.monotonic() + modes.MIN_CELL_S / 2)
+    assert modes.run_modes(run) == 1
+    assert cells["cells"] == []
+    assert "matrix-rms-norm.yaml plain: not started" in capsys.readouterr().out
+    assert cells["precompile_s"] <= modes.MIN_CELL_S / 2 * modes.PRECOMPILE_SHARE
+
+
+def test_several_modes_at_once_share_one_gpu_lock(tmp_path, cells, monkeypatch):
+    from gate_residual_matrix.contract import gpu_lock
+
+    for var in (gpu_lock.ENV, "OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        monkeypatch.setenv(var, "")  # as it was, after the test
+    monkeypatch.chdir(tmp_path)
+    run = _Run(out=tmp_path / "out", root=tmp_path, matrices=FILES, modes=("plain", "tf32"),
+               jobs=2)
+    assert modes.run_modes(run) == 0
+    assert sorted((c[0], c[1]) for c in cells["cells"]) == sorted(
+        (f.name, m) for f in FILES for m in ("plain", "tf32"))
+    import os
+
+    assert os.environ[gpu_lock.ENV] == str(tmp_path / "build" / "gpu.lock")
+    assert int(os.environ["OMP_NUM_THREADS"]) >= 2
+
+
+def test_in_threads_keeps_the_order_and_hands_on_an_error():
+    def slow(i):
+        time.sleep(0.05 * (3 - i))
+        return i
+
+    assert modes._in_threads([(slow, (i,)) for i in range(3)], jobs=2) == [0, 1, 2]
+    with pytest.raises(ZeroDivisionError):
+        modes._in_threads([(slow, (0,)), (lambda: 1 / 0, ())])
