@@ -332,7 +332,7 @@ def test_a_file_that_would_block_is_refused_not_waited_on(tmp_path: Path,
     import stat as stat_mod
     import time
 
-    from gate_residual_matrix.runner import files
+    from gate_residual_matrix.runner.untrusted import files
 
     fifo = tmp_path / "looks-regular.json"
     os.mkfifo(fifo)
@@ -359,7 +359,7 @@ def test_a_file_that_would_block_is_refused_not_waited_on(tmp_path: Path,
 
 
 def test_reading_is_bounded_in_time(tmp_path: Path, monkeypatch) -> None:
-    from gate_residual_matrix.runner import files
+    from gate_residual_matrix.runner.untrusted import files
 
     big = tmp_path / "big.json"
     big.write_bytes(b" " * (3 << 20))

@@ -107,8 +107,8 @@ def test_known_cycles_still_exist():
 
 TABLES = "gate_residual_matrix.runner.tables"
 RENDER = f"{TABLES}.render"
-FORMATS = {"markdown": "markdown", "pages": "markdown", "html": "html", "summary": "summary",
-           "plots": "plots"}
+FORMATS = {"markdown": "markdown", "pages": "markdown", "answers": "markdown", "html": "html",
+           "answers_html": "html", "summary": "summary", "plots": "plots"}
 """Each renderer's format: a renderer may import the modules of its own format."""
 SHARED_RENDER = {f"{RENDER}.links"}
 """Renderer modules every format may import."""

@@ -49,7 +49,7 @@ from gate_residual_matrix.runner.errors import (
     MatrixError,
     ReportError,
 )
-from gate_residual_matrix.runner.names import shown
+from gate_residual_matrix.runner.untrusted.names import shown
 
 DEFAULT_MATRIX = Path("matrix.yaml")
 DEFAULT_REPORTS = Path("reports")

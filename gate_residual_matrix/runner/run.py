@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from gate_residual_matrix.runner import files
 from gate_residual_matrix.runner.backends import staging
 from gate_residual_matrix.runner.backends.base import Fingerprinter
 from gate_residual_matrix.runner.backends.ray import cluster as cluster_mod
@@ -42,6 +41,7 @@ from gate_residual_matrix.runner.plan.cells import Cell, cases_on
 from gate_residual_matrix.runner.reports import store as report_io
 from gate_residual_matrix.runner.reports.merge import PartialPlan, finish_partial, plan_partial
 from gate_residual_matrix.runner.status import Status
+from gate_residual_matrix.runner.untrusted import files
 
 __all__ = ["STACK_SKIPPED", "CellPlan", "RunContext", "plan_cell", "planned_outcome",
            "run_abba", "run_cells", "run_staged", "salvage_stale", "settle", "write",
@@ -214,7 +214,8 @@ def settle(ctx: RunContext, where: Fingerprinter, plan: CellPlan, result: Report
     ``partial`` plan, a partial one kept by :func:`runner.backends.staging.keep_partial`); return
     its outcome.
 
-    Under the reports folder's lock (:func:`runner.files.folder_lock`) a ``--case`` plan is
+    Under the reports folder's lock (:func:`runner.untrusted.files.folder_lock`) a ``--case``
+    plan is
     made again from the report as it is now: another run may have merged its cases into it
     since this one started, and they are kept."""
     cell = plan.cell
@@ -246,7 +247,7 @@ def settle(ctx: RunContext, where: Fingerprinter, plan: CellPlan, result: Report
 
 @contextlib.contextmanager
 def locked(reports_dir: Path) -> Iterator[None]:
-    """:func:`runner.files.folder_lock`, with an OS error (or a lock held too long) as a
+    """:func:`runner.untrusted.files.folder_lock`, with an OS error (or a lock held too long) as a
     :class:`ReportError`."""
     held = contextlib.ExitStack()
     try:

@@ -25,7 +25,7 @@ from gate_residual_matrix.runner.compare_reports.render import (
 )
 from gate_residual_matrix.runner.compare_reports.rules import Rules, load_rules
 from gate_residual_matrix.runner.errors import CellsFailed, Regressed, ReportError
-from gate_residual_matrix.runner.files import write_text_atomic
+from gate_residual_matrix.runner.untrusted.files import write_text_atomic
 
 __all__ = ["expect", "finish", "rules_of", "run_compare"]
 

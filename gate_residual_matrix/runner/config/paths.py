@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 from gate_residual_matrix.runner.errors import ConfigError
-from gate_residual_matrix.runner.names import shown
+from gate_residual_matrix.runner.untrusted.names import shown
 
 PROJECT_MARKERS = (".git", "pyproject.toml", "setup.py", "noxfile.py")
 """Files that mark a project's root folder: a folder holding one is never written into

@@ -8,9 +8,9 @@ from typing import Any
 
 import yaml
 
-from gate_residual_matrix.runner import files
 from gate_residual_matrix.runner.config.errors import _show
 from gate_residual_matrix.runner.errors import ConfigError
+from gate_residual_matrix.runner.untrusted import files
 
 MAX_MATRIX_BYTES = 1 << 20
 """The matrix file's size at most (matrix.yaml is about 8 KB)."""

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gate_residual_matrix.runner.files import write_text_atomic
+from gate_residual_matrix.runner.untrusted.files import write_text_atomic
 
 SCHEMA_VERSION = 1
 TIMEOUT_RC = 124

@@ -15,8 +15,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from gate_residual_matrix.runner import files
 from gate_residual_matrix.runner.errors import ReportError
+from gate_residual_matrix.runner.untrusted import files
 
 MAX_REPORT_BYTES = 256 * 2**20
 """The largest report file read (a report of today's matrix is about 340 KB)."""
@@ -62,7 +62,7 @@ def _decode_problem(text: str, err: json.JSONDecodeError) -> str:
 
 def _read_regular_file(path: Path) -> bytes:
     """The bytes of a report file: a regular file of at most :data:`MAX_REPORT_BYTES`,
-    never blocking on a FIFO or device (:func:`runner.files.read_bounded`).
+    never blocking on a FIFO or device (:func:`runner.untrusted.files.read_bounded`).
 
     Raises:
         ReportError: not a regular file, or too large (one line).

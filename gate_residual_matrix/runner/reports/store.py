@@ -31,7 +31,6 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from gate_residual_matrix.runner.errors import ReportError
-from gate_residual_matrix.runner.files import remove_stale_temp_files, write_text_atomic
 from gate_residual_matrix.runner.reports import json_file as report_json
 from gate_residual_matrix.runner.reports import tensors as report_tensors
 from gate_residual_matrix.runner.reports.checks import (
@@ -43,6 +42,7 @@ from gate_residual_matrix.runner.reports.checks import (
     path_str,
 )
 from gate_residual_matrix.runner.reports.tensors import PairRow, iter_pairs
+from gate_residual_matrix.runner.untrusted.files import remove_stale_temp_files, write_text_atomic
 
 __all__ = ["SCHEMA_PATH", "SCHEMA_VERSION", "UPGRADES", "LoadedReport", "PairRow",
            "iter_pairs", "read_report", "read_reports", "remove_stale_temp_files",

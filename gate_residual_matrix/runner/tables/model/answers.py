@@ -34,7 +34,7 @@ from gate_residual_matrix.runner.tables.model.headline import (
 )
 from gate_residual_matrix.runner.tables.model.values import ABSENT
 
-__all__ = [
+__all__ = ["GRID_LEGEND",
     "MODE_ORDER",
     "GridColumn",
     "GridMark",
@@ -287,3 +287,14 @@ def names(impls: Iterable[str]) -> list[str]:
                 f"{stem}_{lasts[0]}" if lasts[0] else stem)
         out.append(f"{word} {joined}" if joined else word)
     return out
+
+
+GRID_LEGEND = (
+    "Each grid: one row per pair of the op, one column per GPU × stack × the modes whose marks "
+    "are all the same (named in the column). A mark reads as in the full table; after `·` each "
+    "side's largest error against fp64 in ULP (`candidate | baseline`, over the tensors and "
+    "cases where they differ; one number where the bits are the same; the largest over the "
+    "column's modes); the closer side in bold. ⚠: one of the reports the mark sums up was not "
+    "made at the current commit, was made from a dirty tree, or is not ok; each is named under "
+    "its grid.")
+"""How to read a grid (Markdown; the page renders the code spans)."""

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gate_residual_matrix.runner.names import shown
 from gate_residual_matrix.runner.reports import tensors as report_tensors
 from gate_residual_matrix.runner.reports.store import LoadedReport
 from gate_residual_matrix.runner.tables.model.ab import DEFAULT_WHY, ab_tables, default_ab
@@ -60,6 +59,7 @@ from gate_residual_matrix.runner.tables.model.timings import bench_tables, timin
 from gate_residual_matrix.runner.tables.model.values import STATUSES
 from gate_residual_matrix.runner.tables.model.verdicts import verdict_table
 from gate_residual_matrix.runner.tables.model.versions import versions_table
+from gate_residual_matrix.runner.untrusted.names import shown
 
 __all__ = ["Tables", "build_tables"]
 

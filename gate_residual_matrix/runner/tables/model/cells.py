@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from gate_residual_matrix.runner.names import shown
 from gate_residual_matrix.runner.reports.store import LoadedReport
 from gate_residual_matrix.runner.tables.model.values import ABSENT, text
+from gate_residual_matrix.runner.untrusted.names import shown
 
 __all__ = ["CellReport", "cell_label", "configuration", "image_of", "load_cells"]
 

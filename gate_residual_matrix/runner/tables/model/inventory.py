@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from gate_residual_matrix.runner.names import shown
 from gate_residual_matrix.runner.tables.model.cases import cell_dtypes
 from gate_residual_matrix.runner.tables.model.cells import CellReport, image_of
 from gate_residual_matrix.runner.tables.model.filters import Filters
 from gate_residual_matrix.runner.tables.model.table import Row, Table
 from gate_residual_matrix.runner.tables.model.values import ABSENT, num, short, status_kind
+from gate_residual_matrix.runner.untrusted.names import shown
 
 __all__ = ["LIBRARIES", "cells_table", "environment_table", "implementations_table",
            "shown_path", "time_spent"]
@@ -31,7 +31,7 @@ _SHORT_DIGEST = 12
 def shown_path(path: Path, relative_to: Path | None) -> str:
     """``path`` as the tables show it: relative to ``relative_to`` (the outputs' directory)
     where it lies below it, else as given; bytes that are not UTF-8 and control characters
-    escaped (:func:`runner.names.shown`)."""
+    escaped (:func:`runner.untrusted.names.shown`)."""
     if relative_to is not None:
         try:
             # the folder resolved, not the file: a symlink is shown by its own name

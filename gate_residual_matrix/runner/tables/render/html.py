@@ -2,7 +2,7 @@
 
 The first screen holds the summary and staleness line, filters that take what people type
 (GPU, stack, mode, pair: a part of the name, any case, alternatives separated by commas, so
-``h200`` finds "NVIDIA H200") and each op's sentence (:mod:`runner.tables.render.answers`);
+``h200`` finds "NVIDIA H200") and each op's sentence (:mod:`runner.tables.render.answers_html`);
 then each op's grid, at the page's width. Below: the full headline
 (:mod:`runner.tables.model.headline`: implementation pairs × GPU × stack × mode, each mark a
 link to the cell's page ``cells/<cell>.md``) in a box of its own, the pictures
@@ -44,7 +44,7 @@ from gate_residual_matrix.runner.tables.model.headline import (
 from gate_residual_matrix.runner.tables.model.sentence import op_answers
 from gate_residual_matrix.runner.tables.model.table import Table
 from gate_residual_matrix.runner.tables.model.values import ABSENT, status_kind
-from gate_residual_matrix.runner.tables.render.answers import answers_html, grid_columns
+from gate_residual_matrix.runner.tables.render.answers_html import answers_html, grid_columns
 from gate_residual_matrix.runner.tables.render.links import mark_link, page_names
 
 __all__ = ["FILTER_FACETS", "HTML_MARKS", "render_html"]

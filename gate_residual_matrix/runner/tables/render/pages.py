@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from gate_residual_matrix.runner.names import shown
 from gate_residual_matrix.runner.reports import tensors as report_tensors
 from gate_residual_matrix.runner.tables.model.build import Tables
 from gate_residual_matrix.runner.tables.model.cells import CellReport
@@ -48,6 +47,7 @@ from gate_residual_matrix.runner.tables.render.markdown import (
     rows_markdown,
     wrap_markdown,
 )
+from gate_residual_matrix.runner.untrusted.names import shown
 
 __all__ = ["CELL_SECTIONS", "COLUMNS_PER_TABLE", "headline_markdown",
            "markdown_pages"]

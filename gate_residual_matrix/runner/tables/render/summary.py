@@ -18,11 +18,11 @@ import json
 from json.encoder import encode_basestring as _string
 from typing import Any
 
-from gate_residual_matrix.runner.names import shown
 from gate_residual_matrix.runner.tables.model.bits import AcrossRow
 from gate_residual_matrix.runner.tables.model.build import Tables
 from gate_residual_matrix.runner.tables.model.cells import configuration
 from gate_residual_matrix.runner.tables.model.summary_rows import COLUMNS, summary_rows
+from gate_residual_matrix.runner.untrusted.names import shown
 
 __all__ = ["SCHEMA", "dumps_indented", "render_csv", "render_json"]
 
