@@ -8,7 +8,12 @@ import pytest
 
 from gate_residual_matrix.ops.gate_residual.compiled import missing_compiler
 from gate_residual_matrix.runner.cell import precompile
-from gate_residual_matrix.runner.cell.batch_invariance import row_counts, sweep_sizes
+from gate_residual_matrix.runner.cell.batch_invariance import (
+    checked_row_counts,
+    row_counts,
+    sweep_row_counts,
+    sweep_sizes,
+)
 from gate_residual_matrix.runner.cell.catalog import get
 from gate_residual_matrix.runner.cell.run import run_cell
 from gate_residual_matrix.runner.config.matrix import parse_matrix
@@ -43,8 +48,16 @@ def test_plan_lists_each_graph_once_in_case_order(fresh_seed):
     keys = [tuple(i.values()) for i in items]
     assert len(keys) == len(set(keys))
     assert items[0]["dtype"] == "bfloat16" and items[-1]["dtype"] == "float32"
-    train = {i["rows"] for i in items if i["grad"] == "train" and i["dtype"] == "bfloat16"}
-    assert train == row_counts(12, 9) | {12}
+    train = {i["rows"] for i in items if i["grad"] == "train" and i["dtype"] == "bfloat16"
+             and "graph" not in i}
+    assert train == checked_row_counts(12) | {12}  # the size sweep's sizes are not static
+    # the sweep's one graph with N dynamic: built at its first call (the top, 9 rows), and
+    # N = 1, which dynamo specialises; nothing else
+    dynamic = [(i["impl"], i["rows"]) for i in items
+               if i.get("graph") == "dynamic" and i["dtype"] == "bfloat16"]
+    assert dynamic == [("compiled", 9), ("compiled", 1), ("compiled_emulate", 9),
+                       ("compiled_emulate", 1)]
+    assert row_counts(12, 9) == checked_row_counts(12) | set(sweep_row_counts(12, 9))
     assert {i["rows"] for i in items if i["grad"] == "no_grad"} == {12}
     forward = precompile.plan(m, m.cases, impls, target="cpu", inference=True)
     assert {i["grad"] for i in forward} == {"inference", "no_grad"}

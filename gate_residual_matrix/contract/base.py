@@ -30,6 +30,10 @@ class Implementation:
     ``cached_kernels``: the targets on which it compiles its kernels once per dtype pair
     into an on-disk cache (our numba.cuda kernels: kernels/cubin_cache.py), so
     :mod:`runner.cell.precompile` runs it once per dtype pair and case size ahead of the cells.
+    ``run_dynamic``: for an implementation that compiles per shape, the same computation
+    through one graph with the row dimension dynamic (N = 1 aside), called as ``run`` is; the
+    batch-invariance size sweep calls it (:mod:`runner.cell.batch_invariance`), every other
+    call (the cases' runs, timings) calls ``run``.
     """
 
     name: str
@@ -47,6 +51,7 @@ class Implementation:
     prerequisite: Callable[[str], str | None] | None = None
     compiles_per_shape: bool = False
     cached_kernels: tuple[str, ...] = ()
+    run_dynamic: Callable[..., dict[str, torch.Tensor]] | None = None
 
     def unavailable_reason(self, target: str) -> str | None:
         """Why it cannot run on ``target`` here, or None when it can.

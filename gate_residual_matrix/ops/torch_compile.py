@@ -5,6 +5,7 @@ compiler is on PATH (``ops/<op>/compiled.py`` say why)."""
 from __future__ import annotations
 
 import contextlib
+import types
 
 import torch
 
@@ -64,30 +65,47 @@ class Compiled:
     ``emulate_precision_casts``), called as the op's spec says: the expression takes the
     spec's floating inputs but the upstream gradients, in order, then the index (where the op
     has one); the backward is autograd's on the spec's upstream gradients. Each function is
-    compiled once per process (lazily: the graphs per shape come with the calls)."""
+    compiled once per process (lazily: the graphs per shape come with the calls).
+
+    With ``dynamic_rows`` a call goes to a copy of the expression's code object (graphs of
+    its own: dynamo keeps its cache per code object) whose row inputs have dimension 0
+    marked dynamic (``torch._dynamo.mark_dynamic``, as vLLM compiles its models): one graph
+    serves every N >= 2; N = 1 gets a graph of its own (dynamo specialises sizes 0 and 1).
+    The other dimensions stay static. Example::
+
+        rows = Compiled("gate_residual", expression, expression_emulate)
+        rows.run(inputs, backward=True, emulate=False, dynamic_rows=True)
+    """
 
     def __init__(self, op: str, expression, expression_emulate) -> None:
         self.op = op
-        self._fns = {False: expression, True: expression_emulate}
-        self._compiled: dict[bool, object] = {}
+        self._fns = {(emulate, dynamic): _own_code(fn) if dynamic else fn
+                     for emulate, fn in ((False, expression), (True, expression_emulate))
+                     for dynamic in (False, True)}
+        self._compiled: dict[tuple[bool, bool], object] = {}
 
-    def _fn(self, emulate: bool):
-        if emulate not in self._compiled:
+    def _fn(self, emulate: bool, dynamic_rows: bool = False):
+        key = (emulate, dynamic_rows)
+        if key not in self._compiled:
             skip_guard_latency_profile()
-            self._compiled[emulate] = torch.compile(self._fns[emulate], dynamic=False)
-        return self._compiled[emulate]
+            # dynamic=False also for the dynamic-rows copy: no automatic dynamic shapes, so
+            # only the dimensions marked by run() are symbolic
+            self._compiled[key] = torch.compile(self._fns[key], dynamic=False)
+        return self._compiled[key]
 
-    def run(self, inputs, *, backward: bool, emulate: bool) -> dict[str, torch.Tensor]:
+    def run(self, inputs, *, backward: bool, emulate: bool,
+            dynamic_rows: bool = False) -> dict[str, torch.Tensor]:
         """The forward outputs (and, with ``backward``, each gradient of the spec's outputs),
         keyed as the spec's ``outputs``. An op with several forward outputs has an expression
         that returns them as a tuple, in the spec's order; each gets its own upstream
-        gradient (:meth:`ops.spec.OpSpec.upstream_of`)."""
+        gradient (:meth:`ops.spec.OpSpec.upstream_of`). ``dynamic_rows``: through the graph
+        with N dynamic (see the class)."""
         from gate_residual_matrix import ops
         spec = ops.get(self.op)
         upstream = spec.upstream_of()
         names = [k for k in spec.inputs if k not in upstream.values()]
-        index = (inputs[spec.index],) if spec.index else ()
-        fn = self._fn(emulate)
+        index = {spec.index: inputs[spec.index]} if spec.index else {}
+        fn = self._fn(emulate, dynamic_rows)
 
         def outputs(values) -> dict[str, torch.Tensor]:
             values = values if isinstance(values, tuple) else (values,)
@@ -96,13 +114,37 @@ class Compiled:
         with settings(emulate):
             if not backward:
                 with torch.no_grad():
-                    return outputs(fn(*(inputs[k] for k in names), *index))
+                    args = {**{k: inputs[k] for k in names}, **index}
+                    return outputs(fn(*self._marked(args, spec, dynamic_rows).values()))
             leaves = {k: inputs[k].detach().requires_grad_() for k in names}
-            out = outputs(fn(*leaves.values(), *index))
+            args = self._marked({**leaves, **index}, spec, dynamic_rows)
+            out = outputs(fn(*args.values()))
             torch.autograd.backward([out[k] for k in upstream],
                                     [inputs[g] for g in upstream.values()])
         return {**{k: v.detach() for k, v in out.items()},
                 **{k: leaves[o.grad_of].grad for k, o in spec.outputs.items() if o.grad_of}}
+
+    @staticmethod
+    def _marked(args: dict, spec, dynamic_rows: bool) -> dict:
+        """``args``, with dimension 0 of the row inputs marked dynamic for ``dynamic_rows``
+        where N >= 2 (``mark_dynamic`` refuses sizes 0 and 1, which dynamo specialises). The
+        marks go on aliases (``detach``), so the caller's tensors stay unmarked."""
+        if not dynamic_rows:
+            return args
+        marked = dict(args)
+        for k in spec.row_inputs():
+            if k in marked and marked[k].shape[0] >= 2:
+                alias = marked[k] if marked[k].requires_grad else marked[k].detach()
+                torch._dynamo.mark_dynamic(alias, 0)
+                marked[k] = alias
+        return marked
+
+
+def _own_code(fn):
+    """A function like ``fn`` over a copy of its code object: dynamo's graphs of one are
+    never the other's."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__,
+                              fn.__defaults__, fn.__closure__)
 
 
 def compiled_rows(op: str, expression, expression_emulate, source: str) -> tuple:
@@ -110,7 +152,8 @@ def compiled_rows(op: str, expression, expression_emulate, source: str) -> tuple
     ``expression`` and its second code object ``expression_emulate`` (the emulate row compiles
     under ``emulate_precision_casts``), as :class:`Compiled` calls them; ``source`` says what
     ``expression`` is. Both are unavailable without a compiler on PATH
-    (:func:`missing_compiler`) and compile per shape (:mod:`runner.cell.precompile`)."""
+    (:func:`missing_compiler`) and compile per shape (:mod:`runner.cell.precompile`); their
+    ``run_dynamic`` goes through the graph with N dynamic (:class:`Compiled`)."""
     from gate_residual_matrix.contract.base import Implementation
 
     calls = Compiled(op, expression, expression_emulate)
@@ -121,6 +164,12 @@ def compiled_rows(op: str, expression, expression_emulate, source: str) -> tuple
     def run_emulate(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
         return calls.run(inputs, backward=backward, emulate=True)
 
+    def run_dynamic(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
+        return calls.run(inputs, backward=backward, emulate=False, dynamic_rows=True)
+
+    def run_emulate_dynamic(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
+        return calls.run(inputs, backward=backward, emulate=True, dynamic_rows=True)
+
     def where(fn) -> str:
         return f"{fn.__module__}.{fn.__qualname__}"
 
@@ -128,11 +177,13 @@ def compiled_rows(op: str, expression, expression_emulate, source: str) -> tuple
         Implementation(name="compiled", has_backward=True, run=run,
                        source=f"torch.compile({source}), inductor defaults, dynamic=False",
                        code_path=f"torch.compile({where(expression)}, dynamic=False)",
-                       prerequisite=missing_compiler, compiles_per_shape=True),
+                       prerequisite=missing_compiler, compiles_per_shape=True,
+                       run_dynamic=run_dynamic),
         Implementation(name="compiled_emulate", has_backward=True, run=run_emulate,
                        source="as compiled, with torch._inductor.config."
                               "emulate_precision_casts = True",
                        code_path=(f"torch.compile({where(expression_emulate)}, dynamic=False) "
                                   "under inductor emulate_precision_casts=True"),
-                       prerequisite=missing_compiler, compiles_per_shape=True),
+                       prerequisite=missing_compiler, compiles_per_shape=True,
+                       run_dynamic=run_emulate_dynamic),
     )

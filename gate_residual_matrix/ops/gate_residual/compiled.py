@@ -8,7 +8,9 @@ by inductor through AOTAutograd. ``compiled_emulate`` sets
 ``torch._inductor.config.emulate_precision_casts = True`` with
 ``torch._inductor.config.patch`` around its calls (compilation of the forward and the
 backward happens inside them), so the setting does not leak into ``compiled``; the two
-wrap separate function objects, so neither reuses the other's graphs.
+wrap separate function objects, so neither reuses the other's graphs. ``run_dynamic`` (the
+batch-invariance size sweep's entry) calls the same expression through a graph with N
+dynamic (:class:`ops.torch_compile.Compiled`), as vLLM compiles a model.
 
 Issue 4 (H200, torch 2.11): ``compiled`` differs from eager in about 23% of forward
 elements for bf16, fp16 and fp32; ``compiled_emulate`` in none.
@@ -55,12 +57,23 @@ def run_emulate(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
     return _COMPILE.run(inputs, backward=backward, emulate=True)
 
 
+def run_dynamic(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
+    """As :func:`run`, through the graph with N dynamic (the batch-invariance size sweep)."""
+    return _COMPILE.run(inputs, backward=backward, emulate=False, dynamic_rows=True)
+
+
+def run_emulate_dynamic(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
+    """As :func:`run_emulate`, through the graph with N dynamic."""
+    return _COMPILE.run(inputs, backward=backward, emulate=True, dynamic_rows=True)
+
+
 COMPILED = Implementation(
     name="compiled",
     source="torch.compile(residual + gate.index_select(0, index) * y), inductor defaults, "
            "dynamic=False",
     has_backward=True,
     run=run,
+    run_dynamic=run_dynamic,
     code_path="torch.compile(ops.gate_residual.compiled.expression, dynamic=False)",
     prerequisite=missing_compiler,
     compiles_per_shape=True,
@@ -71,6 +84,7 @@ COMPILED_EMULATE = Implementation(
     source="as compiled, with torch._inductor.config.emulate_precision_casts = True",
     has_backward=True,
     run=run_emulate,
+    run_dynamic=run_emulate_dynamic,
     code_path=("torch.compile(ops.gate_residual.compiled._expression_emulate, "
                "dynamic=False) under inductor emulate_precision_casts=True"),
     prerequisite=missing_compiler,

@@ -38,12 +38,23 @@ def run_emulate(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
     return _COMPILE.run(inputs, backward=backward, emulate=True)
 
 
+def run_dynamic(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
+    """As :func:`run`, through the graph with N dynamic (the batch-invariance size sweep)."""
+    return _COMPILE.run(inputs, backward=backward, emulate=False, dynamic_rows=True)
+
+
+def run_emulate_dynamic(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
+    """As :func:`run_emulate`, through the graph with N dynamic."""
+    return _COMPILE.run(inputs, backward=backward, emulate=True, dynamic_rows=True)
+
+
 COMPILED = Implementation(
     name="compiled",
     source="torch.compile(x * (1 + scale.index_select(0, index)) + shift.index_select(0, "
            "index)), inductor defaults, dynamic=False",
     has_backward=True,
     run=run,
+    run_dynamic=run_dynamic,
     code_path="torch.compile(ops.indexed_scale_shift.compiled.expression, dynamic=False)",
     prerequisite=missing_compiler,
     compiles_per_shape=True,
@@ -54,6 +65,7 @@ COMPILED_EMULATE = Implementation(
     source="as compiled, with torch._inductor.config.emulate_precision_casts = True",
     has_backward=True,
     run=run_emulate,
+    run_dynamic=run_emulate_dynamic,
     code_path=("torch.compile(ops.indexed_scale_shift.compiled._expression_emulate, "
                "dynamic=False) under inductor emulate_precision_casts=True"),
     prerequisite=missing_compiler,

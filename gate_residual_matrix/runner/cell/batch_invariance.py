@@ -20,6 +20,12 @@ row, its group outputs (sums over the rows that share an index value) compared w
   rows holds Inf or NaN (a case with specials in a weight), where ``0 * Inf`` is NaN.
   ``first_failing_size`` is the smallest ``s`` that fails (None when none does).
 
+An implementation with a ``run_dynamic`` (``torch.compile`` rows: one graph with N dynamic,
+as vLLM compiles) runs the size sweep's calls through it, so the sweep asks whether that one
+graph gives a row the same bits at every batch size; ``row_alone`` and ``sub_batches`` call
+``run`` (a static graph per size, as the cases and timings do). The record says which graph
+each check used (``graphs``, for implementations that compile per shape).
+
 Bits are compared as integers (:func:`contract.compare.bits`), NaN payloads included.
 
 Example::
@@ -56,9 +62,21 @@ def _cuts(n: int) -> list[int]:
 def row_counts(n: int, max_size: int, extra: tuple[int, ...] = ()) -> set[int]:
     """Every batch size (rows) :func:`check` calls the implementation with on an N-row case:
     what a compiler that specialises on shapes compiles for it (runner/cell/precompile.py)."""
-    m = min(n, max_size)
+    return checked_row_counts(n) | set(sweep_row_counts(n, max_size, extra))
+
+
+def checked_row_counts(n: int) -> set[int]:
+    """The batch sizes of :func:`row_alone` and :func:`sub_batches` on an N-row case (they
+    call ``run``: a static graph per size)."""
     parts = {b - a for a, b in itertools.pairwise(_cuts(n)) if b > a}
-    return {s for s in ({1} | parts | {m} | set(sweep_sizes(m, extra))) if s > 0}
+    return {s for s in ({1} | parts) if s > 0}
+
+
+def sweep_row_counts(n: int, max_size: int, extra: tuple[int, ...] = ()) -> list[int]:
+    """The batch sizes of :func:`size_sweep` on an N-row case, in the order of its calls:
+    ``M = min(N, max_size)`` first, then the sweep sizes."""
+    m = min(n, max_size)
+    return [m] + [s for s in sweep_sizes(m, extra) if s != m] if m > 0 else []
 
 
 def _rows(inputs: dict, start: int, stop: int, spec) -> dict:
@@ -68,9 +86,22 @@ def _rows(inputs: dict, start: int, stop: int, spec) -> dict:
             for k, v in inputs.items()}
 
 
-def _run(impl, inputs: dict) -> dict:
-    got = impl.run({k: v.clone() for k, v in inputs.items()}, backward=impl.has_backward)
+def _run(impl, inputs: dict, *, dynamic: bool = False) -> dict:
+    """One call on clones of ``inputs``; ``dynamic``: through ``impl.run_dynamic`` where it
+    has one."""
+    run = impl.run_dynamic if dynamic and impl.run_dynamic is not None else impl.run
+    got = run({k: v.clone() for k, v in inputs.items()}, backward=impl.has_backward)
     return {k: v.detach() for k, v in got.items()}
+
+
+def graphs(impl) -> dict[str, str] | None:
+    """Which graph each check of :func:`check` calls, for an implementation that compiles
+    per shape: ``{"row_alone": "static", "sub_batches": "static", "size_sweep": "dynamic"
+    or "static"}``; None for the others."""
+    if not getattr(impl, "compiles_per_shape", False):
+        return None
+    sweep = "dynamic" if getattr(impl, "run_dynamic", None) is not None else "static"
+    return {"row_alone": "static", "sub_batches": "static", "size_sweep": sweep}
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -124,15 +155,16 @@ def _padding_is_exact(inputs: dict, spec) -> bool:
 
 def size_sweep(impl, inputs: dict, max_size: int, spec,
                extra: tuple[int, ...] = ()) -> int | None:
-    """The smallest sweep size that breaks the size sweep (see module), or None."""
+    """The smallest sweep size that breaks the size sweep (see module), or None. Every call
+    goes through ``impl.run_dynamic`` where it has one."""
     m = min(_n(inputs, spec), max_size)
     with gpu_lock.shared():
         top = _rows(inputs, 0, m, spec)
-        whole = _run(impl, top)
+        whole = _run(impl, top, dynamic=True)
         padded_exact = _padding_is_exact(top, spec)
     for s in sweep_sizes(m, extra):
         with gpu_lock.shared():
-            prefix = _run(impl, _rows(inputs, 0, s, spec))
+            prefix = _run(impl, _rows(inputs, 0, s, spec), dynamic=True)
             if not _rows_equal(prefix, whole, 0, s, spec):
                 return s
         groups = [k for k in spec.group_outputs() if k in prefix] if padded_exact else []
@@ -142,7 +174,7 @@ def size_sweep(impl, inputs: dict, max_size: int, spec,
                 for k in spec.zero_rows:
                     padded[k] = top[k].clone()
                     padded[k][s:] = 0
-                again = _run(impl, padded)
+                again = _run(impl, padded, dynamic=True)
                 if not all(_same(prefix[k], again[k]) for k in groups):
                     return s
     return None
@@ -151,7 +183,8 @@ def size_sweep(impl, inputs: dict, max_size: int, spec,
 def check(impl, inputs: dict, spec, *, max_size: int = 1025, full: dict | None = None,
           extra: tuple[int, ...] = ()) -> dict:
     """The three checks for one case: ``{"row_alone": bool, "sub_batches": bool,
-    "size_sweep": bool, "first_failing_size": int | None, "max_size": M}``.
+    "size_sweep": bool, "first_failing_size": int | None, "max_size": M}``, and ``graphs``
+    (:func:`graphs`) for an implementation that compiles per shape.
 
     ``impl`` is called with its backward when it has one (else its forward outputs alone are
     compared); ``inputs`` as :meth:`Implementation.run` takes them; ``extra``: sweep sizes
@@ -165,7 +198,9 @@ def check(impl, inputs: dict, spec, *, max_size: int = 1025, full: dict | None =
         with gpu_lock.shared():
             full = _run(impl, inputs)
     first = size_sweep(impl, inputs, max_size, spec, extra)
+    used = graphs(impl)
     return {"row_alone": row_alone(impl, inputs, full, spec),
             "sub_batches": sub_batches(impl, inputs, full, spec),
             "size_sweep": first is None, "first_failing_size": first,
-            "max_size": min(_n(inputs, spec), max_size)}
+            "max_size": min(_n(inputs, spec), max_size),
+            **({"graphs": used} if used else {})}

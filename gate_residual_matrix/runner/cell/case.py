@@ -29,6 +29,7 @@ from gate_residual_matrix.contract import compare, gpu_lock, timing
 from gate_residual_matrix.contract.base import Implementation
 from gate_residual_matrix.contract.row_blocks import RowBlocks
 from gate_residual_matrix.runner.cell import batch_invariance
+from gate_residual_matrix.runner.cell.heartbeat import Heartbeat
 from gate_residual_matrix.runner.cell.phases import PhaseClock
 from gate_residual_matrix.runner.status import Status
 
@@ -143,14 +144,16 @@ def timings(impl: Implementation, inputs: dict, device: str, matrix,
     """Median forward (and forward+backward) times. On the CPU: no warm-up call (the
     repeats before it have compiled and warmed everything; at N = 32768 each call costs
     seconds) and 1.5 s of timed calls (at least one); on a GPU: ``timing.warmup`` calls,
-    then up to ``timing.iters`` calls or 10 s."""
+    then up to ``timing.iters`` calls or 10 s. An implementation that compiles per shape is
+    timed through ``run``, its static graph of the case's size (``"graph": "static"``)."""
     budget = 10.0 if device == "cuda" else 1.5
     warmup = matrix.timing.warmup if device == "cuda" else 0
     kw = {"device": device, "warmup": warmup, "iters": matrix.timing.iters,
           "max_seconds": budget}
     inputs = {k: v.clone() for k, v in inputs.items()}  # a writer spoils only these
     fwd = timing.median_ms(lambda _i: impl.run(inputs, backward=False), **kw)
-    out = {"forward_ms": fwd["median_ms"], "forward_iters": fwd["iters"]}
+    out = {"forward_ms": fwd["median_ms"], "forward_iters": fwd["iters"],
+           **({"graph": "static"} if impl.compiles_per_shape else {})}
     if impl.has_backward and not inference:
         both = timing.median_ms(lambda _i: impl.run(inputs, backward=True), **kw)
         out.update(forward_backward_ms=both["median_ms"], forward_backward_iters=both["iters"])
@@ -305,7 +308,8 @@ def _compare_pairs(ctx: CaseContext, name: str, outputs: dict, kept: dict, key: 
 def run_case(ctx: CaseContext, case, x, key: str, dtype: str) -> None:
     """Run every implementation on one case's inputs ``x`` (:class:`contract.inputs.
     CaseInputs`) and record it under ``key`` in ``ctx.results`` (and the hashes' futures
-    resolved before it returns).
+    resolved before it returns); a ``[cell]`` line every :data:`heartbeat.EVERY_S` says
+    which implementation or phase it is in (:class:`heartbeat.Heartbeat`).
 
     Each implementation is compared with the baseline first. A tensor with every bit of the
     baseline's takes the baseline's sha256 and accuracy figures, which are functions of the
@@ -313,6 +317,11 @@ def run_case(ctx: CaseContext, case, x, key: str, dtype: str) -> None:
     same reference): the same figures without hashing or measuring the same bytes twice (at
     N = 32768 a tensor is 352 MB of bf16). Every other tensor is hashed and measured.
     """
+    with Heartbeat(f"{ctx.matrix.op} case {key}") as beat:
+        _run_case(ctx, x, key, dtype, beat)
+
+
+def _run_case(ctx: CaseContext, x, key: str, dtype: str, beat: Heartbeat) -> None:
     matrix = ctx.matrix
     with ctx.clock("inputs"), gpu_lock.shared():
         on_device = {k: v.to(ctx.device) for k, v in x.tensors.items()}
@@ -323,6 +332,7 @@ def run_case(ctx: CaseContext, case, x, key: str, dtype: str) -> None:
     base_hashes: dict = {}
     base_accuracy: dict = {}
     for impl in ctx.impls:
+        beat.doing = impl.name
         first = _run_one(ctx, impl, x, on_device, key, dtype)
         if first is None:
             continue
@@ -359,7 +369,9 @@ def run_case(ctx: CaseContext, case, x, key: str, dtype: str) -> None:
     if base is None:
         ctx.no_baseline.append(key)
     del base, ref, kept
+    beat.doing = "timings"
     _time_all(ctx, ran, x, on_device, key)
+    beat.doing = "hashing"
     with ctx.clock("hashing"):
         for name, hashes in pending.items():
             ctx.results[name]["sha256"][key] = {k: f.result() for k, f in hashes.items()}

@@ -12,14 +12,18 @@ started with the cell's environment and torch settings compile the same programs
 same cache, in parallel, and the cell then loads them: the code under test is the one it
 would have compiled itself.
 
+An implementation with a ``run_dynamic`` (the ``torch.compile`` rows) runs the batch-invariance
+size sweep on one graph with N dynamic: the plan lists that graph once per dtype pair (and its
+N = 1 graph, which dynamo specialises) instead of one static graph per sweep size.
+
 The workers run before the first case and are waited for (bounded by ``timeout_s``), so no
 compilation competes with the cell's timing loops. A worker that fails costs only time: the
 cell compiles what is missing itself. ``environment.precompile`` in the report records what
 was done.
 
-Usage (what :func:`run` starts)::
+The workers (:mod:`runner.cell.compile_pool`) are started as::
 
-    python -m gate_residual_matrix.runner.cell.precompile --worker PLAN.json
+    python -m gate_residual_matrix.runner.cell.compile_pool PLAN.json
 
 ``GATE_RESIDUAL_PRECOMPILE=0`` turns it off (the cell then compiles everything itself);
 ``=N`` asks for N workers.
@@ -45,50 +49,63 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from gate_residual_matrix.runner.backends.lifetime import die_with_parent
-from gate_residual_matrix.runner.cell.batch_invariance import row_counts
+from gate_residual_matrix.runner.cell.batch_invariance import checked_row_counts, sweep_row_counts
+from gate_residual_matrix.runner.cell.compile_pool import TIMEOUT_S, run, run_groups
+
+__all__ = ["MAX_WORKERS", "TIMEOUT_S", "cell_plan", "leave_stamp", "load_only", "plan",
+           "precompile_modes", "run", "run_groups", "stamp_key", "stamp_path", "stamped",
+           "workers_for"]
 
 MAX_WORKERS = 12
-TIMEOUT_S = 900.0
-"""The longest a precompile waits for its workers. On the 2-CPU machine one CPU cell's
-precompile from an empty cache takes 280-310 s (2026-12-01): a cap of 300 s cut it short
-there (the cell then compiled the rest itself, one graph at a time). Bounded by the cell's
-own timeout anyway; this cap only keeps a hung worker from holding a cell for ever."""
-
 
 def plan(matrix, cases, impls, *, target: str, inference: bool) -> list[dict]:
     """The calls that compile every graph the cell will need, in the cases' order:
     ``{"impl", "dtype", "index_dtype", "rows", "grad"}`` with ``grad`` one of ``train``
     (forward + backward), ``no_grad`` (the timing loop's forward) or ``inference``
-    (under ``torch.inference_mode()``). ``impls``: those that compile per shape (every row
-    count a case calls them with), or per dtype pair into a kernel cache (``cached_kernels``:
-    one call per case size, as the cell's first call of a case makes it)."""
+    (under ``torch.inference_mode()``), and ``"graph": "dynamic"`` for a call through the
+    implementation's ``run_dynamic`` (the size sweep's graph with N dynamic: one call per
+    dtype pair at the first sweep's top size, where the cell first compiles it, and one at
+    N = 1). ``impls``: those that compile per shape (every row count a case calls them
+    with), or per dtype pair into a kernel cache (``cached_kernels``: one call per case
+    size, as the cell's first call of a case makes it)."""
     items, seen = [], set()
     for case in cases:
         dtype, index_dtype = matrix.case_dtypes(case)
-        if inference:
-            wanted = [(case.n, "inference"), (case.n, "no_grad")]
-        else:
-            rows = {case.n}
-            if matrix.batch_invariance is not None:
-                rows |= row_counts(case.n, matrix.batch_invariance.max_size,
-                                   matrix.batch_invariance.sizes)
-            wanted = [(r, "train") for r in sorted(rows)] + [(case.n, "no_grad")]
-        once = [(case.n, "inference" if inference else "train")]
         for impl in impls:
-            for rows_, grad in (wanted if impl.compiles_per_shape else once):
-                key = (impl.name, dtype, index_dtype, rows_, grad)
+            for rows, grad, graph in _calls(matrix, case, impl, inference):
+                # every N >= 2 shares one dynamic graph: the first such call builds it
+                shape = "N" if graph == "dynamic" and rows >= 2 else rows
+                key = (impl.name, dtype, index_dtype, shape, grad, graph)
                 if key not in seen:
                     seen.add(key)
-                    items.append(dict(zip(("impl", "dtype", "index_dtype", "rows", "grad"),
-                                          key, strict=True)))
+                    items.append({"impl": impl.name, "dtype": dtype, "index_dtype": index_dtype,
+                                  "rows": rows, "grad": grad,
+                                  **({"graph": graph} if graph == "dynamic" else {})})
     return items
+
+
+def _calls(matrix, case, impl, inference: bool) -> list[tuple[int, str, str]]:
+    """``(rows, grad, graph)`` of the calls a case makes of ``impl`` that compile (see
+    :func:`plan`), ``graph`` "static" or "dynamic"."""
+    if not impl.compiles_per_shape:
+        return [(case.n, "inference" if inference else "train", "static")]
+    if inference:
+        return [(case.n, "inference", "static"), (case.n, "no_grad", "static")]
+    bi = matrix.batch_invariance
+    static, dynamic = {case.n}, []
+    if bi is not None:
+        sweep = sweep_row_counts(case.n, bi.max_size, bi.sizes)
+        static |= checked_row_counts(case.n)
+        if impl.run_dynamic is None:
+            static |= set(sweep)
+        else:
+            dynamic = [(r, "train", "dynamic") for r in sweep if r == sweep[0] or r == 1]
+    return ([(r, "train", "static") for r in sorted(static)] + dynamic
+            + [(case.n, "no_grad", "static")])
 
 
 def workers_for(items: list, cpus: int | None) -> int:
@@ -191,107 +208,6 @@ def leave_stamp(key: str, items: list[dict], record: dict) -> None:
                                     "last": record}), encoding="utf-8")
     except OSError:
         pass
-
-
-def run(items: list[dict], *, torch_settings: dict, op: str, sizes: dict, target: str,
-        workers: int, timeout_s: float = TIMEOUT_S, env: dict | None = None) -> dict:
-    """Run the calls of ``items`` in ``workers`` processes (round robin, so each starts with
-    the first cases) and wait for them, at most ``timeout_s``; returns the record for
-    ``environment.precompile``: workers, calls, seconds, and the workers that failed.
-    ``env``: the workers' environment (default: this process's)."""
-    return run_groups([(items, torch_settings, env)], op=op, sizes=sizes, target=target,
-                      workers=workers, timeout_s=timeout_s)
-
-
-def run_groups(groups: list[tuple], *, op: str, sizes: dict, target: str, workers: int,
-               timeout_s: float = TIMEOUT_S) -> dict:
-    """:func:`run` for several modes at once: ``groups`` is ``[(items, torch_settings, env or
-    None), ...]``; the ``workers`` processes are shared out in proportion to the calls (at
-    least one per group with calls), so one pool compiles every mode's graphs."""
-    started = time.perf_counter()
-    procs = []
-    groups = [grp for grp in groups if grp[0]]
-    total = sum(len(grp[0]) for grp in groups) or 1
-    with tempfile.TemporaryDirectory(prefix="gate-residual-precompile-") as tmp:
-        for gi, (items, torch_settings, env) in enumerate(groups):
-            # one compile thread per worker: the workers are the parallelism (inductor's
-            # compile_threads is outside its cache keys, so the cell finds the same entries)
-            env = {"TORCHINDUCTOR_COMPILE_THREADS": "1", **(env or os.environ)}
-            share = max(1, min(len(items), round(workers * len(items) / total)))
-            for w in range(share):
-                path = Path(tmp) / f"plan-{gi}-{w}.json"
-                path.write_text(json.dumps({"torch": torch_settings, "op": op, "sizes": sizes,
-                                            "target": target, "calls": items[w::share]}),
-                                encoding="utf-8")
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "gate_residual_matrix.runner.cell.precompile",
-                     "--worker",
-                     str(path)],
-                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                    errors="replace", preexec_fn=die_with_parent))
-        failed = []
-        try:
-            for w, proc in enumerate(procs):
-                left = max(timeout_s - (time.perf_counter() - started), 1.0)
-                try:
-                    _, err = proc.communicate(timeout=left)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    _, err = proc.communicate()
-                    failed.append(f"worker {w}: timed out after {timeout_s:g} s")
-                    continue
-                if proc.returncode:
-                    last = (err or "").strip().splitlines()[-1:] or [""]
-                    failed.append(f"worker {w}: exit code {proc.returncode}: {last[0][:200]}")
-        except BaseException:  # Ctrl-C, SIGTERM (raised by _cli): no worker outlives us
-            for proc in procs:
-                proc.kill()
-            for proc in procs:
-                proc.wait()
-            raise
-    return {"workers": len(procs), "calls": sum(len(grp[0]) for grp in groups),
-            "seconds": round(time.perf_counter() - started, 3), "failed": failed}
-
-
-def _inputs(call: dict, op: str, sizes: dict, device: str) -> dict:
-    """Zero inputs of ``op`` (its spec's shapes) for one call: the graphs depend on shapes
-    and dtypes, not values."""
-    import torch
-
-    from gate_residual_matrix import ops
-    from gate_residual_matrix.contract.inputs import INDEX_DTYPES, TORCH_DTYPES
-
-    spec = ops.get(op)
-    dt, n = TORCH_DTYPES[call["dtype"]], call["rows"]
-    x = {name: torch.zeros(spec.shape(name, n=n, sizes=sizes), dtype=dt, device=device)
-         for name in spec.inputs}
-    if spec.index:
-        x[spec.index] = torch.zeros(n, dtype=INDEX_DTYPES[call["index_dtype"]], device=device)
-    return x
-
-
-def main(argv: list[str]) -> int:
-    """Worker: apply the mode's torch settings, then make each call of the plan file once."""
-    spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
-    import torch
-
-    from gate_residual_matrix.runner.cell import catalog as implementations
-    from gate_residual_matrix.runner.cell import modes
-    from gate_residual_matrix.runner.config.matrix import TorchSettings
-
-    modes.apply_torch_settings(TorchSettings(**spec["torch"]))
-    device = "cuda" if spec["target"] == "cuda" else "cpu"
-    for call in spec["calls"]:
-        impl = implementations.get(call["impl"], spec["op"])
-        x = _inputs(call, spec["op"], spec["sizes"], device)
-        if call["grad"] == "inference":
-            with torch.inference_mode():
-                impl.run(x, backward=False)
-        else:
-            impl.run(x, backward=call["grad"] == "train")
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return 0
 
 
 def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
@@ -426,6 +342,4 @@ def _interrupted(signum, frame):  # SIGTERM: unwind as Ctrl-C does (workers kill
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
-        sys.exit(main(sys.argv[2:]))  # a worker, started by run_groups with its plan file
     sys.exit(_cli(sys.argv[1:]))

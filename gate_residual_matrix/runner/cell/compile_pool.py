@@ -1,0 +1,172 @@
+"""The pool of compile workers behind :mod:`runner.cell.precompile`: processes that each make
+the calls of a plan file once (so that inductor's caches hold their graphs), waited for with a
+line on their progress at least every :data:`HEARTBEAT_S`.
+
+Usage (what :func:`run_groups` starts)::
+
+    python -m gate_residual_matrix.runner.cell.compile_pool PLAN.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from gate_residual_matrix.runner.backends.lifetime import die_with_parent
+
+TIMEOUT_S = 900.0
+"""The longest a precompile waits for its workers. On the 2-CPU machine one CPU cell's
+precompile from an empty cache takes 280-310 s (2026-12-01): a cap of 300 s cut it short
+there (the cell then compiled the rest itself, one graph at a time). Bounded by the cell's
+own timeout anyway; this cap only keeps a hung worker from holding a cell for ever."""
+
+HEARTBEAT_S = 20.0
+"""At most this long between two lines of a running precompile."""
+
+
+def run(items: list[dict], *, torch_settings: dict, op: str, sizes: dict, target: str,
+        workers: int, timeout_s: float = TIMEOUT_S, env: dict | None = None) -> dict:
+    """Run the calls of ``items`` in ``workers`` processes (round robin, so each starts with
+    the first cases) and wait for them, at most ``timeout_s``; returns the record for
+    ``environment.precompile``: workers, calls, seconds, and the workers that failed.
+    ``env``: the workers' environment (default: this process's)."""
+    return run_groups([(items, torch_settings, env)], op=op, sizes=sizes, target=target,
+                      workers=workers, timeout_s=timeout_s)
+
+
+def run_groups(groups: list[tuple], *, op: str, sizes: dict, target: str, workers: int,
+               timeout_s: float = TIMEOUT_S, say=None) -> dict:
+    """:func:`run` for several modes at once: ``groups`` is ``[(items, torch_settings, env or
+    None), ...]``; the ``workers`` processes are shared out in proportion to the calls (at
+    least one per group with calls), so one pool compiles every mode's graphs. ``say(line)``
+    hears a line on the calls done at least every :data:`HEARTBEAT_S` (default: a ``[cell]``
+    line on stderr, which the runner shows)."""
+    started = time.perf_counter()
+    procs, plans = [], []
+    groups = [grp for grp in groups if grp[0]]
+    total = sum(len(grp[0]) for grp in groups) or 1
+    say = say or _say
+    with tempfile.TemporaryDirectory(prefix="gate-residual-precompile-") as tmp:
+        for gi, (items, torch_settings, env) in enumerate(groups):
+            # one compile thread per worker: the workers are the parallelism (inductor's
+            # compile_threads is outside its cache keys, so the cell finds the same entries)
+            env = {"TORCHINDUCTOR_COMPILE_THREADS": "1", **(env or os.environ)}
+            share = max(1, min(len(items), round(workers * len(items) / total)))
+            for w in range(share):
+                path = Path(tmp) / f"plan-{gi}-{w}.json"
+                path.write_text(json.dumps({"torch": torch_settings, "op": op, "sizes": sizes,
+                                            "target": target, "calls": items[w::share]}),
+                                encoding="utf-8")
+                plans.append(path)
+                with open(f"{path}.err", "w", encoding="utf-8") as err:
+                    procs.append(subprocess.Popen(
+                        [sys.executable, "-m", "gate_residual_matrix.runner.cell.compile_pool",
+                         str(path)],
+                        env=env, stdout=subprocess.DEVNULL, stderr=err,
+                        preexec_fn=die_with_parent))
+        try:
+            failed = _wait(procs, plans, started, timeout_s,
+                           lambda done, secs: say(f"{op} precompile: {done} of {total} calls "
+                                                  f"in {len(procs)} workers, {secs:.0f} s"))
+        except BaseException:  # Ctrl-C, SIGTERM (raised by _cli): no worker outlives us
+            for proc in procs:
+                proc.kill()
+            for proc in procs:
+                proc.wait()
+            raise
+    return {"workers": len(procs), "calls": sum(len(grp[0]) for grp in groups),
+            "seconds": round(time.perf_counter() - started, 3), "failed": failed}
+
+
+def _say(line: str) -> None:
+    print(f"[cell] {line}", file=sys.stderr, flush=True)
+
+
+def _wait(procs: list, plans: list[Path], started: float, timeout_s: float,
+          beat) -> list[str]:
+    """Wait for the workers (each writes one line per call done to its plan's ``.done``
+    file), calling ``beat(calls done, seconds)`` every :data:`HEARTBEAT_S`; kill those
+    still running at ``timeout_s``. Returns the failures, one line per worker."""
+    failed, last = [], started
+    while any(proc.poll() is None for proc in procs):
+        now = time.perf_counter()
+        if now - started > timeout_s:
+            for w, proc in enumerate(procs):
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                    failed.append(f"worker {w}: timed out after {timeout_s:g} s")
+            break
+        if now - last >= HEARTBEAT_S:
+            last = now
+            beat(sum(_lines(Path(f"{plan}.done")) for plan in plans), now - started)
+        time.sleep(0.5)
+    for w, (proc, plan) in enumerate(zip(procs, plans, strict=True)):
+        if proc.returncode and not any(f.startswith(f"worker {w}:") for f in failed):
+            err = Path(f"{plan}.err").read_text(encoding="utf-8", errors="replace")
+            last_line = err.strip().splitlines()[-1:] or [""]
+            failed.append(f"worker {w}: exit code {proc.returncode}: {last_line[0][:200]}")
+    return failed
+
+
+def _lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except OSError:
+        return 0
+
+
+def _inputs(call: dict, op: str, sizes: dict, device: str) -> dict:
+    """Zero inputs of ``op`` (its spec's shapes) for one call: the graphs depend on shapes
+    and dtypes, not values."""
+    import torch
+
+    from gate_residual_matrix import ops
+    from gate_residual_matrix.contract.inputs import INDEX_DTYPES, TORCH_DTYPES
+
+    spec = ops.get(op)
+    dt, n = TORCH_DTYPES[call["dtype"]], call["rows"]
+    x = {name: torch.zeros(spec.shape(name, n=n, sizes=sizes), dtype=dt, device=device)
+         for name in spec.inputs}
+    if spec.index:
+        x[spec.index] = torch.zeros(n, dtype=INDEX_DTYPES[call["index_dtype"]], device=device)
+    return x
+
+
+def main(argv: list[str]) -> int:
+    """Worker: apply the mode's torch settings, then make each call of the plan file once."""
+    spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    import torch
+
+    from gate_residual_matrix.runner.cell import catalog as implementations
+    from gate_residual_matrix.runner.cell import modes
+    from gate_residual_matrix.runner.config.matrix import TorchSettings
+
+    modes.apply_torch_settings(TorchSettings(**spec["torch"]))
+    device = "cuda" if spec["target"] == "cuda" else "cpu"
+    for call in spec["calls"]:
+        impl = implementations.get(call["impl"], spec["op"])
+        x = _inputs(call, spec["op"], spec["sizes"], device)
+        run = impl.run_dynamic if call.get("graph") == "dynamic" else impl.run
+        if call["grad"] == "inference":
+            with torch.inference_mode():
+                run(x, backward=False)
+        else:
+            run(x, backward=call["grad"] == "train")
+        with open(f"{argv[0]}.done", "a", encoding="utf-8") as done:  # for the heartbeat
+            done.write("1\n")
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return 0
+
+
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main(sys.argv[1:]))  # a worker, started by run_groups with its plan file
