@@ -16,10 +16,11 @@ Bits (``kernels/rounding.py``; the CPU twin is ``kernels/indexed_scale_shift_cpu
   float32 and rounded once to the storage dtype: ``t = rnd(1 + s)``, ``p = rnd(x * t)``,
   ``out = rnd(p + h)``, ``grad_x = rnd(grad_out * t)``. Source: PyTorch computes reduced
   floating types in ``at::opmath_type`` (float) and converts each op's result back; on the CPU
-  (torch 2.13, AVX512) ``tests/test_scale_shift_cpu.py::test_eager_rounds_each_op_once_in_float32``
-  checks this over all 65536 bfloat16/float16 values of ``scale`` and random ``x``/``shift``
-  bits; the GPU tests check it against eager CUDA. No FMA contraction: every multiply and add
-  is ``mul.rn.f32`` / ``add.rn.f32`` (``tests/test_scale_shift_contraction.py``).
+  (torch 2.13, AVX512) ``test_scale_shift_eager_rounds_each_op_once_in_float32`` in
+  ``tests/test_kernels_cpu.py`` checks this over all 65536 bfloat16/float16 values of
+  ``scale`` and random ``x``/``shift`` bits; the GPU tests check it against eager CUDA. No
+  FMA contraction: every multiply and add is ``mul.rn.f32`` / ``add.rn.f32``
+  (``tests/test_contraction.py``).
 * ``grad_scale`` and ``grad_shift`` are float32 sums in the fixed order of
   :data:`SUMMATION_ORDER` (it depends only on N and :data:`CHUNK_ROWS`, never on the GPU, the
   launch shape or timing; no atomics), rounded once. They are deterministic and carry the same
