@@ -58,7 +58,7 @@ for step in $steps; do
     smoke)  # the cuLaunchKernel path first: if the driver refuses it, use cuda.core.launch
             python3 -c "import torch; from gate_residual_matrix.kernels.gate_residual import gate_residual_forward as f; x = torch.ones(3, 5376, device='cuda', dtype=torch.bfloat16); i = torch.zeros(3, dtype=torch.int64, device='cuda'); assert torch.equal(f(x, x[:1], x, i), x + x[:1] * x); print('launch ok')" \
               || { export GATE_RESIDUAL_LAUNCH=core; echo "cuLaunchKernel failed: GATE_RESIDUAL_LAUNCH=core"; rc=1; } ;;
-    tests)  python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py ${GPU_TESTS_ARGS:-} 2>&1 | tee "$out/gpu-tests.log" | tail -25 || rc=1 ;;
+    tests)  python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py tests/test_kernels_gpu_launch.py ${GPU_TESTS_ARGS:-} 2>&1 | tee "$out/gpu-tests.log" | tail -25 || rc=1 ;;
     rlbuild) # RL-Kernel's extension, built once into $RLK_BUILD_DIR (an install step, ~80 s)
             PYTHONPATH=$PWD/.carry/rl-kernel-h3:$PYTHONPATH python3 -c "import time; t = time.time(); from rl_engine.kernels.ops import base; print('rl_engine._C built:', base._EXT_AVAILABLE, getattr(base, '_EXT_ERROR', None), f'{time.time() - t:.0f} s')" 2>&1 | tail -3 ;;
     libsmoke) # library rows (issue 13): kernel-only loads from .carry/, RL-Kernel's build
