@@ -1,5 +1,5 @@
 """Runs the RMSNorm numba.cuda kernels under the CUDA simulator; used by
-tests/test_rms_norm_simulator.py.
+tests/test_simulator.py.
 
 Invoked as ``NUMBA_ENABLE_CUDASIM=1 python tests/rms_norm_sim_worker.py OUT.npz SEED`` (the
 variable must be set before numba is imported, hence a separate process). For each case it

@@ -1,5 +1,5 @@
 """Runs indexed_scale_shift's numba.cuda kernels under the CUDA simulator; used by
-tests/test_scale_shift_simulator.py.
+tests/test_simulator.py.
 
 Invoked as ``NUMBA_ENABLE_CUDASIM=1 python tests/scale_shift_sim_worker.py OUT.npz SEED`` (the
 variable must be set before numba is imported, hence a separate process). For each case it

@@ -2,7 +2,7 @@
 
 The GPU half (a second process loads the cubins the first one built, compiles nothing and
 gives the same bits) is ``test_cubin_cache_second_process_compiles_nothing`` in
-tests/test_kernels_gpu.py.
+tests/test_kernels_gpu_launch.py.
 """
 
 from __future__ import annotations

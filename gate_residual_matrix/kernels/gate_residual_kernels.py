@@ -41,6 +41,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
+from gate_residual_matrix.kernels.chunk_sums import accumulator_slots, bad_index_value, chunk_count
 from gate_residual_matrix.kernels.device_assert import index_fault
 from gate_residual_matrix.kernels.gate_residual_vec import make_vec_kernels
 from gate_residual_matrix.kernels.geometry import (
@@ -67,35 +68,11 @@ SUMMATION_ORDER = (
 )
 
 def _make_element_backward(load, store, in_shared: bool):
-    """The element backward_chunks kernel, with its accumulators in shared memory
-    (``in_shared``: acc[k * blockDim.x + threadIdx.x], one float32 per gate row per thread,
-    each thread owning its slots, so no barrier) or in ``partial`` itself (for G too large
-    for shared memory). Same operations in the same order either way: the same bits."""
-    if in_shared:
-        @cuda.jit(device=True, inline="always")
-        def accumulators(partial):
-            return cuda.shared.array(0, dtype=float32)
-
-        @cuda.jit(device=True, inline="always")
-        def slot(chunk, k, col, tx, width):
-            return k * width + tx
-
-        @cuda.jit(device=True, inline="always")
-        def flush(partial, acc, chunk, n_gate, col, tx, width):
-            for k in range(n_gate):
-                partial[chunk, k, col] = acc[k * width + tx]
-    else:
-        @cuda.jit(device=True, inline="always")
-        def accumulators(partial):
-            return partial
-
-        @cuda.jit(device=True, inline="always")
-        def slot(chunk, k, col, tx, width):
-            return chunk, k, col
-
-        @cuda.jit(device=True, inline="always")
-        def flush(partial, acc, chunk, n_gate, col, tx, width):
-            pass
+    """The element backward_chunks kernel, with its accumulators (one float32 per gate row
+    per thread) in shared memory (``in_shared``) or in ``partial`` itself (for G too large
+    for shared memory): :func:`kernels.chunk_sums.accumulator_slots`. Same operations in the
+    same order either way: the same bits."""
+    accumulators, slot, flush = accumulator_slots(in_shared)
 
     @cuda.jit
     def backward_chunks(grad_y, partial, grad_out, gate, y, index, flag):
@@ -118,7 +95,7 @@ def _make_element_backward(load, store, in_shared: bool):
                 k = index[i]
                 if k < 0 or k >= n_gate:
                     index_fault(flag)
-                    grad_y[i, col] = store(add_rn(float32(np.nan), float32(0.0)))
+                    grad_y[i, col] = store(bad_index_value())
                     continue
                 go = load(grad_out[i, col])
                 grad_y[i, col] = store(mul_rn(go, load(gate[k, col])))
@@ -145,7 +122,7 @@ def _make_kernels(load, store):
             k = index[row]
             if k < 0 or k >= gate.shape[0]:
                 index_fault(flag)
-                out[row, col] = store(add_rn(float32(np.nan), float32(0.0)))
+                out[row, col] = store(bad_index_value())
             else:
                 product = store(mul_rn(load(gate[k, col]), load(y[row, col])))
                 out[row, col] = store(add_rn(load(residual[row, col]), load(product)))
@@ -250,7 +227,7 @@ def kernels_for(dtype: str):
 
 def n_chunks(n_rows: int) -> int:
     """Number of CHUNK_ROWS-row chunks the grad_gate reduction splits N rows into."""
-    return -(-n_rows // CHUNK_ROWS)
+    return chunk_count(n_rows, CHUNK_ROWS)
 
 
 # --------------------------------------------------------------------------- launch geometry

@@ -150,7 +150,7 @@ def _launch_forward(out, residual, gate, y, index, flag, *,
                     max_grid_y: int = FORWARD_MAX_GRID_Y) -> None:
     """Launch the forward on contiguous CUDA tensors of one device (no checks, no plan): the
     vectorised kernel when :func:`_vec_ok`, else the element kernel. ``max_grid_y`` changes
-    the launch shape only (the bits do not move: tests/test_kernels_gpu.py)."""
+    the launch shape only (the bits do not move: tests/test_kernels_gpu_launch.py)."""
     n_rows, width = out.shape
     vec = _vec_ok(out, residual, gate, y)
     if vec:

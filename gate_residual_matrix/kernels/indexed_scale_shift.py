@@ -16,10 +16,11 @@ Bits (``kernels/rounding.py``; the CPU twin is ``kernels/indexed_scale_shift_cpu
   float32 and rounded once to the storage dtype: ``t = rnd(1 + s)``, ``p = rnd(x * t)``,
   ``out = rnd(p + h)``, ``grad_x = rnd(grad_out * t)``. Source: PyTorch computes reduced
   floating types in ``at::opmath_type`` (float) and converts each op's result back; on the CPU
-  (torch 2.13, AVX512) ``tests/test_scale_shift_cpu.py::test_eager_rounds_each_op_once_in_float32``
-  checks this over all 65536 bfloat16/float16 values of ``scale`` and random ``x``/``shift``
-  bits; the GPU tests check it against eager CUDA. No FMA contraction: every multiply and add
-  is ``mul.rn.f32`` / ``add.rn.f32`` (``tests/test_scale_shift_contraction.py``).
+  (torch 2.13, AVX512) ``test_scale_shift_eager_rounds_each_op_once_in_float32`` in
+  ``tests/test_kernels_cpu.py`` checks this over all 65536 bfloat16/float16 values of
+  ``scale`` and random ``x``/``shift`` bits; the GPU tests check it against eager CUDA. No
+  FMA contraction: every multiply and add is ``mul.rn.f32`` / ``add.rn.f32``
+  (``tests/test_contraction.py``).
 * ``grad_scale`` and ``grad_shift`` are float32 sums in the fixed order of
   :data:`SUMMATION_ORDER` (it depends only on N and :data:`CHUNK_ROWS`, never on the GPU, the
   launch shape or timing; no atomics), rounded once. They are deterministic and carry the same
@@ -40,6 +41,7 @@ import torch
 from numba import cuda, float32
 from numba.cuda import types
 
+from gate_residual_matrix.kernels.chunk_sums import accumulator_slots, bad_index_value, chunk_count
 from gate_residual_matrix.kernels.geometry import (
     BLOCK_COLS,
     MAX_GRID_Y,
@@ -77,34 +79,10 @@ _ONE = np.float32(1.0)
 def _make_backward(load, store, in_shared: bool):
     """The chunked backward: ``grad_x`` and, per chunk, the float32 partial sums. Its 2G
     accumulators per column (scale rows 0..G-1, shift rows G..2G-1) live in shared memory
-    (``in_shared``: slot r at ``r * blockDim.x + threadIdx.x``, each thread owning its slots,
-    so no barrier) or in ``partial`` itself (G too large for shared memory). Same operations
-    in the same order either way: the same bits."""
-    if in_shared:
-        @cuda.jit(device=True, inline="always")
-        def accumulators(partial):
-            return cuda.shared.array(0, dtype=float32)
-
-        @cuda.jit(device=True, inline="always")
-        def slot(chunk, r, col, tx, width):
-            return r * width + tx
-
-        @cuda.jit(device=True, inline="always")
-        def flush(partial, acc, chunk, n_slots, col, tx, width):
-            for r in range(n_slots):
-                partial[chunk, r, col] = acc[r * width + tx]
-    else:
-        @cuda.jit(device=True, inline="always")
-        def accumulators(partial):
-            return partial
-
-        @cuda.jit(device=True, inline="always")
-        def slot(chunk, r, col, tx, width):
-            return chunk, r, col
-
-        @cuda.jit(device=True, inline="always")
-        def flush(partial, acc, chunk, n_slots, col, tx, width):
-            pass
+    (``in_shared``) or in ``partial`` itself (G too large for shared memory):
+    :func:`kernels.chunk_sums.accumulator_slots`. Same operations in the same order either
+    way: the same bits."""
+    accumulators, slot, flush = accumulator_slots(in_shared)
 
     @cuda.jit
     def backward_chunks(grad_x, partial, grad_out, x, scale, index, flag):
@@ -127,7 +105,7 @@ def _make_backward(load, store, in_shared: bool):
                 k = index[i]
                 if k < 0 or k >= n_gate:
                     flag[0] = np.uint8(0)
-                    grad_x[i, col] = store(add_rn(float32(np.nan), float32(0.0)))
+                    grad_x[i, col] = store(bad_index_value())
                     continue
                 go = load(grad_out[i, col])
                 t = load(store(add_rn(_ONE, load(scale[k, col]))))
@@ -158,7 +136,7 @@ def _make_kernels(load, store):
             k = index[row]
             if k < 0 or k >= scale.shape[0]:
                 flag[0] = np.uint8(0)
-                out[row, col] = store(add_rn(float32(np.nan), float32(0.0)))
+                out[row, col] = store(bad_index_value())
             else:
                 t = load(store(add_rn(_ONE, load(scale[k, col]))))
                 product = load(store(mul_rn(load(x[row, col]), t)))
@@ -203,7 +181,7 @@ def kernels_for(dtype: str):
 
 def n_chunks(n_rows: int) -> int:
     """Number of CHUNK_ROWS-row chunks the parameter-gradient sums split N rows into."""
-    return -(-n_rows // CHUNK_ROWS)
+    return chunk_count(n_rows, CHUNK_ROWS)
 
 
 # ------------------------------------------------ launches on numba/numpy arrays (simulator)
