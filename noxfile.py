@@ -34,6 +34,21 @@ import nox
 import nox.command
 from nox.logger import logger
 
+
+def _load_settings():
+    """The package's settings module (gate_residual_matrix/settings.py), loaded by its path:
+    nox's own environment need not have the project installed, and the module imports
+    nothing of the package."""
+    name = "_gate_residual_matrix_settings"
+    path = Path(__file__).resolve().parent / "gate_residual_matrix" / "settings.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+settings = _load_settings()
 nox.options.sessions = ["tests"]
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
@@ -49,20 +64,6 @@ RUNNER_CODES = {2: "bad matrix.yaml or option", 3: "a report or table could not 
                 4: "a backend cannot run", 5: "a cell failed or was refused",
                 6: "a verdict regressed against the baseline",
                 130: "interrupted (SIGINT)", 143: "terminated (SIGTERM)"}
-
-
-def _settings():
-    """The package's settings module (gate_residual_matrix/settings.py), loaded by its path:
-    nox's own environment need not have the project installed, and the module imports
-    nothing of the package."""
-    name = "_gate_residual_matrix_settings"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parent / "gate_residual_matrix" / "settings.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def run_runner(session: nox.Session, module: str, *args: str, **kwargs) -> None:
@@ -151,7 +152,7 @@ def tests(session: nox.Session) -> None:
     docker- and browser-marked tests fail where those are missing rather than skip).
     """
     try:
-        no_setup = _settings().get("GATE_RESIDUAL_NO_SETUP")
+        no_setup = settings.get("GATE_RESIDUAL_NO_SETUP")
     except ValueError as err:  # settings.SettingError: one line naming the variable
         session.error(str(err))
     if not no_setup:
