@@ -30,8 +30,8 @@ nox's 1 for every failure, so a script can tell them apart (:func:`run_runner`).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
-import os
 import re
 import shutil
 import sys
@@ -42,6 +42,21 @@ import nox.command
 import nox.virtualenv
 from nox.logger import logger
 
+
+def _load_settings():
+    """The package's settings module (gate_residual_matrix/settings.py), loaded by its path:
+    nox's own environment need not have the project installed, and the module imports
+    nothing of the package."""
+    name = "_gate_residual_matrix_settings"
+    path = Path(__file__).resolve().parent / "gate_residual_matrix" / "settings.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+settings = _load_settings()
 nox.options.sessions = ["tests"]
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
@@ -52,7 +67,7 @@ ENV = Path(".nox") / "env"
 SESSION = {"venv_backend": "none"}
 """Sessions make no virtualenv of their own: :func:`env_python` gives them the shared one."""
 
-if shutil.which(os.environ.get("UV", "uv")) is None:
+if shutil.which(settings.raw("UV") or "uv") is None:
     # nox looks for uv on every run and logs "uv binary not found." when there is none; the
     # sessions never use uv (pip finds the machine's local torch wheel, uv would not), so
     # answer nox's lookup (its module attributes, which it reads before searching) up front.
@@ -184,7 +199,11 @@ def tests(session: nox.Session) -> None:
     idempotent and need root or sudo; ``GATE_RESIDUAL_NO_SETUP=1`` skips them, and then the
     docker- and browser-marked tests fail where those are missing rather than skip).
     """
-    if os.environ.get("GATE_RESIDUAL_NO_SETUP") != "1":
+    try:
+        no_setup = settings.get("GATE_RESIDUAL_NO_SETUP")
+    except ValueError as err:  # settings.SettingError: one line naming the variable
+        session.error(str(err))
+    if not no_setup:
         session.run("bash", ".ci/install-docker.sh", external=True)
         session.run("bash", ".ci/install-chromium.sh", external=True)
     session.run(env_python(session, "test"), "-m", "pytest", *session.posargs, external=True)

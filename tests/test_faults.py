@@ -184,8 +184,8 @@ def test_unknown_fault_is_an_error_naming_the_choices(with_fault, monkeypatch):
     m = small_matrix(["eager", "fault", "fp64"])
     r = run_cell(m, Cell("host", "plain", "cpu"), select_cases(m), timings=False)
     assert r["results"]["fault"]["reason"] == (
-        "case 5: ValueError: GATE_RESIDUAL_FAULT: expected one of none, raise, hang, oom, kill, "
-        "illegal_address, got 'segfault'")
+        "case 5: SettingError: GATE_RESIDUAL_FAULT='segfault': expected one of none, raise, "
+        "hang, oom, kill, illegal_address")
 
 
 def test_fault_is_registered_only_when_enabled():

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 _HOLDER = textwrap.dedent("""
     import sys, time
-    from gate_residual_matrix.runner import gpu_lock
+    from gate_residual_matrix.contract import gpu_lock
     kind, hold, log = sys.argv[1], float(sys.argv[2]), sys.argv[3]
     def note(what):
         with open(log, "a") as f:

@@ -171,13 +171,16 @@ def test_layer_check_finds_what_it_looks_for():
 
 PKG = "gate_residual_matrix"
 LAYERS = {
+    f"{PKG}.settings": (PKG,),
     f"{PKG}.kernels": (f"{PKG}.contract", f"{PKG}.ops", f"{PKG}.runner", f"{PKG}.bench"),
     f"{PKG}.contract": (f"{PKG}.ops", f"{PKG}.runner", f"{PKG}.bench"),
     f"{PKG}.ops": (f"{PKG}.runner", f"{PKG}.bench"),
     f"{PKG}.runner": (f"{PKG}.bench",),
 }
-"""Each package and the packages above it, which it must never import (the benchmark sits
-on top: it reads the runner's matrices and rows; the runner never imports it)."""
+"""Each package and the packages above it, which it must never import. ``settings`` (every
+environment variable) sits below them all: every layer, the kernels included, may import it,
+and it imports nothing of the package. The benchmark sits on top: it reads the runner's
+matrices and rows; the runner never imports it."""
 
 
 def upward_imports(edges: dict[str, set[str]]) -> list[str]:
@@ -194,7 +197,7 @@ def upward_imports(edges: dict[str, set[str]]) -> list[str]:
 def test_op_contract_is_below_the_runner():
     """No module of ops/, contract/ or kernels/ imports the runner (or, for the lower two,
     an op): an op author needs the contract, never the runner. Nothing below the benchmark
-    imports it."""
+    imports it; settings imports nothing of the package."""
     assert upward_imports(graph()) == []
 
 
@@ -203,7 +206,19 @@ def test_upward_import_check_finds_what_it_looks_for():
              f"{PKG}.contract.inputs": {f"{PKG}.ops"},
              f"{PKG}.runner.cell.run": {f"{PKG}.ops", f"{PKG}.contract.base"},
              f"{PKG}.runner.tables.render.plots": {f"{PKG}.bench.run"},
-             f"{PKG}.bench.run": {f"{PKG}.runner.cell.catalog", f"{PKG}.contract.inputs"}}
+             f"{PKG}.bench.run": {f"{PKG}.runner.cell.catalog", f"{PKG}.contract.inputs"},
+             f"{PKG}.kernels.launch": {f"{PKG}.settings"},
+             f"{PKG}.settings": {f"{PKG}.kernels.errors", PKG}}
     assert upward_imports(edges) == [f"{PKG}.contract.inputs -> {PKG}.ops",
                                      f"{PKG}.ops.rms_norm.eager -> {PKG}.runner.errors",
-                                     f"{PKG}.runner.tables.render.plots -> {PKG}.bench.run"]
+                                     f"{PKG}.runner.tables.render.plots -> {PKG}.bench.run",
+                                     f"{PKG}.settings -> {PKG}",
+                                     f"{PKG}.settings -> {PKG}.kernels.errors"]
+
+
+def test_settings_is_in_the_graph_and_read_by_every_layer():
+    """The layer check sees settings (a module of the graph) and its importers."""
+    edges = graph()
+    assert edges[f"{PKG}.settings"] == set()
+    importers = {m.split(".")[1] for m, imported in edges.items() if f"{PKG}.settings" in imported}
+    assert {"kernels", "contract", "ops", "runner"} <= importers

@@ -11,7 +11,7 @@ from pathlib import Path
 from gate_residual_matrix.runner.backends import lifetime
 
 ROOT = Path(__file__).resolve().parent.parent
-SLEEPER = ("from gate_residual_matrix.runner import lifetime; "
+SLEEPER = ("from gate_residual_matrix.runner.backends import lifetime; "
            "lifetime.start_watchdog(poll_s=0.05); import time; time.sleep(60)")
 
 

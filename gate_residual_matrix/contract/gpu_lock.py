@@ -33,6 +33,8 @@ import sys
 import threading
 from collections.abc import Iterator
 
+from gate_residual_matrix import settings
+
 ENV = "GATE_RESIDUAL_GPU_LOCK"
 
 #: Held by a hashing thread while it copies a device tensor to the host, and by
@@ -45,7 +47,7 @@ _FILES: dict[str, tuple[int, int]] = {}
 
 def path() -> str | None:
     """The lock file this process's cells share, or None (no other cell to wait for)."""
-    return os.environ.get(ENV) or None
+    return settings.get(ENV)
 
 
 _opening = threading.Lock()

@@ -28,16 +28,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gate_residual_matrix import settings
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 ENV_TREE = "GATE_RESIDUAL_RL_KERNEL"
 DEFAULT_TREES = (PROJECT_ROOT / ".carry" / "rl-kernel-h3",
                  PROJECT_ROOT.parent / "shared" / "third_party" / "rl-kernel-h3")
-BUILD_DIR = "/tmp/gate-residual-rl-kernel-build"
+BUILD_DIR = settings.SETTINGS["RLK_BUILD_DIR"].default
 
 
 def resolve(configured: str | os.PathLike | None = None) -> Path:
     """The tree to use (see the module docstring); may not exist (:func:`problem` says)."""
-    value = os.environ.get(ENV_TREE) or configured
+    value = settings.get(ENV_TREE) or configured
     if value:
         path = Path(value).expanduser()
         return path if path.is_absolute() else PROJECT_ROOT / path
@@ -82,7 +84,7 @@ def problem(tree: Path, modules: tuple[str, ...]) -> str | None:
 
 def nvcc() -> str | None:
     """The nvcc torch's extension loader would use, or None."""
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    home = settings.get("CUDA_HOME") or settings.get("CUDA_PATH")
     if home and (Path(home) / "bin" / "nvcc").is_file():
         return str(Path(home) / "bin" / "nvcc")
     return shutil.which("nvcc")
@@ -122,7 +124,7 @@ def provenance(tree: Path) -> str:
 
 def prepare(tree: Path) -> None:
     """Put ``tree`` first on ``sys.path`` and default ``RLK_BUILD_DIR`` to :data:`BUILD_DIR`."""
-    os.environ.setdefault("RLK_BUILD_DIR", BUILD_DIR)
+    settings.setdefault("RLK_BUILD_DIR")
     entry = str(tree)
     if entry not in sys.path:
         sys.path.insert(0, entry)

@@ -12,6 +12,8 @@ import io
 import os
 from pathlib import Path
 
+from gate_residual_matrix import settings
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_ROOT = PROJECT_ROOT / ".carry" / "kernel-wheelhouse"
 ENV_ROOT = "GATE_RESIDUAL_WHEELHOUSE"
@@ -58,7 +60,7 @@ def manifest_path(root: Path, distribution: str, version: str) -> Path:
 def resolve_root(configured: str | os.PathLike | None = None) -> Path:
     """The wheelhouse root: ``$GATE_RESIDUAL_WHEELHOUSE``, else ``configured`` (relative to
     the project root), else :data:`DEFAULT_ROOT`."""
-    value = os.environ.get(ENV_ROOT) or configured
+    value = settings.get(ENV_ROOT) or configured
     if not value:
         return DEFAULT_ROOT
     path = Path(value).expanduser()

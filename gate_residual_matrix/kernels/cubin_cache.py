@@ -34,6 +34,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from gate_residual_matrix import settings
+
 _KERNELS_DIR = Path(__file__).resolve().parent
 _SOURCE_DIGEST: list[str] = []
 _VERSIONS: list[str] = []
@@ -41,12 +43,12 @@ _VERSIONS: list[str] = []
 
 def cache_dir() -> Path | None:
     """The cache folder (not created here), or None when ``GATE_RESIDUAL_CUBIN_CACHE=off``."""
-    value = os.environ.get("GATE_RESIDUAL_CUBIN_CACHE", "")
-    if value.lower() in ("off", "0", "no", "false"):
+    value = settings.get("GATE_RESIDUAL_CUBIN_CACHE")
+    if value == "off":
         return None
     if value:
         return Path(value)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    base = settings.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "gate-residual" / "cubin"
 
 
@@ -92,7 +94,7 @@ def key(name: str, dispatcher, argtypes: tuple, cc: tuple[int, int]) -> str:
     kernel and its variant, e.g. ``"gate_residual vec 0 bfloat16 int64"``) compiled by
     ``dispatcher`` for ``argtypes`` (numba types) on a GPU of compute capability ``cc``."""
     options = getattr(dispatcher, "targetoptions", {})
-    numba_env = sorted((k, v) for k, v in os.environ.items() if k.startswith("NUMBA_"))
+    numba_env = settings.matching("NUMBA_")
     text = json.dumps([source_digest(), name, repr(argtypes),
                        sorted((k, repr(v)) for k, v in options.items()), list(cc),
                        _versions(), numba_env])

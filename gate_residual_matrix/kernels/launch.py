@@ -28,13 +28,14 @@ from __future__ import annotations
 import array
 import ctypes
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 import torch
 from numba.cuda import types
+
+from gate_residual_matrix import settings
 
 #: cuLaunchKernel ``extra`` keys (cuda.h: CU_LAUNCH_PARAM_END, _BUFFER_POINTER, _BUFFER_SIZE)
 _PARAM_END, _PARAM_BUFFER_POINTER, _PARAM_BUFFER_SIZE = 0, 1, 2
@@ -84,10 +85,7 @@ class Launcher:
         self.dispatcher = dispatcher
         self.argtypes = argtypes
         self.name = name
-        self.method = os.environ.get("GATE_RESIDUAL_LAUNCH", "ctypes")
-        if self.method not in LAUNCH_METHODS:
-            raise ValueError(f"GATE_RESIDUAL_LAUNCH={self.method!r}: choose from "
-                             f"{', '.join(LAUNCH_METHODS)}")
+        self.method = settings.get("GATE_RESIDUAL_LAUNCH")
         self._cufunc = None
 
     def compiled(self):
@@ -160,7 +158,7 @@ class Launcher:
 
 #: ``GATE_RESIDUAL_LAUNCH`` values: libcuda's cuLaunchKernel through ctypes (default), the
 #: same through cuda.bindings, or cuda.core.launch (what numba-cuda calls)
-LAUNCH_METHODS = ("ctypes", "driver", "core")
+LAUNCH_METHODS = settings.LAUNCH_METHODS
 _CU_LAUNCH = None
 _HANDLES: dict[int, int] = {}
 

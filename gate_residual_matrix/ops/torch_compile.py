@@ -47,13 +47,14 @@ def missing_compiler(target: str) -> str | None:
     """Why torch.compile cannot build on ``target`` here, or None: the C++ compiler inductor
     uses for CPU code (``$CXX``, ``g++``, ``c++``, ``clang++``) or the C compiler Triton
     uses for its GPU launchers (``$CC``, ``cc``, ``gcc``, ``clang``)."""
-    import os
     import shutil
+
+    from gate_residual_matrix import settings
 
     env, names, what = (("CXX", ("g++", "c++", "clang++"), "a C++ compiler for inductor")
                         if target == "cpu" else
                         ("CC", ("cc", "gcc", "clang"), "a C compiler for Triton's launcher"))
-    candidates = [os.environ[env]] if os.environ.get(env) else list(names)
+    candidates = [settings.get(env)] if settings.get(env) else list(names)
     if any(shutil.which(c) for c in candidates):
         return None
     return f"torch.compile needs {what} and none is on PATH ({', '.join(candidates)})"

@@ -36,6 +36,7 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
+from gate_residual_matrix import settings
 from gate_residual_matrix.runner.compare_reports.options import (
     add_rule_options,
     refuse_without_expect,
@@ -326,12 +327,12 @@ def main(argv: list[str] | None = None) -> int:
                         "base-image": _cmd_base_image, "report": _cmd_report,
                         "compare": _cmd_compare, "gpu-host": _cmd_gpu_host}
             return commands[args.command](args)
-    except MatrixError as err:
+    except (MatrixError, settings.SettingError) as err:
         print(f"error: {shown(str(err))}", file=sys.stderr)
         return err.exit_code
     except Exception as err:  # a defect of ours: one line, the traceback only on request
         cell_process = (sys.argv[1:] if argv is None else argv)[:1] == ["cell"]
-        if os.environ.get("GATE_RESIDUAL_DEBUG") == "1" or cell_process:
+        if settings.get("GATE_RESIDUAL_DEBUG", strict=False) or cell_process:
             raise  # a cell's traceback goes to its report's log tail, not to a user
         first = (str(err).strip().splitlines() or [""])[0][:300]
         print(f"error: internal error ({type(err).__name__}: {first}); please report it, "

@@ -32,6 +32,7 @@ import time
 
 import torch
 
+from gate_residual_matrix import settings
 from gate_residual_matrix.contract.base import Implementation
 from gate_residual_matrix.ops.gate_residual.eager import run as eager_run
 
@@ -44,8 +45,8 @@ cell process kills itself when ``fault`` is called with this many rows: a cell s
 the middle of its cases, for the resume tests."""
 HANG_ROWS_VAR = "GATE_RESIDUAL_FAULT_HANG_ROWS"
 """As :data:`KILL_ROWS_VAR`, but the call sleeps forever (a cell stopped by a signal)."""
-FAULTS = ("none", "raise", "hang", "oom", "kill", "illegal_address")
-DEFAULT_CAP_MB = 512
+FAULTS = settings.FAULTS
+DEFAULT_CAP_MB = settings.SETTINGS[CAP_VAR].default
 BLOCK_BYTES = 64 << 20
 
 
@@ -59,10 +60,7 @@ def _marker(text: str) -> None:
 
 
 def _cap_bytes() -> int:
-    raw = os.environ.get(CAP_VAR, str(DEFAULT_CAP_MB))
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{CAP_VAR}: expected a whole number of MiB >= 1, got {raw!r}")
-    return int(raw) << 20
+    return settings.get(CAP_VAR) << 20
 
 
 def _address_space_limit(cap: int):
@@ -133,17 +131,17 @@ def illegal_address() -> None:
 
 def run(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
     """Do what ``GATE_RESIDUAL_FAULT`` says (see the module docstring), else eager."""
-    fault = os.environ.get(FAULT_VAR, "none") or "none"
     device = inputs["residual"].device.type
     rows = inputs["residual"].shape[0]
-    kill_rows, hang_rows = os.environ.get(KILL_ROWS_VAR, ""), os.environ.get(HANG_ROWS_VAR, "")
-    if kill_rows.isdigit() and rows == int(kill_rows):
+    kill_rows, hang_rows = settings.get(KILL_ROWS_VAR), settings.get(HANG_ROWS_VAR)
+    if rows == kill_rows:
         _marker(f"{KILL_ROWS_VAR}={kill_rows}: sending SIGKILL to own pid {os.getpid()}")
         os.kill(os.getpid(), signal.SIGKILL)
-    if hang_rows.isdigit() and rows == int(hang_rows):
+    if rows == hang_rows:
         _marker(f"{HANG_ROWS_VAR}={hang_rows}: sleeping forever in pid {os.getpid()}")
         while True:
             time.sleep(3600)
+    fault = settings.get(FAULT_VAR)
     if fault == "none":
         return eager_run(inputs, backward=backward)
     if fault == "raise":
@@ -165,7 +163,7 @@ def run(inputs, *, backward: bool) -> dict[str, torch.Tensor]:
                                 f"got {device}")
         _marker(f"{FAULT_VAR}=illegal_address: storing 4 TiB past a CUDA array")
         illegal_address()
-    raise ValueError(f"{FAULT_VAR}: expected one of {', '.join(FAULTS)}, got {fault!r}")
+    raise AssertionError(f"{FAULT_VAR}={fault!r} has no branch here")  # settings.FAULTS
 
 
 FAULT = Implementation(

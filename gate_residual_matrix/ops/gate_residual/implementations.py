@@ -8,8 +8,7 @@ test-only fault injectors of :mod:`ops.gate_residual.faulty` are added.
 
 from __future__ import annotations
 
-import os
-
+from gate_residual_matrix import settings
 from gate_residual_matrix.contract.base import Implementation
 from gate_residual_matrix.ops.gate_residual import compiled, eager, fp64, libraries, numba_kernel
 
@@ -17,7 +16,7 @@ IMPLEMENTATIONS: tuple[Implementation, ...] = (
     eager.EAGER, numba_kernel.NUMBA, fp64.FP64, compiled.COMPILED, compiled.COMPILED_EMULATE,
     *libraries.LIBRARIES)
 
-if os.environ.get("GATE_RESIDUAL_FAULTS") == "1":
+if settings.get("GATE_RESIDUAL_FAULTS"):
     from gate_residual_matrix.ops.gate_residual import faulty
 
     IMPLEMENTATIONS += (faulty.FAULT, *faulty.TEST_ONLY)

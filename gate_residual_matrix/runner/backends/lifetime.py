@@ -22,6 +22,8 @@ import sys
 import threading
 import time
 
+from gate_residual_matrix import settings
+
 DEADLINE_ENV = "GATE_RESIDUAL_CELL_DEADLINE"
 """Seconds since the epoch after which the cell process exits by itself."""
 PARENT_ENV = "GATE_RESIDUAL_PARENT_PID"
@@ -59,14 +61,8 @@ def start_watchdog(*, poll_s: float = 0.5) -> threading.Thread | None:
     """In the cell process: start the guard thread when :data:`DEADLINE_ENV` or
     :data:`PARENT_ENV` is set (the backends set both); None when neither is. Malformed values
     are ignored (the runner's own timeout still applies)."""
-    try:
-        deadline = float(os.environ[DEADLINE_ENV]) if DEADLINE_ENV in os.environ else None
-    except ValueError:
-        deadline = None
-    try:
-        parent = int(os.environ[PARENT_ENV]) if PARENT_ENV in os.environ else None
-    except ValueError:
-        parent = None
+    deadline = settings.get(DEADLINE_ENV, strict=False)
+    parent = settings.get(PARENT_ENV, strict=False)
     if parent is not None and os.getppid() != parent:
         parent = None  # in a container the runner is not our parent: the deadline serves
     if deadline is None and parent is None:

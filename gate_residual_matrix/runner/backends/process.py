@@ -19,11 +19,11 @@ Example (what the host backend runs)::
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gate_residual_matrix import settings
 from gate_residual_matrix.runner.errors import ConfigError
 
 __all__ = ["run_cell_process"]
@@ -82,7 +82,7 @@ def run_cell_process(matrix_path: Path, reports_dir: Path, *, stacks: Sequence[s
                                                                 applied),
                         on_case=checkpoint)
 
-    profile_dir = os.environ.get("GATE_RESIDUAL_CPROFILE")
+    profile_dir = settings.get("GATE_RESIDUAL_CPROFILE")
     if profile_dir:  # where the cell's own time goes, beyond its phases (docs/performance.md)
         import cProfile
 

@@ -33,11 +33,10 @@ Example::
 from __future__ import annotations
 
 import copy
-import os
-import re
 from collections.abc import Sequence
 from typing import Any
 
+from gate_residual_matrix import settings
 from gate_residual_matrix.runner.cell import phases
 from gate_residual_matrix.runner.reports.merge import merge_reports
 from gate_residual_matrix.runner.status import SEVERITY, Status
@@ -64,13 +63,7 @@ def requested() -> int | None:
     Raises:
         ValueError: the variable is neither ``auto`` nor a positive integer (one line).
     """
-    raw = os.environ.get(ENV)
-    if raw is None or raw == "auto":
-        return None
-    if not re.fullmatch(r"[0-9]{1,6}", raw) or int(raw) < 1:
-        raise ValueError(f"{ENV}={raw!r}: expected a positive integer (at most 6 digits) or "
-                         "'auto'")
-    return int(raw)
+    return settings.get(ENV)
 
 
 def groups(matrix, cases: Sequence) -> list[list]:

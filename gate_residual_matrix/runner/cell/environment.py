@@ -60,11 +60,11 @@ def project_state(root: Path = PROJECT_ROOT) -> dict:
     Inside a container without git metadata, the values baked in at build time come from
     ``GATE_RESIDUAL_COMMIT`` / ``..._DIRTY``.
     """
-    import os
+    from gate_residual_matrix import settings
 
-    if os.environ.get("GATE_RESIDUAL_COMMIT"):
-        return {"commit": os.environ["GATE_RESIDUAL_COMMIT"],
-                "dirty": os.environ.get("GATE_RESIDUAL_DIRTY") == "1"}
+    if settings.get("GATE_RESIDUAL_COMMIT"):
+        return {"commit": settings.get("GATE_RESIDUAL_COMMIT"),
+                "dirty": settings.get("GATE_RESIDUAL_DIRTY")}
     git = shutil.which("git")
     if not git or not (root / ".git").exists():
         return {"commit": None, "dirty": None}

@@ -53,6 +53,7 @@ import sys
 import time
 from pathlib import Path
 
+from gate_residual_matrix import settings
 from gate_residual_matrix.runner.cell.batch_invariance import checked_row_counts, sweep_row_counts
 from gate_residual_matrix.runner.cell.compile_pool import TIMEOUT_S, run, run_groups
 
@@ -113,9 +114,9 @@ def workers_for(items: list, cpus: int | None) -> int:
     but 2 on a machine of 2 to 4 CPUs (the cell waits for them: two CPUs compile at once),
     at most :data:`MAX_WORKERS` and the number of calls; 0 when fewer than 2 would run.
     ``GATE_RESIDUAL_PRECOMPILE=N`` sets the number (0: off)."""
-    forced = os.environ.get("GATE_RESIDUAL_PRECOMPILE", "")
-    if forced.isdigit():  # "0": off; "N": N workers whatever the CPUs (tests)
-        return min(int(forced), len(items))
+    forced = settings.get("GATE_RESIDUAL_PRECOMPILE")
+    if forced is not None:  # 0: off; N: N workers whatever the CPUs (tests)
+        return min(forced, len(items))
     n = min(MAX_WORKERS, max((cpus or 1) - 2, 2 if (cpus or 1) >= 2 else 0), len(items))
     return n if n >= 2 else 0
 
@@ -341,5 +342,5 @@ def _interrupted(signum, frame):  # SIGTERM: unwind as Ctrl-C does (workers kill
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    settings.setdefault("PYTHONUNBUFFERED")
     sys.exit(_cli(sys.argv[1:]))

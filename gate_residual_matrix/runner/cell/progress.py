@@ -18,11 +18,12 @@ Example::
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 import time
 from typing import IO
+
+from gate_residual_matrix import settings
 
 PREFIX = "[progress] "
 MODE_ENV = "GATE_RESIDUAL_PROGRESS"
@@ -79,7 +80,7 @@ class ProgressView:
     def __init__(self, cell_id: str, cases: int, stream: IO[str] | None = None) -> None:
         self.cell_id, self.cases = cell_id, cases
         self.stream = stream or sys.stdout
-        mode = os.environ.get(MODE_ENV, "auto")
+        mode = settings.get(MODE_ENV)
         self.off = mode == "off"
         self.rich = (mode not in ("plain", "off") and hasattr(self.stream, "isatty")
                      and self.stream.isatty())

@@ -28,6 +28,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from gate_residual_matrix import settings
 from gate_residual_matrix.runner.gpu_host import modes as modes_step
 from gate_residual_matrix.runner.gpu_host.steps import HostRun
 
@@ -60,7 +61,7 @@ def env(run: HostRun) -> int:
         print(f"torch does not import: {err}")
         rc = 1
     for var in CACHES:
-        print(f"{var}={os.environ.get(var, '')}")
+        print(f"{var}={settings.raw(var) or ''}")
     print(f"source: {run.source.get('note', 'not checked')}")
     return rc
 

@@ -19,6 +19,7 @@ import subprocess
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
+from gate_residual_matrix import settings
 from gate_residual_matrix.runner.reports.store import read_reports, write_text_atomic
 from gate_residual_matrix.runner.tables.formats import Rendering, select
 from gate_residual_matrix.runner.tables.model.build import build_tables
@@ -37,8 +38,8 @@ _ROOT = Path(__file__).resolve().parents[3]
 def current_commit(root: Path = _ROOT) -> str | None:
     """The project's git HEAD (``GATE_RESIDUAL_COMMIT`` overrides it, as for the reports),
     or None where git or the checkout is missing. Never raises."""
-    if os.environ.get("GATE_RESIDUAL_COMMIT"):
-        return os.environ["GATE_RESIDUAL_COMMIT"]
+    if settings.get("GATE_RESIDUAL_COMMIT"):
+        return settings.get("GATE_RESIDUAL_COMMIT")
     try:
         done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
                               text=True, timeout=10, check=False)

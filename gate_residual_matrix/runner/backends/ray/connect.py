@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+from gate_residual_matrix import settings
 from gate_residual_matrix.runner.backends.ray.cluster import Cluster, _first_line
 from gate_residual_matrix.runner.errors import BackendError, ConfigError, Interrupted
 
@@ -45,7 +46,7 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """The command line's handlers (runner.__main__), which ``ray.init`` would replace."""
 PROBE_TIMEOUT_S = 5.0
 """Seconds a TCP connection to the cluster's address may take to open before Ray is asked."""
-CLIENT_TIMEOUT_S = 3
+CLIENT_TIMEOUT_S = settings.SETTINGS["RAY_CLIENT_MAX_CONNECTION_TIMEOUT_S"].default
 """Ray Client's wait for its server per try, and between tries (its defaults: 5 s growing to
 30 s, which with its retries and ours made a dead address take about 100 s)."""
 _ADDRESS_RE = re.compile(r"(?:ray://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*)"
@@ -66,10 +67,9 @@ def parse_address(value: str, environ: dict | None = None) -> str:
         >>> parse_address("auto", {"RAY_ADDRESS": "ray://10.0.0.1:10001"})
         'ray://10.0.0.1:10001'
     """
-    env = os.environ if environ is None else environ
     given = value
     if value == "auto":
-        value = env.get("RAY_ADDRESS", "").strip()
+        value = (settings.raw("RAY_ADDRESS", environ) or "").strip()
         if not value:
             raise ConfigError("--cluster auto: RAY_ADDRESS is not set; set it or give "
                               "--cluster ray://HOST:PORT")
@@ -163,7 +163,7 @@ def _ray() -> ModuleType:
     environment sets them."""
     for name in ("RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S",
                  "RAY_CLIENT_MAX_CONNECTION_TIMEOUT_S"):
-        os.environ.setdefault(name, str(CLIENT_TIMEOUT_S))
+        settings.setdefault(name)
     try:
         import ray
     except ImportError as err:

@@ -37,6 +37,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from gate_residual_matrix import settings
 from gate_residual_matrix.runner.cell.progress import MODE_ENV
 
 __all__ = ["GPU_PREFIX", "advertised", "ray_start_line", "run_on_node"]
@@ -173,7 +174,7 @@ def run_on_node(payload: dict, queue=None) -> tuple[str, bytes]:
             backend = HostBackend()
         stage = tmp / "stage"
         stage.mkdir()
-        previous = os.environ.get(MODE_ENV)
+        previous = settings.raw(MODE_ENV)
         if previous != "off":
             os.environ[MODE_ENV] = "plain"  # one line per case, which the driver shows
         try:
