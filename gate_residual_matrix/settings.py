@@ -250,6 +250,10 @@ _ALL = (
             "The C++ compiler inductor uses for CPU code; without it, g++, c++ or clang++ "
             "must be on PATH for torch.compile on cpu.", expected="a command",
             shown_default="g++, c++ or clang++"),
+    Setting("PYTHONPATH", Kind.EXTERNAL, "paths", None,
+            "Python's module path; on a GPU host the wrapper (scripts/gpu_host.sh) puts the "
+            "carried wheels and the copy's root on it, and the env step shows it.",
+            expected=PATH, shown_default="none"),
     Setting("UV", Kind.EXTERNAL, "command", None,
             "The uv binary nox looks for (read by nox); where none is found the noxfile tells "
             "nox so before it searches, since the sessions never use uv.", expected="a command",

@@ -378,3 +378,13 @@ def test_in_threads_keeps_the_order_and_hands_on_an_error():
     assert modes._in_threads([(slow, (i,)) for i in range(3)], jobs=2) == [0, 1, 2]
     with pytest.raises(ZeroDivisionError):
         modes._in_threads([(slow, (0,)), (lambda: 1 / 0, ())])
+
+
+def test_env_step_names_only_declared_settings():
+    """The env step prints each of its variables through settings.raw, which refuses an
+    undeclared name: every name it lists must be declared."""
+    from gate_residual_matrix import settings
+    from gate_residual_matrix.runner.gpu_host import procedure
+
+    for name in procedure.CACHES:
+        settings.raw(name, env={})  # KeyError for an undeclared name
