@@ -348,10 +348,10 @@ def test_no_engine_is_one_sentence_not_docker_pys_text() -> None:
 
 def test_no_engine_with_backend_docker_is_exit_4_in_one_line(
         tmp_path: Path, monkeypatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from gate_residual_matrix.runner import pipeline
     from gate_residual_matrix.runner.__main__ import main
+    from gate_residual_matrix.runner.backends import local
 
-    monkeypatch.setattr(pipeline, "DockerBackend", Unreachable)
+    monkeypatch.setattr(local, "DockerBackend", Unreachable)
     assert main(["matrix", "--reports", str(tmp_path / "r"), "--backend", "docker",
                  "--stack", "cpu-torch2.13", "--target", "cpu", "--mode", "plain"]) == 4
     err = capsys.readouterr().err
