@@ -128,14 +128,14 @@ def test_an_edit_during_the_run_cannot_reach_a_report_of_the_old_fingerprint(
 def test_the_snapshot_is_removed_after_the_run(tmp_path: Path, cell_like,
                                                monkeypatch) -> None:
     made = []
-    real = pipeline._snapshot
+    real = pipeline.snapshot_matrix
 
     def spy(request):
         path = real(request)
         made.append(path)
         return path
 
-    monkeypatch.setattr(pipeline, "_snapshot", spy)
+    monkeypatch.setattr(pipeline, "snapshot_matrix", spy)
     _run(_write(tmp_path / "matrix.yaml", BASE), tmp_path / "reports")
     [path] = made
     assert path.name == "matrix.yaml" and path != tmp_path / "matrix.yaml"

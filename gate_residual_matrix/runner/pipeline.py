@@ -52,7 +52,8 @@ from gate_residual_matrix.runner.reports import store as report_io
 from gate_residual_matrix.runner.run import STACK_SKIPPED, RunContext, run_cells, salvage_stale
 
 __all__ = ["STACK_SKIPPED", "Request", "Selection", "Site", "check_site", "choose_site", "load",
-           "open_reports", "prepare", "render_tables", "run_cells", "run_matrix", "select"]
+           "open_reports", "prepare", "render_tables", "run_cells", "run_matrix", "select",
+           "snapshot_matrix"]
 
 DEFAULT_TIMEOUT_S = 3600.0
 
@@ -283,12 +284,12 @@ def open_reports(matrix: Matrix, selection: Selection, request: Request) -> RunC
     project: dict[str, Any] = project_state()
     project["diff_sha256"] = uncommitted_digest() if project.get("dirty") else None
     salvage_stale(reports_dir, matrix)
-    return RunContext(matrix, _snapshot(request), reports_dir, selection.cases, project,
+    return RunContext(matrix, snapshot_matrix(request), reports_dir, selection.cases, project,
                       force=request.force, timeout_s=request.timeout_s,
                       matrix_origin=request.matrix_path)
 
 
-def _snapshot(request: Request) -> Path:
+def snapshot_matrix(request: Request) -> Path:
     """The file the cells read the matrix from: a private copy (same name, in a new
     temporary folder that :func:`run_matrix` removes) of the bytes :func:`load` validated,
     so that editing the matrix file while the run goes on changes nothing in it; the file
@@ -296,6 +297,12 @@ def _snapshot(request: Request) -> Path:
 
     Raises:
         ReportError: the temporary folder cannot be written.
+
+    Example::
+
+        >>> request, matrix = load(Request(Path("matrix.yaml"), Path("reports")))  # doctest: +SKIP
+        >>> snapshot_matrix(request)  # doctest: +SKIP
+        PosixPath('/tmp/gate-residual-matrix-k2j4/matrix.yaml')
     """
     if request.snapshot is None:
         return request.matrix_path
