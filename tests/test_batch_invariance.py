@@ -111,8 +111,8 @@ def test_the_padded_comparison_needs_finite_inputs_without_rows():
     spec = ops.get("rms_norm_scale_shift")
     x = build(spec, n=20, sizes={"D": 16, "G": 3}, dtype="float32", index_dtype="int64",
               seed=5).tensors
-    assert batch_invariance._padding_is_exact(x, spec)
+    assert batch_invariance.padding_is_exact(x, spec)
     x["weight"][3] = float("inf")
-    assert not batch_invariance._padding_is_exact(x, spec)
+    assert not batch_invariance.padding_is_exact(x, spec)
     x["x"][4, 2] = float("nan")  # a row input's special is zeroed with its row: still not exact
     assert batch_invariance.size_sweep(NUMBA, x, 20, spec) is None

@@ -16,6 +16,7 @@ import torch
 
 from gate_residual_matrix.runner import pipeline as run_mod
 from gate_residual_matrix.runner.__main__ import main
+from gate_residual_matrix.runner.backends import local
 from gate_residual_matrix.runner.cell import catalog as implementations
 from gate_residual_matrix.runner.config.matrix import load_matrix
 
@@ -126,7 +127,7 @@ def test_a_missing_reports_directory_is_not_created_on_error(tmp_path, capsys):
 
 
 def test_cuda_requested_without_a_gpu_exits_2_and_writes_nothing(reports, capsys, monkeypatch):
-    monkeypatch.setattr(run_mod, "cuda_available", lambda: False)
+    monkeypatch.setattr(local, "cuda_available", lambda: False)
     before = snapshot(reports)
     for argv in (["--target", "cuda"], ["--target", "cpu", "--target", "cuda"]):
         assert main(["matrix", "--reports", str(reports), *argv]) == 2
@@ -160,7 +161,7 @@ def test_a_case_too_big_for_any_host_is_refused_before_anything_runs(reports, ca
                                                                      monkeypatch, tmp_path):
     """N = 10**11 used to fail inside the cell (exit 5); the bound is this host's memory."""
     path = bad_matrix(tmp_path, "  - {n: 4097}", "  - {n: 100000000000}")
-    monkeypatch.setattr(run_mod, "host_memory_bytes", lambda: 2**40)
+    monkeypatch.setattr(local, "host_memory_bytes", lambda: 2**40)
     before = snapshot(reports)
     assert main(["matrix", "--matrix", path, "--reports", str(reports), "--case",
                  "100000000000"]) == 2
@@ -168,7 +169,7 @@ def test_a_case_too_big_for_any_host_is_refused_before_anything_runs(reports, ca
     assert err.endswith("this host has 1 TiB)\n") and err.count("\n") == 1, err
     assert snapshot(reports) == before
     # not selected: not checked (the other cases run as before)
-    monkeypatch.setattr(run_mod, "host_memory_bytes", lambda: None)
+    monkeypatch.setattr(local, "host_memory_bytes", lambda: None)
     run_mod.check_case_sizes(load_matrix(Path(path)), (), Path(path), None)
 
 

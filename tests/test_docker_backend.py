@@ -348,10 +348,10 @@ def test_no_engine_is_one_sentence_not_docker_pys_text() -> None:
 
 def test_no_engine_with_backend_docker_is_exit_4_in_one_line(
         tmp_path: Path, monkeypatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from gate_residual_matrix.runner import pipeline
     from gate_residual_matrix.runner.__main__ import main
+    from gate_residual_matrix.runner.backends import local
 
-    monkeypatch.setattr(pipeline, "DockerBackend", Unreachable)
+    monkeypatch.setattr(local, "DockerBackend", Unreachable)
     assert main(["matrix", "--reports", str(tmp_path / "r"), "--backend", "docker",
                  "--stack", "cpu-torch2.13", "--target", "cpu", "--mode", "plain"]) == 4
     err = capsys.readouterr().err
@@ -604,13 +604,13 @@ def test_sigterm_while_the_container_runs_removes_it_and_the_staging_directory(
 def test_a_signal_during_the_create_lands_once_the_container_is_known(tmp_path: Path) -> None:
     """SIGTERM sent while the engine creates the container: held until the id is in hand,
     then raised, and the container is removed."""
-    from gate_residual_matrix.runner.__main__ import _signals_interrupt
+    from gate_residual_matrix.runner.backends.interrupts import signals_interrupt
 
     def signal_now():
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.05)  # the handler ran here: held, not raised
 
     api = FakeAPI(on_create=signal_now)
-    with _signals_interrupt(), pytest.raises(Interrupted):
+    with signals_interrupt(), pytest.raises(Interrupted):
         backend_on(api, tmp_path)._run_container(config(), 10)
     assert api.names() == ["host_config", "create", "remove"]

@@ -320,12 +320,11 @@ def shell_signals():
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_while_the_cell_process_starts_is_held_until_it_is_known(shell_signals,
                                                                           signum):
-    from gate_residual_matrix.runner.__main__ import _signals_interrupt
-    from gate_residual_matrix.runner.backends.interrupts import deferred
+    from gate_residual_matrix.runner.backends.interrupts import deferred, signals_interrupt
     from gate_residual_matrix.runner.errors import Interrupted
 
     reached_end = False
-    with _signals_interrupt():
+    with signals_interrupt():
         installed = signal.getsignal(signum)
         with pytest.raises(Interrupted) as stopped:
             with deferred():

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from gate_residual_matrix.runner.backends import local
 from gate_residual_matrix.runner.reports import json_file as report_json
 from gate_residual_matrix.runner.reports import store as report_mod
 from gate_residual_matrix.runner.reports.store import read_report, read_reports
@@ -414,9 +415,8 @@ def test_every_tensor_counts_against_host_memory(
         old: str, new: str, key: str) -> None:
     """G used to be left out (G = 10**12 started a cell that grew until killed), and a D too
     big was reported against cases[0].n."""
-    from gate_residual_matrix.runner import pipeline as run_mod
 
-    monkeypatch.setattr(run_mod, "host_memory_bytes", lambda: 2**40)
+    monkeypatch.setattr(local, "host_memory_bytes", lambda: 2**40)
     line = _matrix_error(tmp_path, _replace(old, new), capsys, "--target", "cpu", "--case", "1")
     assert key in line and line.endswith("this host has 1 TiB)")
 

@@ -128,14 +128,14 @@ def test_an_edit_during_the_run_cannot_reach_a_report_of_the_old_fingerprint(
 def test_the_snapshot_is_removed_after_the_run(tmp_path: Path, cell_like,
                                                monkeypatch) -> None:
     made = []
-    real = pipeline._snapshot
+    real = pipeline.snapshot_matrix
 
     def spy(request):
         path = real(request)
         made.append(path)
         return path
 
-    monkeypatch.setattr(pipeline, "_snapshot", spy)
+    monkeypatch.setattr(pipeline, "snapshot_matrix", spy)
     _run(_write(tmp_path / "matrix.yaml", BASE), tmp_path / "reports")
     [path] = made
     assert path.name == "matrix.yaml" and path != tmp_path / "matrix.yaml"
@@ -196,7 +196,7 @@ RACER = textwrap.dedent("""
     sys.path[:0] = [{root!r}, {tests!r}]
     import test_hostile_part2 as t
     from gate_residual_matrix.runner import pipeline
-    from gate_residual_matrix.runner.backends import BACKENDS
+    from gate_residual_matrix.runner.backends.registry import BACKENDS
 
     pipeline.project_state = lambda: {{"commit": "ab" * 20, "dirty": False}}
     pipeline.uncommitted_digest = lambda: None

@@ -1,5 +1,5 @@
-"""The matrix pipeline's named steps (runner/pipeline.py, runner/run.py, runner/backends/site.py),
-each alone.
+"""The matrix pipeline's named steps (runner/pipeline.py, runner/run.py) and this machine as
+their site (runner/backends/local.py), each alone.
 
 No cell process runs here: the host backend is a fake that writes a report at once, and no
 Docker engine is asked (a docker backend that says it has none). The whole-run behaviour
@@ -18,12 +18,15 @@ import pytest
 import yaml
 
 from gate_residual_matrix.runner import pipeline
+from gate_residual_matrix.runner.backends import local
 from gate_residual_matrix.runner.backends.docker.cells import DockerBackend
+from gate_residual_matrix.runner.backends.local import LocalSite
 from gate_residual_matrix.runner.backends.registry import BACKENDS
+from gate_residual_matrix.runner.backends.site import Job
 from gate_residual_matrix.runner.cell.run import skeleton
 from gate_residual_matrix.runner.errors import BackendError, ConfigError
 from gate_residual_matrix.runner.outcome import REFUSED, CellOutcome, failed, summary
-from gate_residual_matrix.runner.pipeline import Request, Site
+from gate_residual_matrix.runner.pipeline import Request
 from gate_residual_matrix.runner.plan.cells import Cell
 from gate_residual_matrix.runner.reports.store import write_report
 from gate_residual_matrix.runner.run import plan_cell, run_cells
@@ -97,7 +100,7 @@ def steady(monkeypatch: pytest.MonkeyPatch) -> None:
     """A fixed project state, no GPU, the instant host backend."""
     monkeypatch.setattr(pipeline, "project_state", lambda: {"commit": "ab" * 20,
                                                             "dirty": False})
-    monkeypatch.setattr(pipeline, "cuda_available", lambda: False)
+    monkeypatch.setattr(local, "cuda_available", lambda: False)
     monkeypatch.setitem(BACKENDS, "host", Instant)
     monkeypatch.setattr(Instant, "ran", [])
 
@@ -124,7 +127,7 @@ def test_choose_site_asks_the_engine_only_when_containers_may_run(
         request_: Request, monkeypatch: pytest.MonkeyPatch) -> None:
     from dataclasses import replace
 
-    monkeypatch.setattr(pipeline, "DockerBackend", NoEngine)
+    monkeypatch.setattr(local, "DockerBackend", NoEngine)
     host = pipeline.choose_site(request_)
     assert (host.chosen, host.note, host.docker) == ("host", None, None)
     auto = pipeline.choose_site(replace(request_, backend="auto"))
@@ -134,6 +137,8 @@ def test_choose_site_asks_the_engine_only_when_containers_may_run(
         pipeline.choose_site(replace(request_, backend="docker"))
     with pytest.raises(ConfigError, match=r"^--abba: runs its processes in A-B-B-A order"):
         pipeline.choose_site(replace(request_, cluster="ray://h:1", abba="det"))
+    with pytest.raises(ConfigError, match=r"^--gpu-model: places cells on a cluster's nodes"):
+        pipeline.choose_site(replace(request_, gpu_model="NVIDIA H200"))
 
 
 def test_select_names_cells_and_cases(request_: Request) -> None:
@@ -151,27 +156,25 @@ def test_select_names_cells_and_cases(request_: Request) -> None:
     assert [c.id for c in abba.cells] == ["host-plain-cuda", "host-plain-cpu"]
     with pytest.raises(ConfigError, match=r"^--abba: expected one of the modes"):
         pipeline.select(matrix, replace(request, abba="nope"))
-    with pytest.raises(ConfigError, match=r"^--gpu-model: places cells on a cluster's nodes"):
-        pipeline.select(matrix, replace(request, gpu_model="NVIDIA H200"))
 
 
 def test_check_site_refuses_cuda_without_a_gpu(request_: Request, steady: None) -> None:
     from dataclasses import replace
 
     request, matrix = pipeline.load(request_)
-    site = Site("host")
+    site = LocalSite("host")
     pipeline.check_site(matrix, pipeline.select(matrix, request), site, request)
     assert site.has_gpu is False  # the cuda cells are skipped later, not refused
     cuda = replace(request, targets=["cuda"])
     with pytest.raises(ConfigError, match=r"^--target: cuda was requested but torch sees no"):
-        pipeline.check_site(matrix, pipeline.select(matrix, cuda), Site("host"), cuda)
+        pipeline.check_site(matrix, pipeline.select(matrix, cuda), LocalSite("host"), cuda)
 
 
 def test_prepare_on_the_host_names_each_docker_stack_once(
         request_: Request, capsys: pytest.CaptureFixture[str]) -> None:
     request, matrix = pipeline.load(request_)
     skipped = pipeline.prepare(matrix, pipeline.select(matrix, request),
-                               Site("host", has_gpu=False), request)
+                               LocalSite("host", has_gpu=False), request)
     assert list(skipped) == ["box"] and skipped["box"].startswith(
         "stack kind docker runs only in a container: this run uses the host backend")
     out = capsys.readouterr().out
@@ -208,7 +211,7 @@ def test_run_cells_skips_runs_and_reuses(request_: Request, steady: None,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     request, matrix = pipeline.load(request_)
     selection = pipeline.select(matrix, request)
-    site = Site("host")
+    site = LocalSite("host")
     pipeline.check_site(matrix, selection, site, request)
     skipped = pipeline.prepare(matrix, selection, site, request)
     ctx = pipeline.open_reports(matrix, selection, request)
@@ -258,9 +261,23 @@ def test_the_summary_collapses_skipped_cells_and_lists_only_the_failed_ones(
     assert summary([]) == "0 cells: none selected"
 
 
-def test_connect_without_a_cluster_is_the_site_itself(request_: Request) -> None:
-    site = Site("host")
-    assert pipeline.connect(site, request_) is site
+def test_the_local_site_opens_closes_and_runs_each_cell_at_drain(
+        request_: Request, steady: None) -> None:
+    """Opening and closing this machine's site asks nothing; a submitted cell runs only when
+    the site is drained, and its report comes back stamped."""
+    request, matrix = pipeline.load(request_)
+    ctx = pipeline.open_reports(matrix, pipeline.select(matrix, request), request)
+    site = pipeline.choose_site(request)
+    site.open()
+    cell, host = Cell("host", "plain", "cpu"), Instant()
+    site.submit(Job(0, cell, ctx.cases, "r" * 32, "host", ctx.batch(),
+                    lambda report: ctx.stamp(host, cell, report)))
+    assert Instant.ran == []
+    got: list = []
+    site.drain(lambda job, report: got.append((job.key, report)))
+    site.close()
+    assert Instant.ran == ["host-plain-cpu"] and [k for k, _ in got] == [0]
+    assert got[0][1]["fingerprint"] == ctx.fingerprint(host, cell)
 
 
 def test_render_tables_turns_an_os_error_into_a_report_error(

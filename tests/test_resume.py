@@ -186,8 +186,8 @@ def test_a_finished_report_in_the_stage_survives_a_stopped_runner(tmp_path):
     """The cell ended and wrote its final report into the stage, then the runner was stopped
     (SIGTERM at a deadline, seen on the H200) before putting it in place: the report is
     kept, stamped, not thrown away with the stage."""
+    from gate_residual_matrix.runner.backends.staging import run_staged
     from gate_residual_matrix.runner.reports import store as report_io
-    from gate_residual_matrix.runner.run import run_staged
 
     data = json.loads((ROOT / "tests" / "data" / "reports" / "host-plain-cuda.json").read_text())
     assert data["status"] == "ok" and data["cases"]

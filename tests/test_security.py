@@ -185,7 +185,7 @@ def test_metacharacters_newlines_and_traversal_in_every_string(slot):
 
 
 def test_yaml_is_loaded_safely(tmp_path):
-    assert issubclass(config._UniqueKeyLoader, yaml.SafeLoader)
+    assert issubclass(config.UniqueKeyLoader, yaml.SafeLoader)
     marker = tmp_path / "pwned"
     path = tmp_path / "matrix.yaml"
     path.write_text(f'x: !!python/object/apply:os.system ["touch {marker}"]\n')

@@ -33,7 +33,7 @@ BREAKS = [
 
 def _both(monkeypatch: pytest.MonkeyPatch, path: Path) -> tuple[object, object]:
     fast = report_mod.read_report(path)
-    monkeypatch.setattr(report_mod, "_fast_validator", lambda: None)
+    monkeypatch.setattr(report_mod, "fast_validator", lambda: None)
     slow = report_mod.read_report(path)
     monkeypatch.undo()
     return fast, slow
@@ -41,7 +41,7 @@ def _both(monkeypatch: pytest.MonkeyPatch, path: Path) -> tuple[object, object]:
 
 def test_fast_validator_is_installed_here() -> None:
     pytest.importorskip("jsonschema_rs")
-    assert report_mod._fast_validator() is not None
+    assert report_mod.fast_validator() is not None
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)

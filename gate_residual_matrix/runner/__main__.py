@@ -25,18 +25,15 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
 import sys
-import threading
-from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 from typing import NoReturn
 
 from gate_residual_matrix import settings
+from gate_residual_matrix.runner.backends.interrupts import signals_interrupt
 from gate_residual_matrix.runner.compare_reports.options import (
     add_rule_options,
     refuse_without_expect,
@@ -290,38 +287,10 @@ def _cmd_gpu_host(args: argparse.Namespace) -> int:
     return run(args)
 
 
-@contextlib.contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP (a closed terminal or SSH session) raise
-    :class:`Interrupted` for the duration (the first one only:
-    later ones are ignored, so that the clean-up the first one started is not cut short).
-    A signal the process was started with ignored stays ignored (``nohup``, ``&``)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    fired: list[int] = []
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        if fired:
-            return
-        fired.append(signum)
-        raise Interrupted(signum)
-
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    for s, handler in previous.items():
-        if handler is not signal.SIG_IGN:
-            signal.signal(s, interrupt)
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv``, run the command, return the exit code."""
     try:
-        with _signals_interrupt():
+        with signals_interrupt():
             args = _parser().parse_args(argv)
             commands = {"matrix": _cmd_matrix, "cell": _cmd_cell, "build": _cmd_build,
                         "base-image": _cmd_base_image, "report": _cmd_report,

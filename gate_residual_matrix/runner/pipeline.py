@@ -6,18 +6,20 @@ tested alone:
 
 1. :func:`load`: the options checked and matrix.yaml parsed (nothing run or written
    before the matrix and every option are good: exit 2);
-2. :func:`choose_site`: where the cells run: the backend (``--backend host|docker|auto``,
-   :func:`runner.backends.registry.resolve`) or a Ray cluster (``--cluster``, :func:`connect`);
+2. :func:`choose_site`: where the cells run, one site of
+   :data:`runner.backends.sites.SITES` (:class:`runner.backends.site.Site`): this machine's
+   backends (``--backend host|docker|auto``) or a Ray cluster (``--cluster``), connected
+   (``site.open()``) once the selection is made;
 3. :func:`select`: the cells (:func:`runner.plan.cells.expand`, then ``--stack/--mode/--target``
    and ``--abba``) and the cases (``--case``);
 4. :func:`check_site`: the selected cases fit in memory, a requested ``cuda`` target has a
    GPU;
-5. :func:`prepare`: which docker stacks cannot run here, named once (the backend's
+5. :func:`prepare`: which docker stacks cannot run here, named once (the site's
    ``prepare``: with ``--build`` the missing images are built first);
 6. :func:`open_reports`: the reports directory, what stopped runs left in it, the
    project's state that every fingerprint takes;
-7. :func:`runner.run.run_cells`: each cell skipped, reused, refused or run and its report
-   written;
+7. :func:`runner.run.run_cells`: each cell skipped, reused, refused or submitted to the site,
+   which runs them, and its report written;
 8. :func:`render_tables`: the tables (:mod:`runner.tables`).
 
 A cell that fails is an outcome, not an exception: :class:`runner.outcome.CellOutcome`.
@@ -34,28 +36,24 @@ from pathlib import Path
 from typing import Any
 
 from gate_residual_matrix.runner import tables
-from gate_residual_matrix.runner.backends.base import skipped_lines
-from gate_residual_matrix.runner.backends.docker.cells import DockerBackend
 from gate_residual_matrix.runner.backends.docker.container import gpu_request
-from gate_residual_matrix.runner.backends.ray import cluster as cluster_mod
-from gate_residual_matrix.runner.backends.ray import connect as cluster_connect
-from gate_residual_matrix.runner.backends.registry import resolve, route
-from gate_residual_matrix.runner.backends.site import Site
+from gate_residual_matrix.runner.backends.site import Site, SiteOptions
+from gate_residual_matrix.runner.backends.sites import SITES, site_name
 from gate_residual_matrix.runner.cell import catalog as implementations
 from gate_residual_matrix.runner.cell.environment import project_state, uncommitted_digest
 from gate_residual_matrix.runner.config.matrix import Case, Matrix, read_matrix
 from gate_residual_matrix.runner.config.paths import output_folder
 from gate_residual_matrix.runner.errors import ConfigError, ReportError
 from gate_residual_matrix.runner.outcome import CellOutcome
-from gate_residual_matrix.runner.plan.case_sizes import check_case_sizes, host_memory_bytes
+from gate_residual_matrix.runner.plan.case_sizes import check_case_sizes
 from gate_residual_matrix.runner.plan.cells import Cell, cases_on, expand, select_cases
 from gate_residual_matrix.runner.plan.cells import select as select_cells
 from gate_residual_matrix.runner.reports import store as report_io
 from gate_residual_matrix.runner.run import STACK_SKIPPED, RunContext, run_cells, salvage_stale
 
-__all__ = ["STACK_SKIPPED", "Request", "Selection", "Site", "check_site", "choose_site",
-           "cuda_available", "load", "open_reports", "prepare", "render_tables", "run_cells",
-           "run_matrix", "select"]
+__all__ = ["STACK_SKIPPED", "Request", "Selection", "Site", "check_site", "choose_site", "load",
+           "open_reports", "prepare", "render_tables", "run_cells", "run_matrix", "select",
+           "snapshot_matrix"]
 
 DEFAULT_TIMEOUT_S = 3600.0
 
@@ -95,13 +93,6 @@ class Selection:
     partial: bool
 
 
-def cuda_available() -> bool:
-    """Whether torch sees a CUDA device here (no CUDA context is created)."""
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | None = None,
                modes: Sequence[str] | None = None, targets: Sequence[str] | None = None,
                cases: Sequence[str] | None = None, backend: str = "host", force: bool = False,
@@ -125,11 +116,10 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
     ``abba`` (a mode name): each selected cell runs in A-B-B-A order against its partner
     in that mode (:mod:`runner.plan.abba`), always (no reuse), and both cells' reports record
     ``repeatable_across_processes``; cells of mode ``abba`` itself run only as partners.
-    ``cluster`` (a Ray address, :mod:`runner.backends.ray.cluster`): the cells that must run go to
-    the
-    cluster's nodes at once, each needing ``gpu_model``'s resource when given, each retried
-    ``retries`` times where its node dies; their reports come back here and are written as
-    here.
+    ``cluster`` (a Ray address, :mod:`runner.backends.ray.cluster`): the cells that must run go
+    to the cluster's nodes at once, each needing ``gpu_model``'s resource when given, each
+    retried ``retries`` times where its node dies; their reports come back here and are
+    written as here.
 
     Raises :class:`ConfigError` (nothing run or written) for a bad matrix.yaml, a selection
     that matches nothing, an explicitly requested target this host lacks, an unknown
@@ -151,7 +141,7 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
         retries=retries))
     site = choose_site(request)
     selection = select(matrix, request)
-    site = connect(site, request)
+    site.open()
     ctx = None
     try:
         check_site(matrix, selection, site, request)
@@ -160,8 +150,7 @@ def run_matrix(matrix_path: Path, *, reports_dir: Path, stacks: Sequence[str] | 
         outcomes = run_cells(ctx, selection.cells, site, skipped, partial=selection.partial,
                              abba=request.abba)
     finally:
-        if site.cluster is not None:
-            site.cluster.close()
+        site.close()
         if ctx is not None and ctx.matrix_path != request.matrix_path:
             shutil.rmtree(ctx.matrix_path.parent, ignore_errors=True)
     if request.render:
@@ -195,24 +184,20 @@ def load(request: Request) -> tuple[Request, Matrix]:
 
 
 def choose_site(request: Request) -> Site:
-    """Step 2: the backend that docker stacks get. On one machine, ``--backend``
-    (:func:`runner.backends.registry.resolve`: ``auto`` asks the Docker engine); on a cluster, its
-    nodes' engines (:func:`runner.backends.ray.cluster.backend_choice`). The docker backend is
-    made only
-    where this host may run containers.
+    """Step 2: where the cells run, a site of :data:`runner.backends.sites.SITES`: this
+    machine's backends (``--backend``: ``auto`` asks the Docker engine), or a cluster's
+    nodes (``--cluster``), which it connects to only after :func:`select` (``open()``).
 
     Raises:
-        ConfigError: an unknown backend, ``--abba`` with ``--cluster``.
+        ConfigError: an unknown backend, ``--abba`` with ``--cluster``, ``--gpu-model``
+            without it.
         BackendError: ``--backend docker`` and no engine answers.
     """
-    if request.cluster is not None:  # the nodes' engines run the docker stacks
-        return Site(cluster_mod.backend_choice(request.backend, request.abba))
-    docker = None
-    if request.backend != "host":
-        docker = DockerBackend(gpus=request.gpus, matrix_dir=request.matrix_path.parent,
-                               build=request.build)
-    chosen, note = resolve(request.backend, docker)
-    return Site(chosen, note, docker=docker if chosen == "docker" else None)
+    options = SiteOptions(backend=request.backend, gpus=request.gpus,
+                          matrix_dir=request.matrix_path.parent, build=request.build,
+                          abba=request.abba, cluster=request.cluster,
+                          gpu_model=request.gpu_model, retries=request.retries)
+    return SITES[site_name(options)](options)
 
 
 def select(matrix: Matrix, request: Request) -> Selection:
@@ -223,7 +208,7 @@ def select(matrix: Matrix, request: Request) -> Selection:
     Raises:
         ConfigError: a selection that matches nothing, an ``--abba`` mode that is not in
             the matrix or has no cell on a selected target, cases of which none runs on a
-            selected target, ``--gpu-model`` without ``--cluster``.
+            selected target.
     """
     cells = select_cells(expand(matrix), stacks=request.stacks, modes=request.modes,
                          targets=request.targets)
@@ -245,43 +230,20 @@ def select(matrix: Matrix, request: Request) -> Selection:
         raise ConfigError(f"--case: no selected case runs on target "
                           f"{', '.join(sorted({c.target for c in cells}))} (each case's "
                           f"targets: {request.matrix_path.name})")
-    if request.cluster is None and request.gpu_model is not None:
-        raise ConfigError("--gpu-model: places cells on a cluster's nodes; add --cluster")
     return Selection(cells, cases, len(cases) < len(matrix.cases))
 
 
-def connect(site: Site, request: Request) -> Site:
-    """Step 2, on a cluster: ``site`` connected to ``--cluster``
-    (:func:`runner.backends.ray.cluster.
-    connect`); ``site`` itself without one.
-
-    Raises:
-        ConfigError: Ray is not installed, a malformed address or option.
-        BackendError: the cluster does not answer.
-    """
-    if request.cluster is None:
-        return site
-    return replace(site, cluster=cluster_connect.connect(
-        request.cluster, gpu_model=request.gpu_model, retries=request.retries,
-        build=request.build, matrix_dir=request.matrix_path.parent))
-
-
 def check_site(matrix: Matrix, selection: Selection, site: Site, request: Request) -> None:
-    """Step 4: every selected case fits in this host's memory (a cluster's: its largest
-    node's, :func:`runner.plan.case_sizes.check_case_sizes`), and a requested ``cuda`` target
-    has a GPU (on a cluster, a node's: cells no node can run are skipped later). Sets
-    ``site.has_gpu``.
+    """Step 4: every selected case fits in the memory a cell has at the site (this host's;
+    a cluster's largest node's: :func:`runner.plan.case_sizes.check_case_sizes`), and a
+    requested ``cuda`` target has a GPU there (cells no node of a cluster can run are
+    skipped later). Sets ``site.has_gpu``.
 
     Raises:
         ConfigError: a case too big, or ``--target cuda`` where torch sees no GPU.
     """
-    if site.cluster is not None:
-        check_case_sizes(matrix, selection.cases, request.matrix_path,
-                         site.cluster.memory_bytes())
-        site.has_gpu = True
-    else:
-        check_case_sizes(matrix, selection.cases, request.matrix_path, host_memory_bytes())
-        site.has_gpu = cuda_available()
+    check_case_sizes(matrix, selection.cases, request.matrix_path, site.memory_bytes())
+    site.has_gpu = site.gpu_available()
     if request.targets and "cuda" in request.targets and not site.has_gpu:
         raise ConfigError("--target: cuda was requested but torch sees no CUDA device here")
 
@@ -290,27 +252,16 @@ def prepare(matrix: Matrix, selection: Selection, site: Site,
             request: Request) -> dict[str, str]:
     """Step 5: which docker stacks of the cells that can run are skipped, ``{stack:
     reason}``, named once here (``[runner] skipped docker stack(s) a, b: ...``) before any
-    cell runs. On the host backend every docker stack is (:func:`runner.backends.registry.route`);
-    on the docker backend its ``prepare`` says which (no image: never built without
-    ``--build``, which builds the missing ones here); on a cluster each node says so for
-    its cells.
+    cell runs (the site's ``prepare``: on the host backend every docker stack; on the
+    docker backend those without an image, never built without ``--build``, which builds
+    the missing ones here; on a cluster each node says so for its cells).
 
     Raises:
         BackendError: ``--backend docker`` and a stack has no image (nothing runs).
     """
     if site.note:
         print(f"[runner] {site.note}", flush=True)
-    if site.cluster is not None and site.chosen == "docker":
-        return {}
-    stacks = list(dict.fromkeys(
-        c.stack for c in selection.cells if matrix.stacks[c.stack].kind == "docker"
-        and (c.target != "cuda" or site.has_gpu)))
-    if site.chosen != "docker":
-        skips = {stack: str(route("docker", site.chosen, site.note)[1]) for stack in stacks}
-        for line in skipped_lines(skips):
-            print(f"[runner] {line}", flush=True)
-        return skips
-    return site.backend("docker").prepare(matrix, stacks, strict=request.backend == "docker")
+    return site.prepare(matrix, selection.cells, strict=request.backend == "docker")
 
 
 def open_reports(matrix: Matrix, selection: Selection, request: Request) -> RunContext:
@@ -333,12 +284,12 @@ def open_reports(matrix: Matrix, selection: Selection, request: Request) -> RunC
     project: dict[str, Any] = project_state()
     project["diff_sha256"] = uncommitted_digest() if project.get("dirty") else None
     salvage_stale(reports_dir, matrix)
-    return RunContext(matrix, _snapshot(request), reports_dir, selection.cases, project,
+    return RunContext(matrix, snapshot_matrix(request), reports_dir, selection.cases, project,
                       force=request.force, timeout_s=request.timeout_s,
                       matrix_origin=request.matrix_path)
 
 
-def _snapshot(request: Request) -> Path:
+def snapshot_matrix(request: Request) -> Path:
     """The file the cells read the matrix from: a private copy (same name, in a new
     temporary folder that :func:`run_matrix` removes) of the bytes :func:`load` validated,
     so that editing the matrix file while the run goes on changes nothing in it; the file
@@ -346,6 +297,12 @@ def _snapshot(request: Request) -> Path:
 
     Raises:
         ReportError: the temporary folder cannot be written.
+
+    Example::
+
+        >>> request, matrix = load(Request(Path("matrix.yaml"), Path("reports")))  # doctest: +SKIP
+        >>> snapshot_matrix(request)  # doctest: +SKIP
+        PosixPath('/tmp/gate-residual-matrix-k2j4/matrix.yaml')
     """
     if request.snapshot is None:
         return request.matrix_path

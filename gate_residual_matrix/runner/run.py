@@ -7,32 +7,30 @@ For one selected cell, in this order (:mod:`runner.pipeline` calls them):
 * :func:`plan_cell`: whether it must run at all (same fingerprint and ``ok``: reused),
   which cases (a stopped run's missing ones: resumed; a ``--case`` run merged into the
   existing report, or refused when that came from other code or another machine);
-* :func:`run_staged`: the backend runs it into a hidden staging directory; a run that is
-  interrupted keeps the cases it finished as a ``partial`` report;
+* the site runs it (:class:`runner.backends.site.Site`: ``submit``, then ``drain``; on this
+  machine through :func:`runner.backends.staging.run_staged`, into a hidden staging
+  directory, a run that is interrupted keeping the cases it finished as a ``partial``
+  report);
 * :func:`settle`: the runner stamps the report with its fingerprint, merges it as planned
   and writes it in one atomic step, and returns the cell's :class:`CellOutcome`.
 
-:func:`run_cells` does that for every selected cell, here one at a time or on a Ray
-cluster all at once. ``--abba`` runs a cell and its partner in A-B-B-A order instead
-(:func:`run_abba`).
+:func:`run_cells` does that for every selected cell, whatever the site: this machine runs
+them one at a time, a Ray cluster all at once. ``--abba`` runs a cell and its partner in
+A-B-B-A order instead (:func:`run_abba`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import shutil
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from gate_residual_matrix.runner.backends import staging
 from gate_residual_matrix.runner.backends.base import Fingerprinter
-from gate_residual_matrix.runner.backends.ray import cluster as cluster_mod
-from gate_residual_matrix.runner.backends.registry import route
-from gate_residual_matrix.runner.backends.site import Site
+from gate_residual_matrix.runner.backends.site import Batch, Job, Site
 from gate_residual_matrix.runner.cell.run import case_key, fingerprint, skeleton
 from gate_residual_matrix.runner.config.matrix import Case, Matrix
 from gate_residual_matrix.runner.errors import ReportError
@@ -41,11 +39,10 @@ from gate_residual_matrix.runner.plan.cells import Cell, cases_on
 from gate_residual_matrix.runner.reports import store as report_io
 from gate_residual_matrix.runner.reports.merge import PartialPlan, finish_partial, plan_partial
 from gate_residual_matrix.runner.status import Status
-from gate_residual_matrix.runner.untrusted import files
+from gate_residual_matrix.runner.untrusted.files import locked
 
 __all__ = ["STACK_SKIPPED", "CellPlan", "RunContext", "plan_cell", "planned_outcome",
-           "run_abba", "run_cells", "run_staged", "salvage_stale", "settle", "write",
-           "write_skipped"]
+           "run_abba", "run_cells", "salvage_stale", "settle", "write", "write_skipped"]
 
 Report = dict[str, Any]
 
@@ -86,6 +83,11 @@ class RunContext:
         after the run, so that what the run made (a docker image and its id) counts as the
         next run will see it."""
         return {**result, "fingerprint": self.fingerprint(where, cell)}
+
+    def batch(self) -> Batch:
+        """What a site needs of this run to run its cells."""
+        return Batch(self.matrix, self.matrix_path, self.reports_dir, self.timeout_s,
+                     origin=self.matrix_origin, commit=self.project.get("commit"))
 
 
 @dataclass(frozen=True)
@@ -170,59 +172,19 @@ def plan_cell(ctx: RunContext, where: Fingerprinter, cell: Cell, *,
     return CellPlan(cell, "run", to_run)
 
 
-def run_staged(backend: Any, matrix: Matrix, cell: Cell, cases: Sequence[Case],
-               resume: Report | None, *, matrix_path: Path, reports_dir: Path, run_id: str,
-               timeout_s: float, stamp: Callable[[Report], Report]) -> Report:
-    """Run ``cases`` of ``cell`` through ``backend`` into a staging directory and return
-    the stamped report (merged into ``resume``, the stopped run's partial report, if any).
-
-    When the run is interrupted (Ctrl-C, SIGTERM, SIGHUP), the partial report the cell left
-    in the stage is kept (:func:`runner.backends.staging.keep_partial`) before the interruption goes
-    on; the stage is always removed.
-    """
-    stage = staging.open_stage(reports_dir, run_id, fingerprint=stamp({})["fingerprint"])
-    try:  # the backend writes only in the stage; the report goes in place afterwards, whole
-        result = backend.run(matrix, cell, cases, matrix_path=matrix_path, reports_dir=stage,
-                             run_id=run_id, timeout_s=timeout_s)
-    except BaseException:
-        partial = staging.salvage(stage, cell.id)
-        if partial is not None:
-            partial = stamp(partial)
-            if resume is not None:
-                partial = staging.combine(resume, partial, matrix)
-            with locked(reports_dir):
-                kept = staging.keep_partial(partial, reports_dir)
-            if kept is None:
-                pass
-            elif partial.get("status") == Status.PARTIAL:
-                print(f"\n[runner] cell {cell.id}: kept {len(partial['cases'])} finished "
-                      "case(s) as a partial report; the next run resumes it", flush=True)
-            else:  # the cell had ended: only its runner was stopped
-                print(f"\n[runner] cell {cell.id}: kept its finished report "
-                      f"({partial['status']}, {len(partial['cases'])} cases)", flush=True)
-        raise
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-    result = stamp(result)
-    return result if resume is None else staging.combine(resume, result, matrix)
-
-
-def settle(ctx: RunContext, where: Fingerprinter, plan: CellPlan, result: Report, *,
-           stamped: bool = False) -> CellOutcome:
-    """Write a cell's report as the runner does for every cell (stamped with its
-    fingerprint unless ``stamped``, merged into the plan's ``resume`` or by its ``--case``
-    ``partial`` plan, a partial one kept by :func:`runner.backends.staging.keep_partial`); return
-    its outcome.
+def settle(ctx: RunContext, where: Fingerprinter, plan: CellPlan,
+           result: Report) -> CellOutcome:
+    """Write a cell's report as the runner does for every cell: ``result`` comes stamped
+    with its fingerprint and merged into the plan's ``resume`` (:meth:`Job.finish
+    <runner.backends.site.Job.finish>`); here it is merged by the plan's ``--case``
+    ``partial`` plan, or a partial one kept by :func:`runner.backends.staging.keep_partial`.
+    Returns its outcome.
 
     Under the reports folder's lock (:func:`runner.untrusted.files.folder_lock`) a ``--case``
     plan is
     made again from the report as it is now: another run may have merged its cases into it
     since this one started, and they are kept."""
     cell = plan.cell
-    if not stamped:
-        result = ctx.stamp(where, cell, result)
-        if plan.resume is not None:
-            result = staging.combine(plan.resume, result, ctx.matrix)
     with locked(ctx.reports_dir):
         written: Report | None = result
         status, reason = result["status"], result.get("reason")
@@ -243,20 +205,6 @@ def settle(ctx: RunContext, where: Fingerprinter, plan: CellPlan, result: Report
         elif written is not None:
             write(written, ctx.reports_dir)
     return CellOutcome(cell.id, outcome_status(status), reason, ctx.path(cell))
-
-
-@contextlib.contextmanager
-def locked(reports_dir: Path) -> Iterator[None]:
-    """:func:`runner.untrusted.files.folder_lock`, with an OS error (or a lock held too long) as a
-    :class:`ReportError`."""
-    held = contextlib.ExitStack()
-    try:
-        held.enter_context(files.folder_lock(reports_dir))
-    except OSError as err:
-        raise ReportError(f"{reports_dir}: cannot lock the reports folder: "
-                          f"{err.strerror or err}") from err
-    with held:
-        yield
 
 
 def planned_outcome(ctx: RunContext, plan: CellPlan) -> CellOutcome:
@@ -309,44 +257,39 @@ def run_abba(ctx: RunContext, backend: Any, cell: Cell, mode_b: str) -> list[Cel
     return outcomes
 
 
-def _why_skipped(ctx: RunContext, cell: Cell, site: Site,
-                 skipped: dict[str, str]) -> str | None:
-    """Why ``cell`` cannot run here (its stack skipped, no GPU, no node offers what it
-    needs), or None."""
-    why = skipped.get(cell.stack)
-    if why is None and cell.target == "cuda" and not site.has_gpu:
-        why = "target cuda: torch sees no CUDA device on this host"
-    if why is None and site.cluster is not None:
-        why = site.cluster.unoffered(cluster_mod.needs(ctx.matrix, cell,
-                                                       site.cluster.gpu_model))
-    return why
+def _skipped(ctx: RunContext, cell: Cell, why: str, skipped: dict[str, str], *,
+             backend: str, run_id: str) -> CellOutcome:
+    """``cell``'s ``skipped`` report written (:func:`write_skipped`) and its outcome; the
+    reason is printed unless its stack's was, once, at the start."""
+    shown = write_skipped(ctx, cell, why, backend=backend, run_id=run_id)
+    if cell.stack in skipped:  # its stack was named once, at the start
+        shown = shown.replace(why, STACK_SKIPPED, 1)
+    else:
+        print(f"[runner] cell {cell.id}: skipped: {shown}", flush=True)
+    return CellOutcome(cell.id, Status.SKIPPED, shown, ctx.path(cell))
 
 
 def run_cells(ctx: RunContext, cells: Sequence[Cell], site: Site, skipped: dict[str, str],
               *, partial: bool, abba: str | None = None) -> list[CellOutcome]:
     """Each of ``cells``, in order: ``skipped`` (its report written, unless it would erase
-    results made elsewhere; ``skipped``: the stacks :func:`runner.pipeline.prepare` named),
-    reused, refused, or run here (one at a time) or on the cluster (all at once), its report
-    stamped, merged and written. ``partial``: the run selects fewer cases than the matrix
-    has (:func:`plan_cell`); ``abba``: the partner mode of ``--abba`` (:func:`run_abba`).
-    Returns one outcome per cell (two per cell under ``--abba``)."""
-    matrix = ctx.matrix
+    results made elsewhere; ``skipped``: the stacks :func:`runner.pipeline.prepare` named;
+    else the site's ``why_not``), reused, refused, or submitted to ``site``; then the site
+    runs the submitted ones (``drain``: one at a time here, all at once on a cluster) and
+    each report is merged and written as it arrives (:func:`settle`). ``partial``: the run
+    selects fewer cases than the matrix has (:func:`plan_cell`); ``abba``: the partner mode
+    of ``--abba`` (:func:`run_abba`, on the site's backend in this process). Returns one
+    outcome per cell (two per cell under ``--abba``)."""
     outcomes: list[CellOutcome | None] = []
-    jobs: dict[int, tuple[cluster_mod.Job, Any]] = {}
+    waiting: dict[int, tuple[CellPlan, Fingerprinter]] = {}
+    batch = ctx.batch()
     for cell in cells:
         run_id = uuid.uuid4().hex
-        routed, _ = route(matrix.stacks[cell.stack].kind, site.chosen, site.note)
-        name = routed or site.chosen
-        why_not = _why_skipped(ctx, cell, site, skipped)
+        name = site.backend_for(ctx.matrix, cell)
+        why_not = skipped.get(cell.stack) or site.why_not(ctx.matrix, cell)
         if why_not:
-            shown = write_skipped(ctx, cell, why_not, backend=name, run_id=run_id)
-            if cell.stack in skipped:  # its stack was named once, at the start
-                shown = shown.replace(why_not, STACK_SKIPPED, 1)
-            else:
-                print(f"[runner] cell {cell.id}: skipped: {shown}", flush=True)
-            outcomes.append(CellOutcome(cell.id, Status.SKIPPED, shown, ctx.path(cell)))
+            outcomes.append(_skipped(ctx, cell, why_not, skipped, backend=name, run_id=run_id))
             continue
-        if abba is not None:  # never on a cluster (choose_site refuses it)
+        if abba is not None:
             outcomes += run_abba(ctx, site.backend(name), cell, abba)
             continue
         where = site.fingerprinter(name)
@@ -354,31 +297,15 @@ def run_cells(ctx: RunContext, cells: Sequence[Cell], site: Site, skipped: dict[
         if plan.action != "run":
             outcomes.append(planned_outcome(ctx, plan))
             continue
-        if plan.resume is not None:
-            print(f"[runner] cell {cell.id}: resuming: {len(plan.resume['cases'])} case(s) "
-                  f"done, running the {len(plan.cases)} missing on {name}", flush=True)
-        else:
-            print(f"[runner] cell {cell.id}: running {len(plan.cases)} case(s) on {name}"
-                  + (" (cluster)" if site.cluster is not None else ""), flush=True)
-        if site.cluster is not None:  # run below, all at once; the outcome filled in then
-            jobs[len(outcomes)] = (cluster_mod.Job(
-                len(outcomes), cell, plan.cases, run_id, name,
-                cluster_mod.needs(matrix, cell, site.cluster.gpu_model)), plan)
-            outcomes.append(None)
-            continue
-        result = run_staged(site.backend(name), matrix, cell, plan.cases, plan.resume,
-                            matrix_path=ctx.matrix_path, reports_dir=ctx.reports_dir,
-                            run_id=run_id, timeout_s=ctx.timeout_s,
-                            stamp=functools.partial(ctx.stamp, where, cell))
-        outcomes.append(settle(ctx, where, plan, result, stamped=True))
-    if jobs and site.cluster is not None:
-        cluster = site.cluster
+        key = len(outcomes)
+        waiting[key] = (plan, where)
+        outcomes.append(None)  # filled in when its report arrives
+        site.submit(Job(key, cell, plan.cases, run_id, name, batch,
+                        functools.partial(ctx.stamp, where, cell), resume=plan.resume))
 
-        def arrived(job: cluster_mod.Job, report: dict[str, Any]) -> None:
-            outcomes[job.key] = settle(ctx, cluster, jobs[job.key][1], report)
+    def arrived(job: Job, report: Report) -> None:
+        plan, where = waiting[job.key]
+        outcomes[job.key] = settle(ctx, where, plan, report)
 
-        cluster.run([job for job, _ in jobs.values()], matrix=matrix,
-                    matrix_path=ctx.matrix_path, origin=ctx.matrix_origin,
-                    timeout_s=ctx.timeout_s,
-                    commit=ctx.project.get("commit"), on_report=arrived)
+    site.drain(arrived)
     return [o for o in outcomes if o is not None]

@@ -1,4 +1,11 @@
-"""Backends run one cell somewhere and return its report, behind one interface.
+"""Where cells run: sites, and the backends that run one cell.
+
+A site (:class:`~runner.backends.site.Site`) is where a run's cells go: this machine
+(:class:`~runner.backends.local.LocalSite`) or a Ray cluster
+(:class:`~runner.backends.ray.site.RaySite`), listed in :data:`.sites.SITES`. The runner
+submits the cells that must run to it and drains it for their reports.
+
+Backends run one cell somewhere and return its report, behind one interface.
 
 :class:`~runner.backends.base.Backend`: ``available()``, ``prepare(...)``,
 ``fingerprint_extra(...)``, ``run(...)``; one failure classifier for all of them

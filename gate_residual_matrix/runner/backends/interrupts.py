@@ -5,8 +5,8 @@ hand" an interruption would leave a cell nobody knows to kill. :func:`deferred` 
 signals that arrive in that window and delivers the first one, through the handler that was
 in place, once the window is closed (the caller's ``try``/``finally`` then owns the cell).
 
-Only signals whose handler is a Python callable are held (the command line installs
-:func:`runner.__main__` handlers that raise :class:`runner.errors.Interrupted`; Python's own
+Only signals whose handler is a Python callable are held (the command line installs, with
+:func:`signals_interrupt`, handlers that raise :class:`runner.errors.Interrupted`; Python's own
 Ctrl-C handler raises ``KeyboardInterrupt``); a default or ignored signal is left alone, and
 outside the main thread this is a no-op.
 
@@ -23,8 +23,11 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
+from types import FrameType
 
-__all__ = ["HELD", "deferred"]
+from gate_residual_matrix.runner.errors import Interrupted
+
+__all__ = ["HELD", "deferred", "signals_interrupt"]
 
 HELD = (signal.SIGINT, signal.SIGTERM)
 """The signals :func:`deferred` holds."""
@@ -53,3 +56,39 @@ def deferred(signals: tuple[int, ...] = HELD) -> Iterator[None]:
             signal.signal(s, handler)
     if caught:
         held[caught[0]](caught[0], None)
+
+
+@contextlib.contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP (a closed terminal or SSH session) raise
+    :class:`runner.errors.Interrupted` for the duration of the block (the first one only:
+    later ones are ignored, so that the clean-up the first one started is not cut short);
+    the handlers before it are put back after it. A signal the process was started with
+    ignored stays ignored (``nohup``, ``&``); outside the main thread this is a no-op. The
+    command line runs every command inside it (:func:`runner.__main__.main`).
+
+    Example::
+
+        >>> with signals_interrupt():  # doctest: +SKIP
+        ...     run_matrix(Path("matrix.yaml"), reports_dir=Path("reports"))  # Ctrl-C: Interrupted
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired: list[int] = []
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        if fired:
+            return
+        fired.append(signum)
+        raise Interrupted(signum)
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    for s, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(s, interrupt)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)

@@ -1,4 +1,4 @@
-"""Staging directories, stopped cells and their resume (issue 11).
+"""Staging directories, stopped cells and their resume.
 
 A backend runs a cell into a hidden staging directory ``reports/.run-<run id>/``; the cell
 writes a ``partial`` report there after each case (:func:`runner.cell.run.run_cell`), and the
@@ -13,6 +13,8 @@ report is what is kept:
   report of the same fingerprint (a ``--force`` re-run that was stopped loses nothing);
 * the next run of the same cell with the same fingerprint runs only ``cases_missing``
   (:func:`resumable`) and merges the two (:func:`combine`).
+
+:func:`run_staged` runs one cell through a backend that way.
 """
 
 from __future__ import annotations
@@ -21,12 +23,21 @@ import json
 import os
 import shutil
 import socket
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gate_residual_matrix.runner.cell import phases
+from gate_residual_matrix.runner.config.matrix import Case, Matrix
 from gate_residual_matrix.runner.errors import ReportError
+from gate_residual_matrix.runner.plan.cells import Cell
 from gate_residual_matrix.runner.reports import store as report_io
 from gate_residual_matrix.runner.reports.merge import MACHINE_KEYS, merge_reports
+from gate_residual_matrix.runner.status import Status
+from gate_residual_matrix.runner.untrusted.files import locked
+
+if TYPE_CHECKING:
+    from gate_residual_matrix.runner.backends.base import Backend
 
 OWNER = "owner.json"
 PLAN_FILE = "shards.json"
@@ -247,3 +258,50 @@ def combine(old: dict, new: dict, matrix) -> dict:
         merged["status"] = next(iter(failed.values()))["status"]
         merged["reason"] = "; ".join(f"{n}: {e.get('reason')}" for n, e in failed.items())
     return merged
+
+
+def run_staged(backend: Backend, matrix: Matrix, cell: Cell, cases: Sequence[Case],
+               resume: dict | None, *, matrix_path: Path, reports_dir: Path, run_id: str,
+               timeout_s: float, stamp: Callable[[dict], dict]) -> dict:
+    """Run ``cases`` of ``cell`` through ``backend`` (a
+    :class:`runner.backends.base.Backend`) into a staging directory and return the report
+    stamped by ``stamp`` (the runner's fingerprint) and merged into ``resume``, the stopped
+    run's partial report, if any.
+
+    When the run is interrupted (Ctrl-C, SIGTERM, SIGHUP), the partial report the cell left
+    in the stage is kept (:func:`keep_partial`) before the interruption goes on; the stage
+    is always removed.
+    """
+    stage = open_stage(reports_dir, run_id, fingerprint=stamp({})["fingerprint"])
+    try:  # the backend writes only in the stage; the report goes in place afterwards, whole
+        result = backend.run(matrix, cell, cases, matrix_path=matrix_path, reports_dir=stage,
+                             run_id=run_id, timeout_s=timeout_s)
+    except BaseException:
+        _keep_interrupted(stage, cell.id, resume, matrix, reports_dir, stamp)
+        raise
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    result = stamp(result)
+    return result if resume is None else combine(resume, result, matrix)
+
+
+def _keep_interrupted(stage: Path, cell_id: str, resume: dict | None, matrix: Matrix,
+                      reports_dir: Path, stamp: Callable[[dict], dict]) -> None:
+    """Keep the report an interrupted cell left in ``stage``, stamped and merged into
+    ``resume``, and say so."""
+    partial = salvage(stage, cell_id)
+    if partial is None:
+        return
+    partial = stamp(partial)
+    if resume is not None:
+        partial = combine(resume, partial, matrix)
+    with locked(reports_dir):
+        kept = keep_partial(partial, reports_dir)
+    if kept is None:
+        return
+    if partial.get("status") == Status.PARTIAL:
+        print(f"\n[runner] cell {cell_id}: kept {len(partial['cases'])} finished "
+              "case(s) as a partial report; the next run resumes it", flush=True)
+    else:  # the cell had ended: only its runner was stopped
+        print(f"\n[runner] cell {cell_id}: kept its finished report "
+              f"({partial['status']}, {len(partial['cases'])} cases)", flush=True)

@@ -144,10 +144,20 @@ def sub_batches(impl, inputs: dict, full: dict, spec) -> bool:
                    for k in spec.row_outputs() if k in full)
 
 
-def _padding_is_exact(inputs: dict, spec) -> bool:
+def padding_is_exact(inputs: dict, spec) -> bool:
     """Whether rows with the spec's ``zero_rows`` zeroed add exact zeros to every group
     output: not when an input without N rows (a weight, an AdaLN row) holds Inf or NaN,
-    since ``0 * Inf`` is NaN (e.g. ``grad_scale`` sums ``grad_out * (n * weight)``)."""
+    since ``0 * Inf`` is NaN (e.g. ``grad_scale`` sums ``grad_out * (n * weight)``).
+    :func:`size_sweep` checks the padded runs only when it is.
+
+    ``inputs``: the op's inputs by their spec names (tensors); ``spec``: its
+    :class:`ops.spec.OpSpec`.
+
+    Example::
+
+        >>> padding_is_exact(build(spec, n=20, ...).tensors, spec)  # doctest: +SKIP
+        True
+    """
     per_row = set(spec.row_inputs())
     return all(bool(torch.isfinite(v).all()) for k, v in inputs.items()
                if k not in per_row and v.is_floating_point())
@@ -161,7 +171,7 @@ def size_sweep(impl, inputs: dict, max_size: int, spec,
     with gpu_lock.shared():
         top = _rows(inputs, 0, m, spec)
         whole = _run(impl, top, dynamic=True)
-        padded_exact = _padding_is_exact(top, spec)
+        padded_exact = padding_is_exact(top, spec)
     for s in sweep_sizes(m, extra):
         with gpu_lock.shared():
             prefix = _run(impl, _rows(inputs, 0, s, spec), dynamic=True)

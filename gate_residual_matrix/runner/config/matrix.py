@@ -68,9 +68,9 @@ from gate_residual_matrix.runner.config.sections import (
     _Frozen,
 )
 from gate_residual_matrix.runner.config.yaml_file import (
+    UniqueKeyLoader,
     _read_matrix_file,
     _refuse_huge_integers,
-    _UniqueKeyLoader,
 )
 from gate_residual_matrix.runner.errors import ConfigError
 
@@ -460,7 +460,7 @@ def read_matrix(path: str | Path, *,
         why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
         raise ConfigError(_one_line(f"{source}: cannot read the matrix file: {why}")) from err
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a yaml.SafeLoader
+        data = yaml.load(text, Loader=UniqueKeyLoader)  # a yaml.SafeLoader
     except RecursionError as err:  # below MAX_YAML_DEPTH: a small stack limit
         raise ConfigError(f"{source}: invalid YAML: nested too deeply") from err
     except ValueError as err:  # an integer of more digits than Python converts

@@ -59,7 +59,7 @@ def _read_matrix_file(path: Path, source: str) -> bytes:
     return data
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+class UniqueKeyLoader(yaml.SafeLoader):
     """yaml.SafeLoader that refuses a duplicate key rather than keep the last value, YAML
     nested deeper than :data:`MAX_YAML_DEPTH` (before Python's recursion limit is reached)
     and a document of more than :data:`MAX_YAML_NODES` values once aliases are expanded
@@ -116,7 +116,7 @@ def _unique_key_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict
     return loader.construct_mapping(node)
 
 
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
                                  _unique_key_mapping)
 
 REFUSED_TAGS = {"set": "an unordered set (its order, so the fingerprint, would change from "
@@ -135,4 +135,4 @@ def _refuse_tag(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
 
 
 for _tag in REFUSED_TAGS:
-    _UniqueKeyLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _refuse_tag)
+    UniqueKeyLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _refuse_tag)

@@ -1,7 +1,7 @@
 """Reading a file that someone else may have made hostile: a regular file of bounded size,
-never blocking on a FIFO or device (issue 16). Used for matrix.yaml and report files. And
+never blocking on a FIFO or device. Used for matrix.yaml and report files. And
 writing one so readers see the old or the new file, whole (:func:`write_text_atomic`), and
-one run at a time in a folder (:func:`folder_lock`).
+one run at a time in a folder (:func:`folder_lock`; :func:`locked` for the reports folder).
 
 The file is opened non-blocking and its type taken from the open descriptor, so a FIFO is
 refused without waiting for a writer and nothing can swap the file in between.
@@ -18,6 +18,8 @@ import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from gate_residual_matrix.runner.errors import ReportError
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
           (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
@@ -206,3 +208,17 @@ def folder_lock(directory: Path, timeout_s: float = 600.0) -> Iterator[None]:
             _held.pop(key, None)
     finally:
         os.close(fd)  # closing releases the lock
+
+
+@contextlib.contextmanager
+def locked(reports_dir: Path) -> Iterator[None]:
+    """:func:`folder_lock` on the reports folder, with an OS error (or a lock held too long)
+    as a :class:`runner.errors.ReportError`."""
+    held = contextlib.ExitStack()
+    try:
+        held.enter_context(folder_lock(reports_dir))
+    except OSError as err:
+        raise ReportError(f"{reports_dir}: cannot lock the reports folder: "
+                          f"{err.strerror or err}") from err
+    with held:
+        yield

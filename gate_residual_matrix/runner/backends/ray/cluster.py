@@ -1,8 +1,9 @@
-"""The matrix on a Ray cluster (issue 17): ``python -m gate_residual_matrix matrix --cluster
+"""The matrix on a Ray cluster: ``python -m gate_residual_matrix matrix --cluster
 ADDRESS``.
 
 The runner (:func:`runner.pipeline.run_matrix`) decides, as on one machine, which cells run
-(reuse, resume, ``--case`` merges); this module runs them, each as a Ray task on a node
+(reuse, resume, ``--case`` merges) and submits them to the cluster's site
+(:class:`runner.backends.ray.site.RaySite`); this module runs them, each as a Ray task on a node
 that offers what the cell needs (:func:`needs`), all at once, and hands each report back
 to the runner as it arrives, which validates it and writes it with its atomic writer.
 

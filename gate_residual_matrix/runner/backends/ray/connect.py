@@ -1,4 +1,4 @@
-"""Connecting to a Ray cluster for ``--cluster ADDRESS`` (issue 17): :func:`connect`.
+"""Connecting to a Ray cluster for ``--cluster ADDRESS``: :func:`connect`.
 
 The address is ``ray://HOST:PORT`` (Ray Client: the driver anywhere), ``HOST:PORT`` (the
 driver on a node) or ``auto`` (``RAY_ADDRESS``), HOST a name, an IPv4 address or an IPv6
