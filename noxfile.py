@@ -225,7 +225,7 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def kernel_wheelhouse(session: nox.Session) -> None:
-    """The kernel wheelhouse (issue 13; runner/wheelhouse.py): needs a package index.
+    """The kernel wheelhouse (runner/wheelhouse.py): needs a package index.
 
     ``pip download --no-deps`` of each library version matrix.yaml's ``libraries.versions``
     names, keeping only the kernel modules, RECORD and a manifest, content-addressed, under

@@ -5,7 +5,7 @@ Usage::
     python scripts/bench_tables.py            # 1,000 reports
     python scripts/bench_tables.py --cells 200 --keep /tmp/many
     python scripts/bench_tables.py --cells 200 --template reports/host-plain-cpu.json
-    python scripts/bench_tables.py --cells 1 --cases 20000   # one huge report (issue 16)
+    python scripts/bench_tables.py --cells 1 --cases 20000   # one huge report
 
 The reports are copies of a real report (by default the H200 one in
 tests/data/h200/host-plain-cuda.json: five cases, three implementations; ``--template`` takes

@@ -1,4 +1,4 @@
-"""GPU rehearsal of the library rows (issue 13): one line per (implementation, version).
+"""GPU rehearsal of the library rows: one line per (implementation, version).
 
 On a CUDA machine, loads each library version named in matrix.yaml's ``libraries`` (kernel-
 only from the wheelhouse where that version is not installed), calls each library

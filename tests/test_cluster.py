@@ -1,4 +1,4 @@
-"""The matrix on a real local Ray cluster (issue 17): a head and worker nodes, each its own
+"""The matrix on a real local Ray cluster: a head and worker nodes, each its own
 ``ray start`` process (tests/ray_cluster.py), whose custom resources pose as GPU models.
 
 The cells are small CPU cells (D = 8, N = 1 and 2), routed by those resources; their reports

@@ -39,7 +39,7 @@ def test_shipped_matrix_loads() -> None:
     assert m.problem.sizes == {"D": 5376, "G": 9} and m.problem.dtype == "bfloat16"
     assert [c.id for c in m.cases][:5] == ["1", "257", "4097", "32768", "257-specials"]
     assert m.implementations[:3] == ("eager", "numba", "fp64")
-    assert set(m.implementations) == set(KNOWN_IMPLEMENTATIONS)  # issue 4: every one
+    assert set(m.implementations) == set(KNOWN_IMPLEMENTATIONS)  # every one
     assert (m.baseline, m.accuracy_reference, m.repeats) == ("eager", "fp64", 3)
     assert (m.timing.warmup, m.timing.iters) == (5, 50)
     assert m.batch_invariance is not None

@@ -91,7 +91,7 @@ BROKEN_OURS = {
     # Python's re.search lets "$" match before a final newline (jsonschema's pattern check)
     "cell id with a trailing newline": (lambda d: d["cell"].update(id="host-plain-cuda\n"),
                                         "cell.id: expected a name matching"),
-    # issue 16's last gaps: the cell id names its stack, mode and target
+    # the last gaps of the hostile-input review: the cell id names its stack, mode and target
     "cell id of another cell": (lambda d: d["cell"].update(id="host-plain-cpu"),
                                 'cell.id: expected <stack>-<mode>-<target> = '
                                 '"host-plain-cuda", got "host-plain-cpu"'),
@@ -359,7 +359,7 @@ SIZES = {
         '.base_image: expected an image "name:tag"'),
     "misspelled required key": (_replace("baseline:", "baselin:"),
                                 'got unknown key "baselin" (did you mean baseline?)'),
-    # issue 16's last gaps: libraries.versions keys, a stack's kind misspelled
+    # the last gaps of the hostile-input review: libraries.versions keys, a stack's kind misspelled
     "libraries.versions unknown distribution": (
         _replace('  vllm-omni: ["0.28.0"', '  vllm_omni: ["0.28.0"'),
         'libraries.versions.vllm_omni: expected a distribution with versioned library '

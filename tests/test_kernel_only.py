@@ -1,4 +1,4 @@
-"""Kernel-only library loading (issue 13) against real wheels, and the RL-Kernel tree's errors.
+"""Kernel-only library loading against real wheels, and the RL-Kernel tree's errors.
 
 The wheels are vllm-omni 0.28.0 and 0.30.0 (7-8 MB each; the kernel module moved between
 them), downloaded once with ``pip download --no-deps`` into a cache

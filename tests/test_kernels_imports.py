@@ -1,4 +1,4 @@
-"""kernels/ is a library the runner calls (issue 12): it imports nothing from ``runner`` and
+"""kernels/ is a library the runner calls: it imports nothing from ``runner`` and
 its modules form no import cycle. Read from the source (every ``import`` statement, those under
 ``if SIMULATOR`` and inside functions included), so no branch hides an edge."""
 

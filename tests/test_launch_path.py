@@ -1,4 +1,4 @@
-"""The CUDA entry points' host path, on the CPU: what reaches the driver (issue 14).
+"""The CUDA entry points' host path, on the CPU: what reaches the driver.
 
 ``bench.host.emulate_on_cpu`` runs the entry points on CPU tensors with
 ``cuLaunchKernelEx`` replaced by a recorder, so every launch's kernel, grid, block, shared

@@ -1,4 +1,4 @@
-"""A cell process ends by itself at its deadline, or when its runner is gone (issue 16)."""
+"""A cell process ends by itself at its deadline, or when its runner is gone."""
 
 from __future__ import annotations
 

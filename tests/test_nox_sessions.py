@@ -1,4 +1,4 @@
-"""The nox sessions keep the runner's exit codes (issue 11): a script calling ``nox -s matrix``
+"""The nox sessions keep the runner's exit codes: a script calling ``nox -s matrix``
 can tell bad input (2) from an unwritable report (3), a backend that cannot run (4) and a
 failed cell (5).
 

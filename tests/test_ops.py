@@ -1,4 +1,4 @@
-"""Ops as units (issue 12): each op's spec agrees with its implementations, the generic
+"""Ops as units: each op's spec agrees with its implementations, the generic
 input builder keeps gate_residual's committed input bits, and a second op runs through the
 same cell runner with its own tensor names."""
 
@@ -145,7 +145,7 @@ def test_every_committed_report_loads(tmp_path):
 
 def test_config_report_and_table_tests_run_without_torch():
     """The runner's config, report and table code (and their tests) import no torch or
-    numba: they run where neither is installed (issue 12)."""
+    numba: they run where neither is installed."""
     import subprocess
     import sys
 

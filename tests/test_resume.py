@@ -1,4 +1,4 @@
-"""A stopped cell keeps its finished cases; the next run runs only the rest (issue 11).
+"""A stopped cell keeps its finished cases; the next run runs only the rest.
 
 The cell process is killed in its third case (``GATE_RESIDUAL_FAULT_KILL_ROWS``: set in the
 runner's environment, not in the matrix, so the fingerprint does not change). The runner

@@ -1,5 +1,5 @@
 """A reference read by blocks of rows (contract/row_blocks.py) gives the figures and the sha256
-of the whole tensor, and the runner frees a call's clones behind it (issue 11: the CPU cell's
+of the whole tensor, and the runner frees a call's clones behind it (the CPU cell's
 memory peak)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``runner/`` names no op (issue 12): an op's name, tensor names, labels and sizes live in
+"""``runner/`` names no op: an op's name, tensor names, labels and sizes live in
 ``ops/<op>/``; the runner reads them from the op's spec or from the report.
 
 The check reads the code, not the prose: every string constant that is not a docstring,

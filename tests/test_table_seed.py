@@ -1,4 +1,4 @@
-"""The seed comparison (issue 13): the reference report's pair beside ours, case by case."""
+"""The seed comparison: the reference report's pair beside ours, case by case."""
 
 from __future__ import annotations
 

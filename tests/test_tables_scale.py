@@ -1,4 +1,4 @@
-"""The tables at 1,000 cells: size limits and render time (issue 15).
+"""The tables at 1,000 cells: size limits and render time.
 
 The reports are synthesised by ``scripts/bench_tables.py`` from the H200 report in
 tests/data/h200 (five cases, three implementations; one in twenty failed), over 100 stacks,
@@ -6,7 +6,7 @@ tests/data/h200 (five cases, three implementations; one in twenty failed), over 
 ``write_tables`` end to end (read, validate, build, render every page and picture, write)
 under 15 s on the 2-core CPU machine.
 
-And one report of thousands of cases (issue 16: a report of 20,000 cases took 309 s, the
+And one report of thousands of cases (a report of 20,000 cases took 309 s, the
 table step being quadratic in a report's cases): 4,000 cases render end to end under 15 s
 (about 4 s now; the quadratic code took 33 s on the shared 2-core machine).
 """

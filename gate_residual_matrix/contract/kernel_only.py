@@ -1,5 +1,5 @@
 """Kernel-only loading: a library's kernel modules from its released wheel's files, where the
-library itself cannot be installed (issue 13). Never a re-implementation.
+library itself cannot be installed. Never a re-implementation.
 
 :func:`load` takes a module of one (distribution, version) from the kernel wheelhouse
 (:mod:`runner.wheelhouse`, built by ``nox -s kernel_wheelhouse``):

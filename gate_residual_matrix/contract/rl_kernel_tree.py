@@ -1,4 +1,4 @@
-"""Which RL-Kernel source tree ``rl_kernel_h3`` runs, and why it cannot (issue 13).
+"""Which RL-Kernel source tree ``rl_kernel_h3`` runs, and why it cannot.
 
 RL-Kernel is not on PyPI. The runner takes a source tree: the standalone folder of its H3
 gated residual op (``../shared/third_party/rl-kernel-h3``: upstream files verbatim, stand-ins

@@ -1,4 +1,4 @@
-"""A tensor whose rows are computed when they are read, never held whole (issue 11).
+"""A tensor whose rows are computed when they are read, never held whole.
 
 The CPU cells' memory peak was the accuracy reference: at N = 32768 gate_residual's float64
 ``out``, ``grad_residual`` and ``grad_y`` are 1.4 GB each, held for the whole case while

@@ -1,4 +1,4 @@
-"""Library versions as a matrix dimension (issue 13): one implementation row per (library
+"""Library versions as a matrix dimension: one implementation row per (library
 implementation, version), and the RL-Kernel row bound to a source tree.
 
 matrix.yaml's ``libraries`` section (:class:`runner.config.matrix.Libraries`) names the versions per

@@ -1,7 +1,7 @@
 """Errors raised by the kernels' entry points; no dependency on the runner.
 
 ``kernels/`` is a library the runner calls, not a part of it: it must import without
-``runner`` (issue 12). The runner re-exports :class:`OpInputError` as
+``runner``. The runner re-exports :class:`OpInputError` as
 ``runner.errors.OpInputError``, so ``except runner.errors.OpInputError`` and
 ``except ValueError`` both catch what the kernels raise.
 

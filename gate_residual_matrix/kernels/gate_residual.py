@@ -6,7 +6,7 @@ Shapes, dtypes, gradients and bits: :mod:`kernels.gate_residual_kernels` (the ke
 module checks a call's inputs (:mod:`kernels.checks`, one-line :class:`OpInputError`), finds
 or makes its launch plan (:mod:`kernels.gate_residual_plans`) and runs it.
 
-Host path of one call (issue 14, docs/performance.md "Host overhead"): the inputs' shapes,
+Host path of one call (docs/performance.md "Host overhead"): the inputs' shapes,
 dtypes and devices form a key; a key seen before, with inputs dense now, finds its plan
 (built when the full checks of kernels/checks.py first passed for that key), so a call does:
 the key and density checks, the output's allocation, the data pointers and one

@@ -1,4 +1,4 @@
-"""How gate_residual's backward entry points launch its kernels: the backward plan (issue 14).
+"""How gate_residual's backward entry points launch its kernels: the backward plan.
 
 A :class:`_BackwardPlan` holds, for one key (shapes, dtypes, devices and index mode of
 ``grad_out``, ``gate``, ``y``, ``index``), the packed launches (kernels/launch.py) of:

@@ -87,8 +87,7 @@ _LOOPS = {
 BLOCK_ROWS = 8 * CHUNK_ROWS
 """Rows decoded to float32 at a time (1024: 22 MB per float32 tensor at D = 5376), a whole
 number of the backward's chunks, so the chunks add in the same order as over all rows. Whole,
-the float32 copies and their conversions took about 3 GB at N = 32768, the CPU cell's peak
-(issue 11)."""
+the float32 copies and their conversions were the CPU cell's memory peak at N = 32768."""
 
 
 def gate_residual_cpu(residual, gate, y, index):

@@ -1,4 +1,4 @@
-"""How gate_residual's entry points launch its kernels: plans of packed launches (issue 14).
+"""How gate_residual's entry points launch its kernels: plans of packed launches.
 
 A plan holds, for one key (shapes, dtypes, devices and index mode of a call's tensors), the
 kernels' :class:`kernels.launch.PackedLaunch` objects with every parameter but the data
@@ -29,7 +29,7 @@ from gate_residual_matrix.kernels.launch import Launcher, PackedLaunch, PlanCach
 # kernel as a C-contiguous array of the type the kernel takes (uint32 words for the
 # vectorised kernels, int16 for bfloat16 elements), without creating torch views.
 #
-# Host path of one call (issue 14, docs/performance.md "Host overhead"): the inputs' shapes,
+# Host path of one call (docs/performance.md "Host overhead"): the inputs' shapes,
 # dtypes and devices form a key; a key seen before, with inputs dense now, finds its plan
 # (the launches with their parameters packed, built when the full checks of
 # kernels/checks.py first passed for that key), so a call does: the key and density checks,

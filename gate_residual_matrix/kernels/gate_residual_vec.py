@@ -1,5 +1,5 @@
 """gate_residual's 16-byte-vector numba.cuda kernels: the forward, the chunked backward, and
-the fused backward that also finishes ``grad_gate`` in its last block per column (issue 14).
+the fused backward that also finishes ``grad_gate`` in its last block per column.
 
 Same operations in the same order as the element kernels of
 :mod:`kernels.gate_residual_kernels` (which documents the op, the bits and

@@ -2,7 +2,7 @@
 
     out = x * (1 + scale.index_select(0, index)) + shift.index_select(0, index)
 
-MiniMax-H3 DiT's AdaLN modulation (issue 12). Shapes: ``x``, ``out``: (N, D); ``scale``,
+MiniMax-H3 DiT's AdaLN modulation. Shapes: ``x``, ``out``: (N, D); ``scale``,
 ``shift``: (G, D); ``index``: (N,) int64 or int32 in [0, G). Storage dtypes: bfloat16,
 float16, float32 (one for all three). Backward, for upstream ``grad_out`` (N, D), with
 ``t = 1 + scale[index]``: ``grad_x = grad_out * t``; ``grad_scale[k] = sum over rows i with

@@ -15,7 +15,7 @@ calls ``cuLaunchKernel`` with ``CU_LAUNCH_PARAM_BUFFER_POINTER`` (CUDA driver AP
 shorter. ``GATE_RESIDUAL_LAUNCH=core`` selects ``cuda.core.launch`` (what numba-cuda itself
 calls) instead, for comparison.
 
-:class:`PackedLaunch` goes further, for the entry points' repeated calls (issue 14): the
+:class:`PackedLaunch` goes further, for the entry points' repeated calls: the
 parameter buffer, the ``extra`` array and a ``CUlaunchConfig`` are built once per launch shape,
 and a call writes only the data pointers into their slots and calls ``cuLaunchKernelEx`` with
 four arguments (``cuLaunchKernel`` with eleven where the driver lacks it): about 0.7 µs of

@@ -16,7 +16,7 @@ Two facts decide the bits (``../shared/NOTES.md``, measured on an H200 with numb
   operations (see :func:`store_bf16`).
 
 This module imports nothing from ``kernels`` (``kernels/vector.py`` used to hold the float16
-intrinsics and import this module back under the simulator: a cycle, issue 12).
+intrinsics and import this module back under the simulator: a cycle).
 
 Each storage dtype has a ``load_*`` (storage element -> float32, exact) and a ``store_*``
 (float32 -> storage element, round to nearest even). bfloat16 is held in ``int16`` arrays

@@ -13,7 +13,7 @@ from __future__ import annotations
 import signal
 
 # Bad input to an op (shape, dtype, device, index range): raised by kernels/, which must not
-# import the runner (issue 12), so the class lives there; a ValueError, not a MatrixError
+# import the runner, so the class lives there; a ValueError, not a MatrixError
 # (an implementation's failure inside a cell is data, caught by runner/cell/case.py).
 from gate_residual_matrix.kernels.errors import OpInputError as OpInputError
 

@@ -1,4 +1,4 @@
-"""The status of a cell and of an implementation in it: one vocabulary (issue 12).
+"""The status of a cell and of an implementation in it: one vocabulary.
 
 A cell's ``status`` is one of :class:`Status`; an implementation's is one of
 :data:`IMPL_STATUSES`. The report schema lists the same values

@@ -1,5 +1,5 @@
 """The kernel wheelhouse: a few kilobytes of a library's released wheel, enough to load its
-kernel modules on an offline GPU host (issue 13). Built by ``nox -s kernel_wheelhouse``.
+kernel modules on an offline GPU host. Built by ``nox -s kernel_wheelhouse``.
 
 For each (distribution, version) that matrix.yaml's ``libraries.versions`` names, :func:`build`
 runs ``pip download --no-deps`` and keeps, from the wheel:

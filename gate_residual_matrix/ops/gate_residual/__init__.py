@@ -23,7 +23,7 @@ def bytes_moved(n: int, sizes: Mapping[str, int], itemsize: int) -> tuple[int, i
     Forward reads ``residual`` and ``y`` and writes ``out``: 3·N·D·s (``gate`` and ``index``
     ignored). The backward reads ``grad_out`` and ``y`` and writes ``grad_y`` (3·N·D·s; as in
     autograd ``grad_residual`` is ``grad_out`` itself), reads ``gate`` and writes ``grad_gate``
-    (2·G·D·s). Source: issue 7 (docs/tables.md).
+    (2·G·D·s). Source: docs/tables.md.
 
     Example:
         >>> bytes_moved(32768, {"D": 5376, "G": 9}, 2)

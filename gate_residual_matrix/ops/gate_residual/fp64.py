@@ -17,7 +17,7 @@ rows with ``index == k`` of ``grad_out * y``, a ``torch.sum`` over those rows, w
 is fixed for a given shape: repeatable. The forward is the same two IEEE operations on
 either device, so ``out`` has the same bits on both.
 
-Running it where the cell runs (issue 11): at N = 32768 the CPU took about 37 s per case
+Running it where the cell runs: at N = 32768 the CPU took about 37 s per case
 for this reference alone (2-core CPU machine, 2026-12-01).
 """
 

@@ -1,4 +1,4 @@
-"""indexed_scale_shift: MiniMax-H3 DiT's AdaLN modulation (issue 12).
+"""indexed_scale_shift: MiniMax-H3 DiT's AdaLN modulation.
 
     out = x * (1 + scale.index_select(0, index)) + shift.index_select(0, index)
 
@@ -23,7 +23,7 @@ def bytes_moved(n: int, sizes: Mapping[str, int], itemsize: int) -> tuple[int, i
     Forward reads ``x`` and writes ``out``: 2·N·D·s (``scale``, ``shift`` and ``index``
     ignored, G rows). The backward reads ``grad_out`` and ``x`` and writes ``grad_x``
     (3·N·D·s), reads ``scale`` and writes ``grad_scale`` and ``grad_shift`` (3·G·D·s).
-    Counted as gate_residual's (issue 7, docs/tables.md): each tensor that must move once.
+    Counted as gate_residual's (docs/tables.md): each tensor that must move once.
 
     Example:
         >>> bytes_moved(32768, {"D": 5376, "G": 9}, 2)

@@ -1,4 +1,4 @@
-"""The one interface every backend has, and what backends share (issue 12).
+"""The one interface every backend has, and what backends share.
 
 A backend runs one cell somewhere and returns its report. It has a ``name`` (the report's
 ``cell.backend``) and four methods, :class:`Backend`:

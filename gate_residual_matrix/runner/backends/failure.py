@@ -1,4 +1,4 @@
-"""How a cell that wrote no report ended: one classifier for every backend (issue 12).
+"""How a cell that wrote no report ended: one classifier for every backend.
 
 A backend that runs a cell (a process on the host, a container, a cluster task) and finds no
 report of that run says how the cell ended as an :class:`Ending`: its exit code, its log,

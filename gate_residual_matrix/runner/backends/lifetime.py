@@ -1,4 +1,4 @@
-"""A cell process never outlives its runner or its deadline (issue 16).
+"""A cell process never outlives its runner or its deadline.
 
 Two guards, one on each side of the process boundary:
 

@@ -1,5 +1,5 @@
 """One cell's cases over several cell processes at once (its shards), and their reports
-combined into the cell's one report (issue 11).
+combined into the cell's one report.
 
 A cuda cell is bound by its host, not its GPU: at N = 32768 a call is a millisecond of GPU
 time, and a cell is mostly Python (dynamo tracing about 400 graphs, autograd, the checks).

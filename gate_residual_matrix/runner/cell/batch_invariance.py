@@ -1,7 +1,7 @@
 """Batch invariance: does a row's result depend on what else is in the batch?
 
 Three checks for an implementation with a backward, on one case's inputs (the checks its
-users rely on; issue 4):
+users rely on):
 
 The op's spec (:class:`ops.spec.OpSpec`) says which tensors have N rows: its row inputs are
 sliced, its row outputs (the forward output and the gradients of row inputs) compared row by

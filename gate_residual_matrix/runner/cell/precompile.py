@@ -1,5 +1,5 @@
 """Compile ahead, in parallel: shape-specialising implementations get their graphs built by
-worker processes before a cell's cases run (issue 11).
+worker processes before a cell's cases run.
 
 ``torch.compile(..., dynamic=False)`` (``compiled``, ``compiled_emulate``) compiles one
 program per input shape and dtype: a default ``cuda`` cell calls each with about 35 row

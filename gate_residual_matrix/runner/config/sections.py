@@ -147,7 +147,7 @@ def _pep440(v: str) -> str:
 
 
 class Libraries(_Frozen):
-    """Library versions as a matrix dimension (issue 13; contract/versioned.py).
+    """Library versions as a matrix dimension (contract/versioned.py).
 
     ``versions``: distribution -> versions; each library implementation of that distribution
     becomes one row per version, ``<implementation>-<version>``, loaded kernel-only from

@@ -1,4 +1,4 @@
-"""The rules a report must keep beyond its JSON Schema (issue 16), one line per broken rule.
+"""The rules a report must keep beyond its JSON Schema, one line per broken rule.
 
 :mod:`runner.reports.store` runs these after the schema (``runner/schema/report.schema.json``) has
 accepted a report, so every value here has the type the schema gives it:

@@ -49,7 +49,7 @@ __all__ = ["SCHEMA_PATH", "SCHEMA_VERSION", "UPGRADES", "LoadedReport", "PairRow
            "upgrade", "validate", "write_report", "write_text_atomic"]
 
 SCHEMA_VERSION = 2
-"""Version 2 (issue 12): the report carries its op's tensors (``tensors``, ``index_groups``)
+"""Version 2: the report carries its op's tensors (``tensors``, ``index_groups``)
 and ``problem`` the op's sizes; version 1 was gate_residual's alone (:data:`UPGRADES`)."""
 SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "report.schema.json"
 

@@ -1,4 +1,4 @@
-"""What runs on a Ray node: one cell, through this node's own backend (issue 17).
+"""What runs on a Ray node: one cell, through this node's own backend.
 
 The driver (:mod:`runner.backends.ray.cluster`) sends :func:`run_on_node` a payload (the cell, its
 case

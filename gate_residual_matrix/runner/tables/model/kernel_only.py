@@ -1,4 +1,4 @@
-"""The kernel-only marker table (issue 13): which library rows ran kernel-only.
+"""The kernel-only marker table: which library rows ran kernel-only.
 
 A row ``<implementation>-<version>`` whose library was not installed ran only that library's
 kernel modules, loaded from its wheel's files (contract/kernel_only.py), under

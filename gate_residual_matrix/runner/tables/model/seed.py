@@ -1,4 +1,4 @@
-"""The seed comparison (issue 13): a reference report's pair, case by case, beside ours.
+"""The seed comparison: a reference report's pair, case by case, beside ours.
 
 A reference report (``reports/reference/*.json``, e.g. RL-Kernel's own B200 run) compares two
 implementations under its own names (``rl_kernel vs diffusers``). The op's spec maps those
