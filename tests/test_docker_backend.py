@@ -294,8 +294,9 @@ def test_docker_stacks_are_skipped_with_a_report_on_the_host_backend(
 def test_auto_without_an_engine_says_so_and_skips(tmp_path: Path, monkeypatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     from gate_residual_matrix.runner import pipeline as run
+    from gate_residual_matrix.runner.backends import local
 
-    monkeypatch.setattr(run, "DockerBackend", NoEngine)
+    monkeypatch.setattr(local, "DockerBackend", NoEngine)
     outcomes = run.run_matrix(MATRIX, reports_dir=tmp_path, stacks=["cpu-torch2.13"],
                               modes=["plain"], targets=["cpu"], backend="auto", render=False)
     assert [o.status for o in outcomes] == ["skipped"]
@@ -405,7 +406,6 @@ def _no_base_matrix(tmp_path: Path) -> Path:
 @pytest.fixture
 def empty_engine(monkeypatch, tmp_path: Path) -> FakeAPI:
     """An engine answers, with no image at all (a fresh machine with Docker installed)."""
-    from gate_residual_matrix.runner import pipeline as run
 
     api = FakeAPI(images=set())
 
@@ -414,7 +414,9 @@ def empty_engine(monkeypatch, tmp_path: Path) -> FakeAPI:
             super().__init__(logs_dir=tmp_path / "logs", progress=False, **kw)
             self._client = api
 
-    monkeypatch.setattr(run, "DockerBackend", EmptyEngine)
+    from gate_residual_matrix.runner.backends import local
+
+    monkeypatch.setattr(local, "DockerBackend", EmptyEngine)
     return api
 
 
