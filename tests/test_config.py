@@ -249,7 +249,7 @@ BAD: list[tuple[str, Callable[[dict[str, Any]], Any], str, str]] = [
     ("case index dtype unknown", lambda d: d["cases"][1].update(index_dtype="int16"),
      "cases[1].index_dtype", 'one of int64, int32, got "int16"'),
     ("unknown case key", lambda d: d["cases"][1].update(dtypes=["float16"]), "cases[1].dtypes",
-     "one of the keys n, specials, dtype, index_dtype, targets"),
+     "one of the keys n, specials, grouped, dtype, index_dtype, targets"),
     ("case target unknown", lambda d: d["cases"][1].update(targets=["gpu"]),
      "cases[1].targets[0]", 'one of cuda, cpu, got "gpu"'),
     ("case targets a string", lambda d: d["cases"][1].update(targets="cuda"),

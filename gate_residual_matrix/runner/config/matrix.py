@@ -137,7 +137,9 @@ class Case(_Frozen):
 
     @model_serializer(mode="wrap")
     def _drop_unset(self, dump: Any) -> dict[str, Any]:
-        return {k: v for k, v in dump(self).items() if v is not None}
+        # ``grouped`` only where it is set: a matrix without it keeps its content hash
+        return {k: v for k, v in dump(self).items()
+                if v is not None and not (k == "grouped" and v is False)}
 
     @property
     def base_id(self) -> str:
