@@ -180,10 +180,10 @@ def test_one_pool_fills_every_mode_and_cells_then_skip_their_workers(fresh_seed,
     monkeypatch.setenv("GATE_RESIDUAL_PRECOMPILE", "2")
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(inductor_config, "compile_threads", 2)  # restored after the test
-    loaded = run_cell(m, Cell("host", "plain", "cpu"), m.cases, timings=False)
+    with inductor_config.patch(compile_threads=2):  # inductor's own patch restores it
+        loaded = run_cell(m, Cell("host", "plain", "cpu"), m.cases, timings=False)
+        assert inductor_config.compile_threads == 1  # load only: no pool of compile processes
     assert loaded["environment"]["precompile"]["workers"] == 0
-    assert inductor_config.compile_threads == 1  # load only: no pool of compile processes
     assert loaded["environment"]["precompile"]["stamp"]
     assert loaded["phases"]["precompile"] == 0
     monkeypatch.setenv("GATE_RESIDUAL_PRECOMPILE", "0")
