@@ -148,7 +148,7 @@ def test_project_files_are_baked_in_without_caches(project: Path) -> None:
     (project / "gate_residual_matrix" / "kernels" / ".swp").write_text("x")
     names = [name for name, _ in images.project_files(project)]
     assert names[0] == "pyproject.toml" and "gate_residual_matrix/runner/cell/run.py" in names
-    assert "gate_residual_matrix/runner/schema/report.schema.json" in names
+    assert "gate_residual_matrix/runner/reports/schema/report.schema.json" in names
     assert "gate_residual_matrix/kernels/gate_residual.py" in names
     assert not any("__pycache__" in n or n.endswith(".pyc") or "/." in n for n in names)
     assert not any(n.startswith(("tests/", "containers/")) for n in names)

@@ -104,7 +104,7 @@ def test_compiled_emulate_runs_on_the_cpu_and_does_not_leak_its_setting():
 
 
 def test_compile_failure_is_an_error_and_the_cell_goes_on(monkeypatch):
-    def broken(emulate):
+    def broken(emulate, dynamic_rows=False):
         def fn(*args):
             raise RuntimeError("inductor: C++ compiler not found")
         return fn

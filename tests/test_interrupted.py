@@ -77,6 +77,22 @@ def kill_while_writing(directory: Path, mode: str, kills: int, seed: int) -> Out
     return outcome
 
 
+def write_every_cell_once(directory: Path, start: int) -> None:
+    """Run the worker until each cell has a whole report of this run, then SIGKILL it
+    (however slow the machine, every cell then has a report)."""
+    proc = subprocess.Popen([sys.executable, str(WORKER), str(directory), "atomic", str(start)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    written: set[str] = set()
+    while written != set(write_worker.CELLS):
+        line = proc.stdout.readline()
+        assert line.startswith("wrote "), f"the worker stopped: {line!r}"
+        written.add(line.split()[1])
+    proc.kill()
+    proc.wait()
+    proc.stdout.close()
+
+
 def test_sigkill_mid_write_leaves_old_or_new_report_never_torn(tmp_path):
     seed = int(os.environ.get("GATE_RESIDUAL_TEST_SEED", secrets.randbits(32)))
     outcome = kill_while_writing(tmp_path, "atomic", kills=24, seed=seed)
@@ -84,6 +100,7 @@ def test_sigkill_mid_write_leaves_old_or_new_report_never_torn(tmp_path):
     assert outcome.advanced >= 5, f"seed {seed}: the worker rarely got a write done: {outcome}"
     # the kills did land inside writes: their temporary files are the evidence
     assert outcome.temp_files >= 1, f"seed {seed}: no kill landed mid-write: {outcome}"
+    write_every_cell_once(tmp_path, start=(outcome.kills + 1) * 1_000_000)
     assert sorted(r.path.name for r in read_reports(tmp_path)) == sorted(
         f"{c}.json" for c in write_worker.CELLS)
     assert all(r.ok for r in read_reports(tmp_path))

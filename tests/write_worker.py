@@ -5,7 +5,8 @@
 Generation ``START``, ``START + 1``, ... of every cell in :data:`CELLS` is written in turn,
 each :func:`report` (about 2 MB), with ``runner.reports.store.write_report`` (MODE ``atomic``) or a
 plain ``open(path, "w").write`` (MODE ``naive``, the control that shows torn files can be
-seen). Prints ``ready`` once imports are done, before the first write.
+seen). Prints ``ready`` once imports are done, before the first write, and
+``wrote CELL GENERATION`` after each write is whole.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def main(directory: str, mode: str, start: int) -> None:
             else:
                 with open(out / f"{cell_id}.json", "w", encoding="utf-8") as f:
                     f.write(json.dumps(doc, indent=2) + "\n")
+            print(f"wrote {cell_id} {generation}", flush=True)
         generation += 1
 
 
