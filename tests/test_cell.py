@@ -130,3 +130,15 @@ def test_an_implementation_that_does_not_take_a_dtype_is_not_run_on_it(monkeypat
     assert entry["unsupported"] == {"5-float32-int64": "takes bfloat16 only, not float32"}
     assert set(entry["sha256"]) == {"5"} and set(entry["vs eager"]) == {"5"}
     assert set(calls) == {torch.bfloat16} and report["status"] == "ok"
+
+
+@pytest.mark.parametrize("timing_targets", [None, ["cuda"]])
+def test_timing_runs_only_on_the_timing_targets(fresh_seed: int, timing_targets) -> None:
+    """``timing.targets`` leaving out cpu: the CPU cell records no timings (and all the rest)."""
+    timing = {"warmup": 0, "iters": 1, **({"targets": timing_targets} if timing_targets else {})}
+    m = small_matrix(fresh_seed, [{"n": 3}], timing=timing)
+    report = run_cell(m, Cell("host", "plain", "cpu"), m.cases)
+    assert report["status"] == "ok", report["reason"]
+    assert all(entry["sha256"] for entry in report["results"].values())
+    timed = {name for name, entry in report["results"].items() if entry["timings"]}
+    assert timed == (set() if timing_targets else {"eager", "numba"}), timed  # fp64 never

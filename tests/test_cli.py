@@ -100,13 +100,13 @@ def test_bad_option_exits_2_and_writes_nothing(reports, capsys, argv, fragment):
 
 @pytest.mark.parametrize(("old", "new", "fragment"), [
     ("  D: 5376", "  D: 0", "problem.D: expected an integer >= 1, got 0"),
-    ("  - {n: 4097}", "  - {n: 4097, specail: true}", 'got unknown key "specail"'),
+    ("  - {n: 4097, targets: [cuda]}", "  - {n: 4097, specail: true}", 'got unknown key "specail"'),
     ("implementations: [eager, numba, fp64", "implementations: [eager, numba, fp64, fault",
      'implementations[3]: expected one of eager, numba, fp64, ' + KNOWN_REST + 'got "fault"'),
     ("  torch: 2.13.0\n", '  torch: "2.13.0; rm -rf /"\n', "torch: expected a version like"),
     ("op: gate_residual", "op: !!python/object/apply:os.system [id]", "invalid YAML"),
     ("  plain: {}", "  ../plain: {}", 'modes["../plain"]: expected a name'),
-    ("  - {n: 4097}", "  - {n: 100000000000}", "bad.yaml: cases[2].n: expected a size whose "
+    ("  - {n: 4097, targets: [cuda]}", "  - {n: 100000000000}", "bad.yaml: cases[2].n: expected a size whose "
      "tensors fit in this host's memory, got 100000000000 (case 100000000000: N = "
      "100000000000, D = 5376, G = 9, bfloat16/int64: at least 6.69 PiB for the inputs, the "
      "upstream gradient and the reference's output; this host has "),
@@ -160,7 +160,7 @@ def test_fault_implementation_is_unknown_without_the_switch(reports, capsys, mon
 def test_a_case_too_big_for_any_host_is_refused_before_anything_runs(reports, capsys,
                                                                      monkeypatch, tmp_path):
     """N = 10**11 used to fail inside the cell (exit 5); the bound is this host's memory."""
-    path = bad_matrix(tmp_path, "  - {n: 4097}", "  - {n: 100000000000}")
+    path = bad_matrix(tmp_path, "  - {n: 4097, targets: [cuda]}", "  - {n: 100000000000}")
     monkeypatch.setattr(local, "host_memory_bytes", lambda: 2**40)
     before = snapshot(reports)
     assert main(["matrix", "--matrix", path, "--reports", str(reports), "--case",

@@ -73,6 +73,7 @@ def test_round_trip() -> None:
     assert parse_matrix(m.to_dict()) == m
     assert parse_matrix(yaml.safe_load(yaml.safe_dump(m.to_dict()))) == m
     assert m.to_dict()["modes"]["plain"] == {"env": {}, "torch": {}}  # unset targets: absent
+    assert m.to_dict()["timing"] == {"warmup": 5, "iters": 50, "targets": ["cuda"]}
     assert m.to_dict()["modes"]["tf32"] == {"env": {}, "torch": {"tf32": True},
                                             "targets": ["cuda"]}
 
@@ -85,9 +86,8 @@ def test_shipped_cases_cover_every_dtype_pair_with_the_reference_cases() -> None
         assert sorted(c.n for c in mine if not c.specials) == [1, 257, 4097, 32768]
         assert [c.n for c in mine if c.specials] == [257]
         on_cpu = {c.n for c in mine if c.runs_on("cpu")}
-        # the costly sizes run on the CPU in the problem's dtypes only (matrix.yaml says why)
-        expected = {1, 257, 4097, 32768} if dtype == "bfloat16" and index_dtype == "int64" \
-            else {1, 257}
+        # the CPU runs the problem's dtypes at N <= 257 only (matrix.yaml says why)
+        expected = {1, 257} if (dtype, index_dtype) == ("bfloat16", "int64") else set()
         assert on_cpu == expected, (dtype, index_dtype)
         assert all(c.runs_on("cuda") for c in mine)
 
@@ -259,7 +259,7 @@ BAD: list[tuple[str, Callable[[dict[str, Any]], Any], str, str]] = [
     ("case target twice", lambda d: d["cases"][1].update(targets=["cuda", "cuda"]),
      "cases[1].targets[1]", 'unique targets, got a second "cuda"'),
     ("case target not a matrix target", lambda d: d.update(targets=["cpu"]),
-     "cases[7].targets[0]", "one of the matrix's targets (cpu), got \"cuda\""),
+     "cases[2].targets[0]", "one of the matrix's targets (cpu), got \"cuda\""),
     ("mode target unknown", lambda d: d["modes"]["plain"].update(targets=["tpu"]),
      "modes.plain.targets[0]", 'one of cuda, cpu, got "tpu"'),
     ("mode targets empty", lambda d: d["modes"]["plain"].update(targets=[]),
@@ -267,6 +267,11 @@ BAD: list[tuple[str, Callable[[dict[str, Any]], Any], str, str]] = [
     ("mode target not a matrix target",
      lambda d: (d.update(targets=["cuda"]), d["modes"]["plain"].update(targets=["cpu"])),
      "modes.plain.targets[0]", "one of the matrix's targets (cuda), got \"cpu\""),
+    ("timing target unknown", lambda d: d["timing"].update(targets=["tpu"]),
+     "timing.targets[0]", 'one of cuda, cpu, got "tpu"'),
+    ("timing target not a matrix target",
+     lambda d: d.update(targets=["cpu"], cases=[{"n": 1}], modes={"plain": {}}),
+     "timing.targets[0]", "one of the matrix's targets (cpu), got \"cuda\""),
     ("unknown implementation", lambda d: d["implementations"].append("triton"),
      "implementations[11]", 'one of eager, numba, fp64, ' + KNOWN_REST + 'got "triton"'),
     ("duplicate implementation", lambda d: d["implementations"].append("numba"),
@@ -443,7 +448,7 @@ def test_directory_is_not_a_file(tmp_path: Path) -> None:
 
 
 def test_shipped_file_edited_on_disk(tmp_path: Path) -> None:
-    text = MATRIX.read_text().replace("  - {n: 4097}", "  - {n: 0}")
+    text = MATRIX.read_text().replace("  - {n: 4097, targets: [cuda]}", "  - {n: 0}")
     expected = r"matrix.yaml: cases\[2\].n: expected an integer >= 1, got 0$"
     with pytest.raises(ConfigError, match=expected):
         load_matrix(write(tmp_path, text))

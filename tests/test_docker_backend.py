@@ -396,7 +396,7 @@ def _no_base_matrix(tmp_path: Path) -> Path:
     data["stacks"] = {"host": {"kind": "host"}, "cpu-torch2.13": cpu,
                       "wheelless": {**cpu, "pip": {"find_links": str(tmp_path / "wheels")}}}
     data.update(cases=[{"n": 1}], targets=["cpu"], modes={"plain": {}},
-                implementations=["eager", "numba", "fp64"])
+                timing={"warmup": 1, "iters": 2}, implementations=["eager", "numba", "fp64"])
     data.pop("batch_invariance", None)
     path = tmp_path / "matrix.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))

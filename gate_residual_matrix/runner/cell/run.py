@@ -219,7 +219,8 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
     keyed by its id without them (``Case.base_id``). Cases whose ``targets`` leave out this
     cell's target are not run; when no selected case is left the cell is ``skipped``. An
     implementation with a ``dtypes`` attribute that leaves out a case's dtype is not run on
-    it (``results[impl].unsupported[case]`` says why).
+    it (``results[impl].unsupported[case]`` says why). Timings are taken where ``timings``
+    and the matrix's ``timing.targets`` include the cell's target.
 
     ``on_case(partial, progress)``: called after each case but the last with
     :func:`partial_view` of the report so far (the cell command writes it, so a cell stopped
@@ -254,7 +255,7 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
         ctx = CaseContext(spec=ops.get(matrix.op), matrix=matrix, target=cell.target,
                           device=device, impls=impls, results=report["results"], clock=clock,
                           hasher=hasher, inference=bool(mode.torch.inference_mode),
-                          with_timings=timings)
+                          with_timings=timings and matrix.timing.runs_on(cell.target))
         weights = [case_weight(matrix, c) for c in cases]
         for number, case in enumerate(cases, start=1):
             started = time.perf_counter()

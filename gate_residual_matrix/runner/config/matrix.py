@@ -162,10 +162,24 @@ class Case(_Frozen):
 
 
 class Timing(_Frozen):
-    """Timing loop: ``warmup`` untimed calls, then ``iters`` timed ones."""
+    """Timing loop: ``warmup`` untimed calls, then ``iters`` timed ones (milliseconds per
+    call in the report); ``targets``: the targets whose cells time (None: every target;
+    a cell elsewhere records no timings)."""
 
     warmup: Annotated[StrictInt, Field(ge=0, le=MAX_TIMING_CALLS)] = 5
     iters: Annotated[StrictInt, Field(ge=1, le=MAX_TIMING_CALLS)] = 50
+    targets: ListOf[Target] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, dump: Any) -> dict[str, Any]:
+        data = dump(self)
+        if data.get("targets") is None:
+            data.pop("targets", None)
+        return data
+
+    def runs_on(self, target: str) -> bool:
+        """Whether cells on ``target`` time the implementations."""
+        return self.targets is None or target in self.targets
 
 
 class BatchInvariance(_Frozen):
@@ -371,6 +385,7 @@ def _cross_checks(m: Matrix, known: tuple[str, ...]) -> Iterator[tuple[str, str,
     yield from _duplicates("targets", m.targets, "unique targets")
     named = [(f"cases[{i}]", c.targets) for i, c in enumerate(m.cases)]
     named += [(f"modes.{name}", mode.targets) for name, mode in m.modes.items()]
+    named.append(("timing", m.timing.targets))
     for key, targets in named:
         for j, target in enumerate(targets or ()):
             if target not in m.targets:
