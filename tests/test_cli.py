@@ -106,8 +106,9 @@ def test_bad_option_exits_2_and_writes_nothing(reports, capsys, argv, fragment):
     ("  torch: 2.13.0\n", '  torch: "2.13.0; rm -rf /"\n', "torch: expected a version like"),
     ("op: gate_residual", "op: !!python/object/apply:os.system [id]", "invalid YAML"),
     ("  plain: {}", "  ../plain: {}", 'modes["../plain"]: expected a name'),
-    ("  - {n: 4097, targets: [cuda]}", "  - {n: 100000000000}", "bad.yaml: cases[2].n: expected a size whose "
-     "tensors fit in this host's memory, got 100000000000 (case 100000000000: N = "
+    ("  - {n: 4097, targets: [cuda]}", "  - {n: 100000000000}",
+     "bad.yaml: cases[2].n: expected a size whose tensors fit in this host's memory, got "
+     "100000000000 (case 100000000000: N = "
      "100000000000, D = 5376, G = 9, bfloat16/int64: at least 6.69 PiB for the inputs, the "
      "upstream gradient and the reference's output; this host has "),
 ])
