@@ -14,7 +14,7 @@ from gate_residual_matrix.runner.reports.store import read_reports
 from gate_residual_matrix.runner.tables.model.answers import op_grids, ulp
 from gate_residual_matrix.runner.tables.model.cells import load_cells
 from gate_residual_matrix.runner.tables.model.headline import KERNEL_ONLY, headline
-from gate_residual_matrix.runner.tables.model.sentence import op_sentence
+from gate_residual_matrix.runner.tables.model.sentence import MAX_DIFFER, op_sentence
 from tests.committed_reports import COMMITTED
 
 REPORT = COMMITTED / "host-plain-cuda.json"
@@ -84,12 +84,15 @@ def test_sentence_says_what_the_rms_norm_report_supports(tmp_path):
     cells = load_cells(read_reports(reports))
     [grid] = [g for g in op_grids(cells) if g.op == "rms_norm"]
     text = op_sentence(grid, cells)
-    assert text.startswith("rms_norm on NVIDIA H200, host (torch 2.11.0), 1 mode (plain); "
-                           "not run: deterministic:"), text
+    assert text.startswith("rms_norm on NVIDIA H200, host (torch 2.11.0), plain (1 of 2 "
+                           "modes): "), text
     assert "numba = vllm_rms_norm_batch_invariant 0.30.0/0.33.0 bitwise in every case" in text
     assert "not run: vllm_rms_norm_cuda 0.30.0/0.33.0 (unavailable)" in text
-    assert "liger_rms_norm_{llama,gemma,none} 0.8.4/0.8.5 vs vllm_rms_norm_batch_invariant" in text
-    assert "max error vs fp64" in text
+    # trainer against rollout comes before the libraries against eager; three such clauses
+    trainer = "liger_rms_norm_{llama,gemma,none} 0.8.4/0.8.5 vs vllm_rms_norm_batch_invariant"
+    assert trainer in text and text.index("numba vs eager") < text.index(trainer), text
+    assert text.count(" differ (") == MAX_DIFFER and "more pairs in the grid" in text, text
+    assert "max error vs fp64" in text and len(text) < 1000, len(text)
 
 
 def test_modes_with_the_same_marks_share_a_column_and_a_mark_shows_both_errors(tmp_path):

@@ -9,7 +9,8 @@ and the pairs that did not run (``not run: ... (unavailable)``). Pairs are group
 with the same bits in every case, then, per kernel (its variants together: names that differ
 in the last word), other side and set of differing tensors, those that differ, with the
 largest share of differing elements and each side's largest error against fp64 (which side is
-closer to the truth). Every figure is read from the reports through
+closer to the truth); at most :data:`MAX_DIFFER` of those, ours first, the rest counted
+with the pairs of no interest ("N more pairs in the grid"). Every figure is read from the reports through
 :mod:`runner.tables.model.answers`; nothing is assumed.
 """
 
@@ -50,8 +51,10 @@ class _Group:
     left: list[str] = field(default_factory=list)
     right: list[str] = field(default_factory=list)
     grid: GridMark = field(default_factory=lambda: GridMark(Mark(), Stats()))
+    pairs: int = 0
 
     def add(self, a: str, b: str, grid: GridMark) -> None:
+        self.pairs += 1
         self.left += [a] if a not in self.left else []
         self.right += [b] if b not in self.right else []
         self.grid.mark.add(grid.mark)
@@ -82,14 +85,30 @@ def _scope(grid: OpGrid) -> list[int]:
     return [n for n, c in enumerate(grid.columns) if (c.gpu, c.stack) == (first.gpu, first.stack)]
 
 
+MAX_DIFFER = 3
+"""Clauses of pairs that differ a sentence names (ours first, then trainer against
+rollout, then libraries against the baseline); the rest are counted, and in the grid."""
+
+
 def _modes(columns: list[GridColumn], everything: Sequence[CellReport]) -> str:
+    """``all 6 modes``, or the modes run of those other reports ran on this GPU × stack:
+    ``plain, inference (2 of 6 modes)``."""
     run = [m for c in columns for m in c.modes]
     gpu, stack = columns[0].gpu, columns[0].stack
     known = dict.fromkeys(c.facet("mode") for c in everything
                           if (gpu_label(c), stack_label(c)) == (gpu, stack))
     missing = [m for m in known if m not in run]
-    text = f"{len(run)} mode{'s' if len(run) > 1 else ''} ({', '.join(run)})"
-    return text + (f"; not run: {', '.join(missing)}" if missing else "")
+    if not missing:
+        return f"all {len(run)} modes" if len(run) > 1 else f"mode {run[0]}"
+    return f"{', '.join(run)} ({len(run)} of {len(run) + len(missing)} modes)"
+
+
+def _priority(key: tuple[str, str, tuple[str, ...]], g: _Group, baselines: set[str]) -> int:
+    """0: ours on either side; 1: trainer against rollout (neither side the baseline);
+    2: a library against the baseline."""
+    if any(base(i)[0] in OURS for i in g.left + g.right):
+        return 0
+    return 1 if key[1] not in baselines else 2
 
 
 def _differ_clause(g: _Group) -> str:
@@ -108,12 +127,12 @@ def _differ_clause(g: _Group) -> str:
 
 def op_sentence(grid: OpGrid, everything: Sequence[CellReport]) -> str:
     """The answer for ``grid``'s op, e.g. ``rms_norm on NVIDIA H200, host (torch 2.11.0),
-    2 modes (plain, inference): numba = vllm_x 0.30.0/0.33.0 bitwise in every case (52
+    plain, inference (2 of 6 modes): numba = vllm_x 0.30.0/0.33.0 bitwise in every case (52
     comparisons); ...``. ``everything``: every shown cell (to name the modes not run).
 
     Example:
         >>> op_sentence(op_grids(cells)[0], cells).split(":")[0]
-        'gate_residual on NVIDIA H200, host (torch 2.11.0), 6 modes (plain, ...)'
+        'gate_residual on NVIDIA H200, host (torch 2.11.0), all 6 modes'
     """
     if not grid.columns:
         return f"{grid.op}: not run."
@@ -147,7 +166,10 @@ def op_sentence(grid: OpGrid, everything: Sequence[CellReport]) -> str:
                + (" but NaN payloads" if g.grid.mark.nan_only else "")
                + f" in every case ({g.grid.mark.compared} case comparisons)"
                for g in equal.values()]
-    clauses += [_differ_clause(g) for g in differ.values()]
+    baselines = {c.data.get("baseline") or "eager" for c in cells}
+    ranked = sorted(differ.items(), key=lambda kv: _priority(kv[0], kv[1], baselines))
+    clauses += [_differ_clause(g) for _, g in ranked[:MAX_DIFFER]]
+    rest += sum(g.pairs for _, g in ranked[MAX_DIFFER:])
     if missing.left:
         clauses.append(f"not run: {', '.join(names(missing.left))} "
                        f"({', '.join(dict.fromkeys(missing.right))})")
