@@ -10,7 +10,8 @@ with the same bits in every case, then, per kernel (its variants together: names
 in the last word), other side and set of differing tensors, those that differ, with the
 largest share of differing elements and each side's largest error against fp64 (which side is
 closer to the truth); at most :data:`MAX_DIFFER` of those, ours first, the rest counted
-with the pairs of no interest ("N more pairs in the grid"). Every figure is read from the reports through
+with the pairs of no interest ("N more pairs in the grid"). Every figure is read from the
+reports through
 :mod:`runner.tables.model.answers`; nothing is assumed.
 """
 
@@ -176,7 +177,8 @@ def op_sentence(grid: OpGrid, everything: Sequence[CellReport]) -> str:
     others = [f"{c.gpu}, {c.stack.split(' (')[0]}" for n, c in enumerate(grid.columns)
               if n not in scope]
     if rest or others:
-        clauses.append(f"{rest} more pairs" * bool(rest) + (" and " if rest and others else "")
+        more = f"{rest} more pair{'s' * (rest != 1)}"
+        clauses.append(more * bool(rest) + (" and " if rest and others else "")
                        + (f"{len(dict.fromkeys(others))} more GPU × stack" if others else "")
                        + " in the grid")
     where = f"{columns[0].gpu}, {columns[0].stack}, {_modes(columns, everything)}"
