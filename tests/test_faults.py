@@ -356,3 +356,24 @@ def test_cuda_illegal_address_and_oom_cost_their_cell_only(tmp_path):
     assert oom["results"]["eager"]["status"] == "ok"
     for cell in ("host-plain-cuda", "host-plain-cpu"):
         assert report_of(tmp_path, cell)["status"] == "ok"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_swallowed_interrupt_is_still_known(shell_signals, signum):
+    """Library code that catches the first signal's exception (Ray Client's waits can) does
+    not lose it: :func:`fired` names it until the block ends, and the second is ignored."""
+    from gate_residual_matrix.runner.backends.interrupts import fired, signals_interrupt
+    from gate_residual_matrix.runner.errors import Interrupted
+
+    assert fired() is None
+    with signals_interrupt():
+        try:
+            os.kill(os.getpid(), signum)
+            time.sleep(0.05)
+        except BaseException as swallowed:  # what a library's broad except does
+            assert isinstance(swallowed, Interrupted)
+        assert fired() == signum
+        os.kill(os.getpid(), signal.SIGTERM)  # ignored: the first one stands
+        time.sleep(0.05)
+        assert fired() == signum
+    assert fired() is None

@@ -556,13 +556,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _cluster_cli(tmp_path: Path, address: str) -> subprocess.Popen:
+def _cluster_cli(tmp_path: Path, address: str, env: dict | None = None) -> subprocess.Popen:
     matrix = _write(tmp_path / "m.yaml", BASE)
     return subprocess.Popen([sys.executable, "-m", "gate_residual_matrix.runner", "matrix",
                              "--matrix", str(matrix),
                              "--reports", str(tmp_path / "r"), "--cluster", address],
                             cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE,
+                            env=None if env is None else {**os.environ, **env})
 
 
 @pytest.mark.parametrize("scheme", ["ray://", ""])
@@ -631,7 +632,10 @@ def test_a_signal_during_the_connect_is_one_line_and_128_plus_it(tmp_path: Path,
 
     pytest.importorskip("ray")
     port, held = silent_port
-    proc = _cluster_cli(tmp_path, f"ray://127.0.0.1:{port}")
+    # Ray Client waits long enough for the signal to land in the connect on a loaded machine
+    waits = {"RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S": "60",
+             "RAY_CLIENT_MAX_CONNECTION_TIMEOUT_S": "60"}
+    proc = _cluster_cli(tmp_path, f"ray://127.0.0.1:{port}", env=waits)
     deadline = time.monotonic() + 60
     while len(held) < 2 and time.monotonic() < deadline:  # the probe, then Ray Client
         time.sleep(0.05)

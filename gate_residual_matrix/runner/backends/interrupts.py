@@ -27,10 +27,21 @@ from types import FrameType
 
 from gate_residual_matrix.runner.errors import Interrupted
 
-__all__ = ["HELD", "deferred", "signals_interrupt"]
+__all__ = ["HELD", "deferred", "fired", "signals_interrupt"]
 
 HELD = (signal.SIGINT, signal.SIGTERM)
 """The signals :func:`deferred` holds."""
+
+_FIRED: list[int] = []
+"""The signal :func:`signals_interrupt` raised for in the block running now, if any."""
+
+
+def fired() -> int | None:
+    """The signal that has interrupted the :func:`signals_interrupt` block running now, or
+    None. A wait loop around library code that may swallow the exception (a client's own
+    ``except BaseException``) checks it and raises :class:`runner.errors.Interrupted` again:
+    later signals are ignored, so a swallowed first one must not be lost."""
+    return _FIRED[0] if _FIRED else None
 
 
 @contextlib.contextmanager
@@ -62,7 +73,8 @@ def deferred(signals: tuple[int, ...] = HELD) -> Iterator[None]:
 def signals_interrupt() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP (a closed terminal or SSH session) raise
     :class:`runner.errors.Interrupted` for the duration of the block (the first one only:
-    later ones are ignored, so that the clean-up the first one started is not cut short);
+    later ones are ignored, so that the clean-up the first one started is not cut short;
+    :func:`fired` says which one came);
     the handlers before it are put back after it. A signal the process was started with
     ignored stays ignored (``nohup``, ``&``); outside the main thread this is a no-op. The
     command line runs every command inside it (:func:`runner.__main__.main`).
@@ -75,12 +87,12 @@ def signals_interrupt() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    fired: list[int] = []
+    _FIRED.clear()
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
-        if fired:
+        if _FIRED:
             return
-        fired.append(signum)
+        _FIRED.append(signum)
         raise Interrupted(signum)
 
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
@@ -92,3 +104,4 @@ def signals_interrupt() -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        _FIRED.clear()

@@ -39,11 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gate_residual_matrix.runner.backends import interrupts
 from gate_residual_matrix.runner.backends.failure import Ending, classify
 from gate_residual_matrix.runner.backends.ray.node import DOCKER, GPU_PREFIX, checkout, run_on_node
 from gate_residual_matrix.runner.cell.run import skeleton
 from gate_residual_matrix.runner.config.matrix import Case, DockerStack, Matrix
-from gate_residual_matrix.runner.errors import ConfigError, ImageError, ReportError
+from gate_residual_matrix.runner.errors import ConfigError, ImageError, Interrupted, ReportError
 from gate_residual_matrix.runner.plan.cells import Cell
 from gate_residual_matrix.runner.reports import store as report_io
 from gate_residual_matrix.runner.status import Status
@@ -245,6 +246,8 @@ class Cluster:
                 submit(job, 0)
             recheck = time.monotonic() + RECHECK_S
             while pending:
+                if (signum := interrupts.fired()) is not None:  # raised, and swallowed by Ray
+                    raise Interrupted(signum)
                 ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
                 progress.drain()
                 if not ready and time.monotonic() >= recheck:
