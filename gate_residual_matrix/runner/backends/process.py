@@ -41,6 +41,7 @@ def run_cell_process(matrix_path: Path, reports_dir: Path, *, stacks: Sequence[s
             torch sees no GPU (nothing is written then).
     """
     from gate_residual_matrix.runner.backends import lifetime
+    from gate_residual_matrix.runner.cell import heartbeat
     from gate_residual_matrix.runner.cell import modes as mode_setup
     from gate_residual_matrix.runner.cell.progress import progress_line
 
@@ -74,6 +75,7 @@ def run_cell_process(matrix_path: Path, reports_dir: Path, *, stacks: Sequence[s
             partial["environment"]["mode_applied_before_torch_import"] = before_torch
             report_io.write_report(partial, reports_dir)
         print(progress_line(cell.id, progress), flush=True)
+        heartbeat.said()
 
     def run() -> dict[str, Any]:
         return run_cell(matrix, cell, select_cases(matrix, cases), run_id=run_id,

@@ -18,15 +18,16 @@ import time
 from pathlib import Path
 
 from gate_residual_matrix.runner.backends.lifetime import die_with_parent
+from gate_residual_matrix.runner.cell import heartbeat
 
 TIMEOUT_S = 900.0
-"""The longest a precompile waits for its workers. On the 2-CPU machine one CPU cell's
-precompile from an empty cache takes 280-310 s (2026-12-01): a cap of 300 s cut it short
-there (the cell then compiled the rest itself, one graph at a time). Bounded by the cell's
-own timeout anyway; this cap only keeps a hung worker from holding a cell for ever."""
+"""The longest a precompile waits for its workers (docs/performance.md, "Cell time", has
+what a cold precompile takes on two CPUs). Bounded by the cell's own timeout anyway; this
+cap only keeps a hung worker from holding a cell for ever."""
 
-HEARTBEAT_S = 20.0
-"""At most this long between two lines of a running precompile."""
+HEARTBEAT_S = heartbeat.EVERY_S
+"""At most this long without a line while a precompile runs (counted from the cell
+process's last line: :func:`runner.cell.heartbeat.quiet_for`)."""
 
 
 def run(items: list[dict], *, torch_settings: dict, op: str, sizes: dict, target: str,
@@ -92,7 +93,7 @@ def _wait(procs: list, plans: list[Path], started: float, timeout_s: float,
     """Wait for the workers (each writes one line per call done to its plan's ``.done``
     file), calling ``beat(calls done, seconds)`` every :data:`HEARTBEAT_S`; kill those
     still running at ``timeout_s``. Returns the failures, one line per worker."""
-    failed, last = [], started
+    failed = []
     while any(proc.poll() is None for proc in procs):
         now = time.perf_counter()
         if now - started > timeout_s:
@@ -102,9 +103,9 @@ def _wait(procs: list, plans: list[Path], started: float, timeout_s: float,
                     proc.wait()
                     failed.append(f"worker {w}: timed out after {timeout_s:g} s")
             break
-        if now - last >= HEARTBEAT_S:
-            last = now
+        if heartbeat.quiet_for() >= HEARTBEAT_S:
             beat(sum(_lines(Path(f"{plan}.done")) for plan in plans), now - started)
+            heartbeat.said()
         time.sleep(0.5)
     for w, (proc, plan) in enumerate(zip(procs, plans, strict=True)):
         if proc.returncode and not any(f.startswith(f"worker {w}:") for f in failed):
