@@ -82,7 +82,7 @@ def run_cell_process(matrix_path: Path, reports_dir: Path, *, stacks: Sequence[s
                         timings=timings,
                         mode_environment=mode_setup.mode_environment(cell.mode, mode, start,
                                                                 applied),
-                        on_case=checkpoint)
+                        on_case=checkpoint, expected=_case_seconds(reports_dir, cell.id))
 
     profile_dir = settings.get("GATE_RESIDUAL_CPROFILE")
     if profile_dir:  # where the cell's own time goes, beyond its phases (docs/performance.md)
@@ -97,3 +97,22 @@ def run_cell_process(matrix_path: Path, reports_dir: Path, *, stacks: Sequence[s
     report["environment"]["mode_applied_before_torch_import"] = before_torch
     path = report_io.write_report(report, reports_dir)
     return cell.id, str(report["status"]), path
+
+
+def _case_seconds(reports_dir: Path, cell_id: str) -> dict[str, float] | None:
+    """Seconds per case of the cell's previous report in ``reports_dir`` (``phases.cases``,
+    from whichever machine ran the cell: the estimate scales them to this run's speed) when
+    that report has cases that ran (ok, partial, mismatch), else None. A guide for the
+    time-left estimate only, never for a result."""
+    from gate_residual_matrix.runner.reports import store as report_io
+
+    loaded = report_io.read_report(Path(reports_dir) / f"{cell_id}.json")
+    data = loaded.data if loaded.ok else None
+    if not data or data.get("status") not in ("ok", "partial", "mismatch"):
+        return None
+    cases = (data.get("phases") or {}).get("cases")
+    if not isinstance(cases, dict):
+        return None
+    return {str(k): float(v) for k, v in cases.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0}
+

@@ -202,7 +202,8 @@ def partial_view(report: dict, done: list, missing: list, *, reason: str | None 
 
 def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
              timings: bool = True, mode_environment: dict | None = None,
-             on_case: Callable[[dict, dict], None] | None = None) -> dict:
+             on_case: Callable[[dict, dict], None] | None = None,
+             expected: dict[str, float] | None = None) -> dict:
     """Run ``cases`` of ``matrix`` for ``cell`` here and return the report dict (not written).
 
     ``cell.target`` "cuda" needs ``torch.cuda.is_available()``; the caller checks. The
@@ -225,7 +226,9 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
     ``on_case(partial, progress)``: called after each case but the last with
     :func:`partial_view` of the report so far (the cell command writes it, so a cell stopped
     later keeps its finished cases) and ``progress`` (``{"case", "id", "of", "case_s",
-    "elapsed_s", "eta_s"}``); after the last case with the final report.
+    "elapsed_s", "eta_s"}``); after the last case with the final report. ``expected``: the
+    seconds each case took in this cell's previous run (its report's ``phases.cases``), for
+    the time-left estimate (:func:`_progress`).
     """
     from gate_residual_matrix.contract import versioned
     from gate_residual_matrix.runner.cell import catalog as implementations
@@ -262,7 +265,8 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
             key = _run_one_case(ctx, report, case)
             per_case[key] = round(time.perf_counter() - started, 3)
             elapsed = time.perf_counter() - t0
-            progress = _progress(number, key, per_case, weights, elapsed)
+            progress = _progress(number, key, per_case, weights, elapsed, expected=expected,
+                                 left=[str(case_key(c)) for c in cases[number:]])
             if on_case is not None and number < len(cases):
                 on_case(_snapshot(report, cases, number, elapsed, clock, per_case), progress)
             elif on_case is not None:
@@ -342,10 +346,21 @@ def _snapshot(report: dict, cases: list, number: int, elapsed: float, clock: Pha
 
 
 def _progress(number: int, key: str, per_case: dict[str, float], weights: list[float],
-              elapsed: float) -> dict:
-    """What ``on_case`` gets after case ``number`` (1-based) of ``len(weights)``: the time
-    left estimated from the rate of the cases after the first (which pays for imports and
-    compiling), weighted by :func:`case_weight`."""
+              elapsed: float, *, left: list[str] | None = None,
+              expected: dict[str, float] | None = None) -> dict:
+    """What ``on_case`` gets after case ``number`` (1-based) of ``len(weights)``, with the time
+    left. Where ``expected`` (seconds per case key, from this cell's previous report) has
+    every case ``left`` (their keys), the estimate is their previous times, scaled by how
+    this run's cases after the first compare with theirs (the first pays for imports and
+    compiling, in both runs). Otherwise: the rate of the cases after the first, weighted by
+    :func:`case_weight` (after the first case, its own rate)."""
+    if expected and left is not None and all(k in expected for k in left):
+        again = [k for k in list(per_case)[1:] if expected.get(k)]
+        scale = (sum(per_case[k] for k in again) / sum(expected[k] for k in again)
+                 if again else 1.0)
+        eta = scale * sum(expected[k] for k in left)
+        return {"case": number, "of": len(weights), "id": key, "case_s": per_case[key],
+                "elapsed_s": round(elapsed, 1), "eta_s": round(eta, 1)}
     done_w, left_w = sum(weights[1:number]), sum(weights[number:])
     since_first = sum(list(per_case.values())[1:])
     eta = (since_first / done_w * left_w if done_w
