@@ -44,6 +44,9 @@ def test_previous_case_seconds_come_from_a_report_that_ran(tmp_path):
     (tmp_path / "host-plain-cpu.json").write_text(json.dumps(data))
     got = _case_seconds(tmp_path, "host-plain-cpu")
     assert got == {str(k): float(v) for k, v in data["phases"]["cases"].items()}
+    stage = tmp_path / ".run-0123" / "shard-1"  # where a backend runs the cell
+    stage.mkdir(parents=True)
+    assert _case_seconds(stage, "host-plain-cpu") == got
     data["status"] = "skipped"
     (tmp_path / "host-plain-cpu.json").write_text(json.dumps(data))
     assert _case_seconds(tmp_path, "host-plain-cpu") is None

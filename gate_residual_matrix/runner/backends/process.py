@@ -100,13 +100,17 @@ def run_cell_process(matrix_path: Path, reports_dir: Path, *, stacks: Sequence[s
 
 
 def _case_seconds(reports_dir: Path, cell_id: str) -> dict[str, float] | None:
-    """Seconds per case of the cell's previous report in ``reports_dir`` (``phases.cases``,
-    from whichever machine ran the cell: the estimate scales them to this run's speed) when
-    that report has cases that ran (ok, partial, mismatch), else None. A guide for the
-    time-left estimate only, never for a result."""
+    """Seconds per case of the cell's previous report (``phases.cases``) in the reports folder
+    ``reports_dir`` is, or whose staging folder it is (``.run-<id>``, ``shard-<i>``;
+    runner/backends/staging.py), from whichever machine ran the cell (the estimate scales
+    them to this run's speed), when that report has cases that ran (ok, partial, mismatch),
+    else None. A guide for the time-left estimate only, never for a result."""
     from gate_residual_matrix.runner.reports import store as report_io
 
-    loaded = report_io.read_report(Path(reports_dir) / f"{cell_id}.json")
+    folder = Path(reports_dir)
+    while folder.name.startswith((".run-", "shard-")):  # a stage: the reports folder above
+        folder = folder.parent
+    loaded = report_io.read_report(folder / f"{cell_id}.json")
     data = loaded.data if loaded.ok else None
     if not data or data.get("status") not in ("ok", "partial", "mismatch"):
         return None
