@@ -130,6 +130,13 @@ def test_a_cell_no_node_can_run_is_skipped_naming_the_resource(cluster, tmp_path
     assert "started" not in capsys.readouterr().out
 
 
+def _interactive_sigint() -> None:
+    """In the child before exec: SIGINT as an interactive shell leaves it. A test run started
+    in the background (``cmd &``) inherits SIGINT ignored, and the command keeps it ignored
+    (as it should under nohup), so a Ctrl-C test would send a signal nobody hears."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Driver:
     """``python -m gate_residual_matrix matrix --cluster ...`` in a subprocess, its output
     read as it comes."""
@@ -140,7 +147,8 @@ class Driver:
             [sys.executable, "-m", "gate_residual_matrix.runner", "matrix", "--matrix", str(matrix),
              "--reports",
              str(reports_dir), "--cluster", cluster.client_address, "--timeout", "300", *args],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=_interactive_sigint)
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
 

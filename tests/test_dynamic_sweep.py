@@ -90,7 +90,8 @@ def _committed_report() -> dict:
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "reports" / "host-plain-cpu.json"
+    # a committed fixture with the compiled row's timings (never the working tree's reports/)
+    path = Path(__file__).resolve().parent / "data" / "committed" / "host-plain-cuda.json"
     return json.loads(path.read_text())
 
 

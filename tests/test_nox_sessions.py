@@ -79,7 +79,8 @@ def test_docker_backend_without_an_image_is_exit_4(python_on_path: str, tmp_path
     data.pop("pip", None)
     cpu = {**data["stacks"]["cpu-torch2.13"], "pip": {}, "torch": "0.0.1"}  # never built
     data["stacks"] = {"never-built": cpu}
-    data.update(cases=[{"n": 1}], targets=["cpu"], modes={"plain": {}})
+    data.update(cases=[{"n": 1}], targets=["cpu"], modes={"plain": {}},
+                timing={"warmup": 1, "iters": 2})
     matrix = tmp_path / "matrix.yaml"
     matrix.write_text(yaml.safe_dump(data, sort_keys=False))
     done = nox(python_on_path, "matrix", "--matrix", str(matrix), "--reports",

@@ -244,12 +244,7 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
         rows = implementations.rows(matrix)  # results keep the matrix's order
         report["results"] = {impl.name: _entry(impl, cell.target) for impl in rows}
         impls = _run_order(rows, matrix)
-    asked, cases = cases, cases_on(cases, cell.target)
-    if asked and not cases:
-        report["status"] = Status.SKIPPED
-        report["reason"] = (f"no selected case runs on target {cell.target} (case targets: "
-                            + ", ".join(f"{c.id}: {'/'.join(c.targets or ())}" for c in asked)
-                            + ")")
+    cases = _cases_here(report, cases, cell.target)
     env["gpu_lock"] = gpu_lock.path() is not None
     _precompile(matrix, cell, cases, env, clock)
     per_case: dict[str, float] = {}
@@ -343,6 +338,18 @@ def _snapshot(report: dict, cases: list, number: int, elapsed: float, clock: Pha
     snapshot["duration_s"] = round(elapsed, 3)
     snapshot["phases"] = {**clock.as_report(total_s=elapsed), "cases": per_case}
     return snapshot
+
+
+def _cases_here(report: dict, asked, target: str) -> tuple:
+    """The cases of ``asked`` that run on ``target``; none of them: ``report`` is
+    ``skipped``, with each case's targets in the reason."""
+    cases = cases_on(asked, target)
+    if asked and not cases:
+        report["status"] = Status.SKIPPED
+        report["reason"] = (f"no selected case runs on target {target} (case targets: "
+                            + ", ".join(f"{c.id}: {'/'.join(c.targets or ())}" for c in asked)
+                            + ")")
+    return cases
 
 
 def _progress(number: int, key: str, per_case: dict[str, float], weights: list[float],
