@@ -158,10 +158,15 @@ def merge_reports(old: dict[str, Any], new: dict[str, Any], matrix: Matrix) -> d
         for key, value in o.items():
             if is_per_case(value) and (n is None or is_per_case(n.get(key, {}))):
                 entry[key] = per_case(value, None if n is None else n.get(key))
+        gone = _unavailable_in_part(o, n, [c for c in order if c not in ran],
+                                    [c for c in order if c in ran])
+        if gone:
+            entry["status"] = "ok"
         mutated = {k: v for k, v in (entry.get("mutated_inputs") or {}).items() if v}
         if entry.get("status") == "ok":  # an ok implementation's reason, as runner/cell/run.py
-            entry["reason"] = ("mutates its inputs: " + "; ".join(  # words it
-                f"case {k}: {', '.join(v)}" for k, v in mutated.items())) if mutated else None
+            entry["reason"] = "; ".join(r for r in (gone, ("mutates its inputs: " + "; ".join(
+                f"case {k}: {', '.join(v)}" for k, v in mutated.items())) if mutated else None)
+                if r) or None
         results[impl] = entry
     merged["results"] = results
     old_env = old.get("environment") or {}
@@ -176,3 +181,19 @@ def merge_reports(old: dict[str, Any], new: dict[str, Any], matrix: Matrix) -> d
     if set(merged["environment"]["case_runs"]) - ran:
         merged["environment"].pop("shards", None)
     return merged
+
+
+def _unavailable_in_part(o: dict, n: dict | None, kept: list[str], ran: list[str]) -> str | None:
+    """When an implementation was ``ok`` in one part of a merge and ``unavailable`` in the
+    other (a library file present in one run and not in the next), the merged entry holds
+    the ok part's cases: it is ``ok``, and this reason names the cases where it could not
+    run and why. None when both parts agree, or when the ok part kept no case."""
+    if not o or n is None or {o.get("status"), n.get("status")} != {"ok", "unavailable"}:
+        return None
+    if o.get("status") == "ok":
+        ok_cases, gone, why = kept, ran, n.get("reason")
+    else:
+        ok_cases, gone, why = ran, kept, o.get("reason")
+    if not ok_cases or not gone:
+        return None
+    return f"unavailable in case(s) {', '.join(gone)}: {why}"
