@@ -17,7 +17,7 @@ reports through
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gate_residual_matrix.runner.tables.model.answers import (
@@ -126,6 +126,37 @@ def _differ_clause(g: _Group) -> str:
     return f"{left} vs {right}: {tensors} differ ({'; '.join(facts)})"
 
 
+def _checks(value) -> Iterator[bool]:
+    """Every batch-invariance check's verdict in a report's ``batch_invariant`` value: a
+    bool, a map of checks (``row_alone``, ``sub_batches``, ``size_sweep``: bools beside
+    figures such as ``first_failing_size``), or either per case and/or per tensor."""
+    if isinstance(value, bool):
+        yield value
+    elif isinstance(value, Mapping):
+        for inner in value.values():
+            yield from _checks(inner)
+
+
+def _invariance(cells: Sequence[CellReport]) -> str | None:
+    """``batch-invariant in every case checked: A, B; not batch-invariant: C`` over the
+    implementations whose reports hold batch-invariance checks (the accuracy reference
+    left out); None when no report holds one. A row is batch-invariant when every check
+    of every case of every cell passed."""
+    verdict: dict[str, bool] = {}
+    for cell in cells:
+        reference = cell.data.get("accuracy_reference")
+        for impl, entry in (cell.data.get("results") or {}).items():
+            if impl == reference or not isinstance(entry, Mapping):
+                continue
+            for ok in _checks(entry.get("batch_invariant")):
+                verdict[impl] = verdict.get(impl, True) and ok
+    yes = [i for i, ok in verdict.items() if ok]
+    no = [i for i, ok in verdict.items() if not ok]
+    parts = ([f"batch-invariant in every case checked: {', '.join(names(yes))}"] * bool(yes)
+             + [f"not batch-invariant: {', '.join(names(no))}"] * bool(no))
+    return "; ".join(parts) or None
+
+
 def op_sentence(grid: OpGrid, everything: Sequence[CellReport]) -> str:
     """The answer for ``grid``'s op, e.g. ``rms_norm on NVIDIA H200, host (torch 2.11.0),
     plain, inference (2 of 6 modes): numba = vllm_x 0.30.0/0.33.0 bitwise in every case (52
@@ -167,6 +198,8 @@ def op_sentence(grid: OpGrid, everything: Sequence[CellReport]) -> str:
                + (" but NaN payloads" if g.grid.mark.nan_only else "")
                + f" in every case ({g.grid.mark.compared} case comparisons)"
                for g in equal.values()]
+    invariance = _invariance(cells)
+    clauses += [invariance] if invariance else []
     baselines = {c.data.get("baseline") or "eager" for c in cells}
     ranked = sorted(differ.items(), key=lambda kv: _priority(kv[0], kv[1], baselines))
     clauses += [_differ_clause(g) for _, g in ranked[:MAX_DIFFER]]
