@@ -35,6 +35,8 @@ import json
 import re
 import shutil
 import sys
+import threading
+import time
 from pathlib import Path
 
 import nox
@@ -110,6 +112,30 @@ def run_runner(session: nox.Session, module: str, *args: str, extras: tuple[str,
         raise SystemExit(code) from None
 
 
+HEARTBEAT_S = 15.0
+"""While pip installs quietly, a line at least this often (seconds): pip ``-q`` prints nothing
+while it unpacks torch, which takes tens of seconds on a small machine."""
+
+
+def install(session: nox.Session, what: str, *command: str) -> None:
+    """``session.run(*command)`` (a quiet pip install of ``what``) with a line every
+    :data:`HEARTBEAT_S` seconds while it runs: ``nox > still installing torch==2.13.0 (30 s)``.
+    Raises what ``session.run`` raises."""
+    started, done = time.monotonic(), threading.Event()
+
+    def beat() -> None:
+        while not done.wait(HEARTBEAT_S):
+            logger.info(f"still installing {what} ({time.monotonic() - started:.0f} s)")
+
+    thread = threading.Thread(target=beat, name="install-heartbeat", daemon=True)
+    thread.start()
+    try:
+        session.run(*command, external=True)
+    finally:
+        done.set()
+        thread.join()
+
+
 def _options(session: nox.Session):
     """nox's parsed command line (``--no-venv``, ``--no-install``); nox has no public accessor."""
     return session._runner.global_config
@@ -147,8 +173,9 @@ def env_python(session: nox.Session, *extras: str) -> str:
                         "print(u.find_spec('torch') is not None)", silent=True, external=True)
     pip = (str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check")
     if not str(found or "").strip().endswith("True"):
-        session.run(*pip, TORCH_FALLBACK, external=True)
-    session.run(*pip, "-e", f".[{','.join(wanted)}]" if wanted else ".", external=True)
+        install(session, TORCH_FALLBACK, *pip, TORCH_FALLBACK)
+    project = f".[{','.join(wanted)}]" if wanted else "."
+    install(session, f"the project ({project})", *pip, "-e", project)
     record.write_text(json.dumps({"extras": wanted, "pyproject": _stamp()}) + "\n")
     return str(python)
 

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,27 @@ def test_the_noxfile_knows_every_runner_exit_code() -> None:
                                    Regressed)}
     codes |= {Interrupted(s).exit_code for s in (2, 15)}
     assert set(noxfile.RUNNER_CODES) == codes == {2, 3, 4, 5, 6, 130, 143}
+
+
+def test_a_quiet_install_says_it_is_still_running(monkeypatch) -> None:
+    """pip -q is silent while it unpacks torch: the install helper logs a line every
+    HEARTBEAT_S seconds until the command returns, and none after."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        import noxfile
+    finally:
+        sys.path.remove(str(ROOT))
+    lines: list[str] = []
+    monkeypatch.setattr(noxfile, "HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(noxfile.logger, "info", lines.append)
+
+    class Session:
+        def run(self, *command: str, external: bool) -> None:
+            assert command == ("pip", "install", "torch") and external
+            time.sleep(0.3)
+
+    noxfile.install(Session(), "torch", "pip", "install", "torch")
+    count = len(lines)
+    assert count >= 3 and all(line.startswith("still installing torch (") for line in lines)
+    time.sleep(0.2)
+    assert len(lines) == count
