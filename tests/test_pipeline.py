@@ -315,3 +315,21 @@ def test_the_cell_process_writes_its_report(request_: Request,
     assert (cell_id, path.name) == ("host-plain-cpu", "host-plain-cpu.json")
     assert report is not None and (report["status"], report["run_id"]) == (status, "r1")
     assert report["environment"]["mode_applied_before_torch_import"] is False  # in pytest
+
+
+def test_skipped_cells_that_keep_earlier_reports_share_their_reasons_line(
+        tmp_path: Path) -> None:
+    """A skipped cell whose file holds an earlier run's report says so in its reason (the GPU
+    and the date); the summary groups it with the other cells skipped for the same reason
+    and counts the kept reports, rather than one line per report."""
+    no_gpu = "target cuda: torch sees no CUDA device on this host"
+    kept = [CellOutcome(f"k{i}", Status.SKIPPED, f"{no_gpu}; kept the existing ok report "
+                        f"(NVIDIA H200, 2026-12-0{i + 1}T18:05:30Z)", tmp_path / "k.json")
+            for i in range(5)]
+    bare = CellOutcome("n", Status.SKIPPED, no_gpu, tmp_path / "n.json")
+    partial = CellOutcome("p", Status.SKIPPED, "no Docker engine; kept the existing partial "
+                          "report (no GPU, 2026-11-30T00:38:52Z)", tmp_path / "p.json")
+    assert summary([*kept, bare, partial]).splitlines() == [
+        "7 cells: 7 skipped",
+        f"skipped: 6 cells (k0, k1, k2, +3 more): {no_gpu} (5 with their earlier reports kept)",
+        "skipped: 1 cell (p): no Docker engine (its earlier report kept)"]

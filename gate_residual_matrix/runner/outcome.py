@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +25,8 @@ from tabulate import tabulate
 
 from gate_residual_matrix.runner.status import Status
 
-__all__ = ["REFUSED", "SHOWN_CELLS", "CellOutcome", "OutcomeStatus", "failed", "outcome_status",
-           "summary"]
+__all__ = ["KEPT", "REFUSED", "SHOWN_CELLS", "CellOutcome", "OutcomeStatus", "failed",
+           "outcome_status", "summary"]
 
 REFUSED: Literal["refused"] = "refused"
 """The outcome of a ``--case`` run refused (:func:`runner.reports.merge.plan_partial`)."""
@@ -57,6 +58,12 @@ SHOWN_CELLS = 3
 """How many cell ids a skipped-reason line names before "+N more"."""
 
 
+KEPT = re.compile(r"; kept the existing \w+ report \([^)]*\)$")
+"""The tail :func:`runner.run` adds to a skipped cell's reason when the cell's report file
+holds an earlier run's results, which it keeps: ``; kept the existing ok report (NVIDIA H200,
+2026-12-01T18:05:30Z)``. The summary groups skipped cells without it, and counts them."""
+
+
 def summary(outcomes: Sequence[CellOutcome]) -> str:
     """What a person reads after a run: a line of counts, one line per reason cells were
     skipped for, then a table (cell, status, reason) of only the cells that are neither ok
@@ -79,14 +86,19 @@ def summary(outcomes: Sequence[CellOutcome]) -> str:
     lines = [f"{len(outcomes)} cell{'' if len(outcomes) == 1 else 's'}: "
              + (", ".join(parts) or "none selected")]
     by_reason: dict[str, list[str]] = {}
+    kept: dict[str, int] = {}
     for o in outcomes:
         if o.status == Status.SKIPPED:
-            by_reason.setdefault(o.reason or "no reason given", []).append(o.cell)
+            reason = KEPT.sub("", o.reason or "no reason given")
+            by_reason.setdefault(reason, []).append(o.cell)
+            kept[reason] = kept.get(reason, 0) + (reason != (o.reason or "no reason given"))
     for reason, cells in by_reason.items():
         named = ", ".join(cells[:SHOWN_CELLS]) + (
             f", +{len(cells) - SHOWN_CELLS} more" if len(cells) > SHOWN_CELLS else "")
+        held = (f" ({'its' if len(cells) == 1 else f'{kept[reason]} with their'} earlier "
+                f"report{'s' * (kept[reason] > 1)} kept)") if kept[reason] else ""
         lines.append(f"skipped: {len(cells)} cell{'' if len(cells) == 1 else 's'} "
-                     f"({named}): {reason}")
+                     f"({named}): {reason}{held}")
     rows = [(o.cell, f"{o.status}", o.reason or "") for o in failed(outcomes)]
     if rows:
         lines.append(tabulate(rows, headers=("cell", "status", "reason"), tablefmt="simple"))
