@@ -1,6 +1,8 @@
-"""How good the cells' time-left estimates were: read a main job's plain progress lines
+"""How good the time-left estimates were: read a main job's plain progress lines
 (``GATE_RESIDUAL_PROGRESS=plain``, as in a pipe or a log) and compare every "about X left"
-with the time the cell then really took to its "done" line.
+with the time the cell then really took to its "done" line, and every job estimate (the
+``job: k of n cells done, elapsed E, about X left`` a cell starts with) with the time to the
+job's last cell's "done" (that cell's start plus its own elapsed time).
 
     nox -s matrix 2>&1 | tee matrix.log
     python scripts/eta_accuracy.py matrix.log [--within 0.25]
@@ -22,6 +24,8 @@ from tabulate import tabulate
 
 LINE = re.compile(r"\[runner\] (?P<cell>\S+): case (?P<case>\d+)/(?P<of>\d+) \((?P<id>[^)]*)\) "
                   r"[\d.]+ s; elapsed (?P<elapsed>[^,]+), (?P<left>done|about (?P<eta>.+) left)$")
+JOB = re.compile(r"\[runner\] cell (?P<cell>\S+): .*; job: (?P<k>\d+) of (?P<n>\d+) cells done, "
+                 r"elapsed (?P<elapsed>[^,(]+?)(?:, about (?P<eta>[^(]+?) left)?(?: \(.*\))?$")
 UNIT = re.compile(r"(\d+) (h|min|s)\b")
 SECONDS = {"h": 3600, "min": 60, "s": 1}
 TOO_SHORT_S = 10.0
@@ -55,13 +59,36 @@ def estimates(lines) -> list[dict]:
     return found
 
 
+def job_estimates(lines) -> list[dict]:
+    """Each job estimate of the log: ``cell`` (the one starting), ``case`` (``k/n`` cells
+    done), ``eta_s`` and ``actual_s`` (None when the log has no last cell's "done")."""
+    found, last, done = [], None, {}
+    for raw in lines:
+        line = raw.rstrip("\n")
+        m = JOB.search(line)
+        if m:
+            last = (m["cell"], seconds(m["elapsed"]))
+            if m["eta"]:
+                found.append({"cell": m["cell"], "case": f"{m['k']}/{m['n']} cells",
+                              "elapsed_s": last[1], "eta_s": seconds(m["eta"])})
+            continue
+        c = LINE.search(line)
+        if c and c["left"] == "done":
+            done[c["cell"]] = seconds(c["elapsed"])
+    end = None if last is None or last[0] not in done else last[1] + done[last[0]]
+    for e in found:
+        e["actual_s"] = None if end is None else end - e["elapsed_s"]
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("log", type=Path)
     parser.add_argument("--within", type=float, default=0.25)
     args = parser.parse_args(argv)
     rows, counted, good = [], 0, 0
-    for e in estimates(args.log.read_text(encoding="utf-8", errors="replace").splitlines()):
+    lines = args.log.read_text(encoding="utf-8", errors="replace").splitlines()
+    for e in [*estimates(lines), *job_estimates(lines)]:
         actual = e["actual_s"]
         error = None if not actual else (e["eta_s"] - actual) / actual
         if actual is not None and actual >= TOO_SHORT_S:

@@ -163,8 +163,33 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     return _run_matrix(args)
 
 
+def _job_cells(runs, args: argparse.Namespace) -> dict[str, float | None]:
+    """The cells of every file of the job that this host will likely run, with their
+    previous reports' times (:mod:`runner.cell.job_clock`): a target it has, a host stack (or a
+    docker one with ``--backend docker``). A file that does not load counts nothing here:
+    its error comes when it runs."""
+    from gate_residual_matrix.runner.backends.local import cuda_available
+    from gate_residual_matrix.runner.cell import job_clock
+    from gate_residual_matrix.runner.pipeline import Request, load, select
+
+    gpu, cells = cuda_available(), []
+    for run in runs:
+        try:
+            request, matrix = load(Request(run.path, args.reports, stacks=run.stacks,
+                                           modes=run.modes, targets=args.target,
+                                           cases=run.cases))
+            chosen = select(matrix, request).cells
+        except MatrixError:
+            continue
+        cells += [(c.id, (c.target != "cuda" or gpu) and (
+            matrix.stacks[c.stack].kind == "host" or args.backend == "docker"))
+            for c in chosen]
+    return job_clock.planned(cells, args.reports)
+
+
 def _run_matrix(args: argparse.Namespace) -> int:
     from gate_residual_matrix.runner.backends import shards
+    from gate_residual_matrix.runner.cell import job_clock
     from gate_residual_matrix.runner.config.matrices import DEFAULT_MATRICES, plan
     from gate_residual_matrix.runner.outcome import failed, summary
     from gate_residual_matrix.runner.pipeline import render_tables, run_matrix
@@ -179,13 +204,14 @@ def _run_matrix(args: argparse.Namespace) -> int:
                 modes=args.mode, cases=args.case)
     outcomes = []
     try:
-        for run in runs:
-            outcomes += run_matrix(
-                run.path, reports_dir=args.reports, stacks=run.stacks, modes=run.modes,
-                targets=args.target, cases=run.cases, backend=args.backend, force=args.force,
-                timeout_s=args.timeout, gpus=args.gpus, abba=args.abba, build=args.build,
-                cluster=args.cluster, gpu_model=args.gpu_model, retries=args.retries,
-                render=False)
+        with job_clock.start({} if args.cluster else _job_cells(runs, args)):
+            for run in runs:
+                outcomes += run_matrix(
+                    run.path, reports_dir=args.reports, stacks=run.stacks, modes=run.modes,
+                    targets=args.target, cases=run.cases, backend=args.backend,
+                    force=args.force, timeout_s=args.timeout, gpus=args.gpus, abba=args.abba,
+                    build=args.build, cluster=args.cluster, gpu_model=args.gpu_model,
+                    retries=args.retries, render=False)
     except MatrixError:
         if outcomes:  # the tables of the files that ran, then the error
             render_tables(args.reports)

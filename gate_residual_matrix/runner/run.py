@@ -31,6 +31,7 @@ from typing import Any, Literal
 from gate_residual_matrix.runner.backends import staging
 from gate_residual_matrix.runner.backends.base import Fingerprinter
 from gate_residual_matrix.runner.backends.site import Batch, Job, Site
+from gate_residual_matrix.runner.cell import job_clock
 from gate_residual_matrix.runner.cell.run import case_key, fingerprint, skeleton
 from gate_residual_matrix.runner.config.matrix import Case, Matrix
 from gate_residual_matrix.runner.errors import ReportError
@@ -287,6 +288,7 @@ def run_cells(ctx: RunContext, cells: Sequence[Cell], site: Site, skipped: dict[
         name = site.backend_for(ctx.matrix, cell)
         why_not = skipped.get(cell.stack) or site.why_not(ctx.matrix, cell)
         if why_not:
+            job_clock.drop(cell.id)
             outcomes.append(_skipped(ctx, cell, why_not, skipped, backend=name, run_id=run_id))
             continue
         if abba is not None:
@@ -295,8 +297,10 @@ def run_cells(ctx: RunContext, cells: Sequence[Cell], site: Site, skipped: dict[
         where = site.fingerprinter(name)
         plan = plan_cell(ctx, where, cell, partial=partial)
         if plan.action != "run":
+            job_clock.drop(cell.id)
             outcomes.append(planned_outcome(ctx, plan))
             continue
+        job_clock.expect(cell.id, job_clock.previous_seconds(ctx.reports_dir, cell.id))
         key = len(outcomes)
         waiting[key] = (plan, where)
         outcomes.append(None)  # filled in when its report arrives

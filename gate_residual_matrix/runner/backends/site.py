@@ -30,6 +30,7 @@ from typing import Any
 from gate_residual_matrix.runner.backends.base import Backend, Fingerprinter, skipped_lines
 from gate_residual_matrix.runner.backends.registry import route
 from gate_residual_matrix.runner.backends.staging import combine
+from gate_residual_matrix.runner.cell import job_clock
 from gate_residual_matrix.runner.config.matrix import Case, Matrix
 from gate_residual_matrix.runner.plan.cells import Cell
 
@@ -97,12 +98,14 @@ class Job:
     def announce(self, where: str = "") -> None:
         """Print that the cell runs now (``where``: a suffix naming the site)."""
         cell, name = self.cell, self.backend
+        job = job_clock.starting(cell.id)
         if self.resume is not None:
             print(f"[runner] cell {cell.id}: resuming: {len(self.resume['cases'])} case(s) "
-                  f"done, running the {len(self.cases)} missing on {name}{where}", flush=True)
+                  f"done, running the {len(self.cases)} missing on {name}{where}{job}",
+                  flush=True)
         else:
             print(f"[runner] cell {cell.id}: running {len(self.cases)} case(s) on {name}"
-                  f"{where}", flush=True)
+                  f"{where}{job}", flush=True)
 
 
 OnReport = Callable[[Job, Report], None]
