@@ -222,8 +222,10 @@ def test_run_cells_skips_runs_and_reuses(request_: Request, steady: None,
         *[(f"box-{m}-{t}", Status.SKIPPED) for m in ("plain", "det") for t in ("cuda", "cpu")]]
     assert Instant.ran == ["host-plain-cpu", "host-det-cpu"]
     assert outcomes[4].reason == pipeline.STACK_SKIPPED  # named once, at the start
-    assert "[runner] cell host-plain-cuda: skipped: target cuda: torch sees no CUDA" in (
-        capsys.readouterr().out)
+    out = capsys.readouterr().out  # one line per reason, not one per cell
+    assert ("[runner] skipped 2 cells (host-plain-cuda, host-det-cuda): target cuda: torch "
+            "sees no CUDA") in out, out
+    assert "[runner] cell host-plain-cuda: skipped" not in out
     saved = json.loads((ctx.reports_dir / "host-plain-cpu.json").read_text())
     assert saved["fingerprint"] == ctx.fingerprint(Instant(), Cell("host", "plain", "cpu"))
     again = run_cells(ctx, selection.cells, site, skipped, partial=selection.partial)

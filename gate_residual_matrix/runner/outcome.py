@@ -26,7 +26,7 @@ from tabulate import tabulate
 from gate_residual_matrix.runner.status import Status
 
 __all__ = ["KEPT", "REFUSED", "SHOWN_CELLS", "CellOutcome", "OutcomeStatus", "failed",
-           "outcome_status", "summary"]
+           "outcome_status", "skipped_lines", "summary"]
 
 REFUSED: Literal["refused"] = "refused"
 """The outcome of a ``--case`` run refused (:func:`runner.reports.merge.plan_partial`)."""
@@ -64,6 +64,28 @@ holds an earlier run's results, which it keeps: ``; kept the existing ok report 
 2026-12-01T18:05:30Z)``. The summary groups skipped cells without it, and counts them."""
 
 
+def skipped_lines(outcomes: Sequence[CellOutcome]) -> list[str]:
+    """One line per reason the ``skipped`` outcomes were skipped for (the :data:`KEPT` tail
+    left out, the kept reports counted): ``6 cells (a, b, c, +3 more): no GPU (5 with their
+    earlier reports kept)``."""
+    by_reason: dict[str, list[str]] = {}
+    kept: dict[str, int] = {}
+    for o in outcomes:
+        if o.status == Status.SKIPPED:
+            reason = KEPT.sub("", o.reason or "no reason given")
+            by_reason.setdefault(reason, []).append(o.cell)
+            kept[reason] = kept.get(reason, 0) + (reason != (o.reason or "no reason given"))
+    lines = []
+    for reason, cells in by_reason.items():
+        named = ", ".join(cells[:SHOWN_CELLS]) + (
+            f", +{len(cells) - SHOWN_CELLS} more" if len(cells) > SHOWN_CELLS else "")
+        held = (f" ({'its' if len(cells) == 1 else f'{kept[reason]} with their'} earlier "
+                f"report{'s' * (kept[reason] > 1)} kept)") if kept[reason] else ""
+        lines.append(f"{len(cells)} cell{'' if len(cells) == 1 else 's'} ({named}): "
+                     f"{reason}{held}")
+    return lines
+
+
 def summary(outcomes: Sequence[CellOutcome]) -> str:
     """What a person reads after a run: a line of counts, one line per reason cells were
     skipped for, then a table (cell, status, reason) of only the cells that are neither ok
@@ -85,20 +107,7 @@ def summary(outcomes: Sequence[CellOutcome]) -> str:
              for s in sorted(counts, key=order.index)]
     lines = [f"{len(outcomes)} cell{'' if len(outcomes) == 1 else 's'}: "
              + (", ".join(parts) or "none selected")]
-    by_reason: dict[str, list[str]] = {}
-    kept: dict[str, int] = {}
-    for o in outcomes:
-        if o.status == Status.SKIPPED:
-            reason = KEPT.sub("", o.reason or "no reason given")
-            by_reason.setdefault(reason, []).append(o.cell)
-            kept[reason] = kept.get(reason, 0) + (reason != (o.reason or "no reason given"))
-    for reason, cells in by_reason.items():
-        named = ", ".join(cells[:SHOWN_CELLS]) + (
-            f", +{len(cells) - SHOWN_CELLS} more" if len(cells) > SHOWN_CELLS else "")
-        held = (f" ({'its' if len(cells) == 1 else f'{kept[reason]} with their'} earlier "
-                f"report{'s' * (kept[reason] > 1)} kept)") if kept[reason] else ""
-        lines.append(f"skipped: {len(cells)} cell{'' if len(cells) == 1 else 's'} "
-                     f"({named}): {reason}{held}")
+    lines += [f"skipped: {line}" for line in skipped_lines(outcomes)]
     rows = [(o.cell, f"{o.status}", o.reason or "") for o in failed(outcomes)]
     if rows:
         lines.append(tabulate(rows, headers=("cell", "status", "reason"), tablefmt="simple"))

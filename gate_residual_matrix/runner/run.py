@@ -35,7 +35,12 @@ from gate_residual_matrix.runner.cell import job_clock
 from gate_residual_matrix.runner.cell.run import case_key, fingerprint, skeleton
 from gate_residual_matrix.runner.config.matrix import Case, Matrix
 from gate_residual_matrix.runner.errors import ReportError
-from gate_residual_matrix.runner.outcome import REFUSED, CellOutcome, outcome_status
+from gate_residual_matrix.runner.outcome import (
+    REFUSED,
+    CellOutcome,
+    outcome_status,
+    skipped_lines,
+)
 from gate_residual_matrix.runner.plan.cells import Cell, cases_on
 from gate_residual_matrix.runner.reports import store as report_io
 from gate_residual_matrix.runner.reports.merge import PartialPlan, finish_partial, plan_partial
@@ -260,13 +265,12 @@ def run_abba(ctx: RunContext, backend: Any, cell: Cell, mode_b: str) -> list[Cel
 
 def _skipped(ctx: RunContext, cell: Cell, why: str, skipped: dict[str, str], *,
              backend: str, run_id: str) -> CellOutcome:
-    """``cell``'s ``skipped`` report written (:func:`write_skipped`) and its outcome; the
-    reason is printed unless its stack's was, once, at the start."""
+    """``cell``'s ``skipped`` report written (:func:`write_skipped`) and its outcome (its
+    reason is printed with the others' by :func:`run_cells`, unless its stack's was, once, at
+    the start)."""
     shown = write_skipped(ctx, cell, why, backend=backend, run_id=run_id)
     if cell.stack in skipped:  # its stack was named once, at the start
         shown = shown.replace(why, STACK_SKIPPED, 1)
-    else:
-        print(f"[runner] cell {cell.id}: skipped: {shown}", flush=True)
     return CellOutcome(cell.id, Status.SKIPPED, shown, ctx.path(cell))
 
 
@@ -306,6 +310,11 @@ def run_cells(ctx: RunContext, cells: Sequence[Cell], site: Site, skipped: dict[
         outcomes.append(None)  # filled in when its report arrives
         site.submit(Job(key, cell, plan.cases, run_id, name, batch,
                         functools.partial(ctx.stamp, where, cell), resume=plan.resume))
+
+    said = [o for o in outcomes if o is not None and o.status == Status.SKIPPED
+            and not (o.reason or "").startswith(STACK_SKIPPED)]
+    for line in skipped_lines(said):  # one line per reason, before any cell runs
+        print(f"[runner] skipped {line}", flush=True)
 
     def arrived(job: Job, report: Report) -> None:
         plan, where = waiting[job.key]
