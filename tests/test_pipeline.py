@@ -325,12 +325,14 @@ def test_skipped_cells_that_keep_earlier_reports_share_their_reasons_line(
     and the date); the summary groups it with the other cells skipped for the same reason
     and counts the kept reports, rather than one line per report."""
     no_gpu = "target cuda: torch sees no CUDA device on this host"
-    kept = [CellOutcome(f"k{i}", Status.SKIPPED, f"{no_gpu}; kept the existing ok report "
-                        f"(NVIDIA H200, 2026-12-0{i + 1}T18:05:30Z)", tmp_path / "k.json")
-            for i in range(5)]
+    tails = [f"; kept the existing ok report (NVIDIA H200, 2026-12-0{i + 1}T18:05:30Z)"
+             for i in range(5)]
+    kept = [CellOutcome(f"k{i}", Status.SKIPPED, no_gpu + tail, tmp_path / "k.json", kept=tail)
+            for i, tail in enumerate(tails)]
     bare = CellOutcome("n", Status.SKIPPED, no_gpu, tmp_path / "n.json")
-    partial = CellOutcome("p", Status.SKIPPED, "no Docker engine; kept the existing partial "
-                          "report (no GPU, 2026-11-30T00:38:52Z)", tmp_path / "p.json")
+    tail = "; kept the existing partial report (no GPU, 2026-11-30T00:38:52Z)"
+    partial = CellOutcome("p", Status.SKIPPED, "no Docker engine" + tail, tmp_path / "p.json",
+                          kept=tail)
     assert summary([*kept, bare, partial]).splitlines() == [
         "7 cells: 7 skipped",
         f"skipped: 6 cells (k0, k1, k2, +3 more): {no_gpu} (5 with their earlier reports kept)",

@@ -15,7 +15,6 @@ Example::
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from tabulate import tabulate
 
 from gate_residual_matrix.runner.status import Status
 
-__all__ = ["KEPT", "REFUSED", "SHOWN_CELLS", "CellOutcome", "OutcomeStatus", "failed",
+__all__ = ["REFUSED", "SHOWN_CELLS", "CellOutcome", "OutcomeStatus", "failed",
            "outcome_status", "skipped_lines", "summary"]
 
 REFUSED: Literal["refused"] = "refused"
@@ -38,13 +37,16 @@ OutcomeStatus = Status | Literal["refused"]
 @dataclass(frozen=True)
 class CellOutcome:
     """One row of the run summary: the cell's id, its status, why (or None), its report's
-    path and whether an existing report was reused (not run again)."""
+    path, whether an existing report was reused (not run again) and, for a skipped cell whose
+    file holds an earlier run's report, the end of ``reason`` that says which report was kept
+    (``kept``: ``; kept the existing ok report (NVIDIA H200, ...)``; else None)."""
 
     cell: str
     status: OutcomeStatus
     reason: str | None
     path: Path
     reused: bool = False
+    kept: str | None = None
 
 
 def outcome_status(value: str) -> OutcomeStatus:
@@ -58,23 +60,18 @@ SHOWN_CELLS = 3
 """How many cell ids a skipped-reason line names before "+N more"."""
 
 
-KEPT = re.compile(r"; kept the existing \w+ report \([^)]*\)$")
-"""The tail :func:`runner.run` adds to a skipped cell's reason when the cell's report file
-holds an earlier run's results, which it keeps: ``; kept the existing ok report (NVIDIA H200,
-2026-12-01T18:05:30Z)``. The summary groups skipped cells without it, and counts them."""
-
-
 def skipped_lines(outcomes: Sequence[CellOutcome]) -> list[str]:
-    """One line per reason the ``skipped`` outcomes were skipped for (the :data:`KEPT` tail
+    """One line per reason the ``skipped`` outcomes were skipped for (their ``kept`` ends
     left out, the kept reports counted): ``6 cells (a, b, c, +3 more): no GPU (5 with their
     earlier reports kept)``."""
     by_reason: dict[str, list[str]] = {}
     kept: dict[str, int] = {}
     for o in outcomes:
         if o.status == Status.SKIPPED:
-            reason = KEPT.sub("", o.reason or "no reason given")
+            full = o.reason or "no reason given"
+            reason = full.removesuffix(o.kept) if o.kept else full
             by_reason.setdefault(reason, []).append(o.cell)
-            kept[reason] = kept.get(reason, 0) + (reason != (o.reason or "no reason given"))
+            kept[reason] = kept.get(reason, 0) + bool(o.kept)
     lines = []
     for reason, cells in by_reason.items():
         named = ", ".join(cells[:SHOWN_CELLS]) + (

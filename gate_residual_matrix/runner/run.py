@@ -269,9 +269,10 @@ def _skipped(ctx: RunContext, cell: Cell, why: str, skipped: dict[str, str], *,
     reason is printed with the others' by :func:`run_cells`, unless its stack's was, once, at
     the start)."""
     shown = write_skipped(ctx, cell, why, backend=backend, run_id=run_id)
+    kept = shown[len(why):] or None  # write_skipped appends which earlier report it kept
     if cell.stack in skipped:  # its stack was named once, at the start
         shown = shown.replace(why, STACK_SKIPPED, 1)
-    return CellOutcome(cell.id, Status.SKIPPED, shown, ctx.path(cell))
+    return CellOutcome(cell.id, Status.SKIPPED, shown, ctx.path(cell), kept=kept)
 
 
 def run_cells(ctx: RunContext, cells: Sequence[Cell], site: Site, skipped: dict[str, str],
