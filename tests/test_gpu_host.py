@@ -126,8 +126,8 @@ def test_exit_code_is_0_when_every_step_is_ok(tmp_path, fake_steps):
 @pytest.mark.parametrize(("args", "message"), [
     (["--steps", "env,nope"], "--steps: expected step names from env, tests, modes, got 'nope'"),
     (["--steps", "env,env"], "--steps: a step is named twice"),
-    (["--jobs", "0"], "--jobs: expected a whole number >= 1, got 0"),
-    (["--jobs", "two"], "argument --jobs: invalid int value: 'two'"),
+    (["--jobs", "0"], "--jobs: expected auto or a whole number >= 1, got '0'"),
+    (["--jobs", "two"], "--jobs: expected auto or a whole number >= 1, got 'two'"),
     (["--timeout", "-5"], "--timeout: expected a number of seconds > 0, got -5"),
     (["--target", "gpu"], "--target: expected one of cuda, cpu, got 'gpu'"),
     (["--mode", "nope"], "--mode: expected a mode of the matrix files (plain, deterministic"),
@@ -351,6 +351,55 @@ def test_no_cell_starts_without_the_time_for_one(tmp_path, cells, capsys):
     assert cells["cells"] == []
     assert "matrix-rms-norm.yaml plain: not started" in capsys.readouterr().out
     assert cells["precompile_s"] <= modes.MIN_CELL_S / 2 * modes.PRECOMPILE_SHARE
+
+
+def test_jobs_auto_is_zero_and_the_default(tmp_path, fake_steps):
+    assert _cli(tmp_path, "--steps", "modes", "--mode", "plain") == 0
+    assert fake_steps == [("ok", ("plain",), 0, "cuda")]
+    assert _cli(tmp_path, "--steps", "modes", "--mode", "plain", "--jobs", "auto") == 0
+    assert fake_steps[-1] == ("ok", ("plain",), 0, "cuda")
+
+
+def test_auto_jobs_is_the_cpus_on_cuda_and_one_on_cpu(monkeypatch):
+    from gate_residual_matrix.runner.cell import environment
+
+    monkeypatch.setattr(environment, "available_cpus", lambda: 16)
+    assert modes.jobs_for(HostRun(out=Path("x"), jobs=0)) == 16
+    assert modes.jobs_for(HostRun(out=Path("x"), jobs=0, target="cpu")) == 1
+    assert modes.jobs_for(HostRun(out=Path("x"), jobs=3)) == 3
+
+
+def test_precompile_workers_follow_each_files_calls():
+    assert modes.workers_by_calls({"a": 1260, "b": 570, "c": 0}, 14) == {"a": 10, "b": 4, "c": 1}
+    assert modes.workers_by_calls({"a": 0}, 14) == {"a": 1}
+
+
+def test_cells_of_every_file_and_mode_queue_most_shards_first(tmp_path, cells, monkeypatch):
+    from gate_residual_matrix.runner.cell import environment
+
+    monkeypatch.setattr(environment, "available_cpus", lambda: 16)
+    run = _Run(out=tmp_path / "out", root=tmp_path, matrices=FILES, modes=("plain", "tf32"))
+    queue = modes.units(run, modes.load(FILES), tmp_path / "reports")
+    # indexed_scale_shift: 6 dtype groups, one shard each; rms_norm: 3
+    assert [(u.name, u.cpus) for u in queue] == [
+        ("matrix-scale-shift.yaml plain", 6), ("matrix-scale-shift.yaml tf32", 6),
+        ("matrix-rms-norm.yaml plain", 3), ("matrix-rms-norm.yaml tf32", 3)]
+
+
+def test_cells_at_once_write_a_timeline(tmp_path, cells, monkeypatch):
+    from gate_residual_matrix.contract import gpu_lock
+
+    for var in (gpu_lock.ENV, "OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        monkeypatch.setenv(var, "")  # as it was, after the test
+    monkeypatch.chdir(tmp_path)
+    run = _Run(out=tmp_path / "out", root=tmp_path, matrices=FILES, modes=("plain",), jobs=4)
+    assert modes.run_modes(run) == 0
+    timeline = json.loads((tmp_path / "out" / modes.TIMELINE).read_text())
+    assert sorted(c["cell"] for c in timeline["cells"]) == [
+        "matrix-rms-norm.yaml plain", "matrix-scale-shift.yaml plain"]
+    assert all(c["start_s"] <= c["end_s"] <= timeline["wall_s"] for c in timeline["cells"])
+    assert all(c["status"] == ["ok"] for c in timeline["cells"])
+    assert timeline["jobs"] == 4 and "precompile_s" in timeline
 
 
 def test_several_modes_at_once_share_one_gpu_lock(tmp_path, cells, monkeypatch):

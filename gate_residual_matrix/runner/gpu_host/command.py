@@ -46,8 +46,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "modes and bench (repeatable; default: every op's, runner/config/matrices.py)")
     p.add_argument("--mode", action="append", help="a mode of the modes step (repeatable; "
                    "default: every mode of the matrix files)")
-    p.add_argument("--jobs", type=int, default=1, help="modes run at once on the GPU, under "
-                   "its lock (default: %(default)s)")
+    p.add_argument("--jobs", default="auto", help="cells run at once on the GPU, under its "
+                   "lock, each taking one CPU per shard: a whole number, or auto (as many as "
+                   "the CPUs hold on target cuda, one on cpu; the default)")
     p.add_argument("--timeout", type=float, help="seconds for the whole run: a step running "
                    "then is stopped (a cell keeps its finished cases), later steps are not run")
     p.add_argument("--target", default="cuda", help="the cells' target: cuda (default) or cpu "
@@ -85,19 +86,35 @@ def _modes(matrices: tuple[Path, ...], asked: list[str] | None) -> tuple[str, ..
     return tuple(dict.fromkeys(asked))
 
 
+def _jobs(text: str) -> int:
+    """``--jobs``: ``auto`` is 0 (:func:`.modes.jobs_for` decides), else a whole number >= 1.
+
+    Raises:
+        ConfigError: anything else (one line).
+    """
+    if text.strip() == "auto":
+        return 0
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise ConfigError(f"--jobs: expected auto or a whole number >= 1, got {text!r}")
+    return jobs
+
+
 def host_run(args: argparse.Namespace):
     """The :class:`.steps.HostRun` the options ask for, and the steps.
 
     Raises:
-        ConfigError: an unknown step, target or mode, a bad matrix file, ``--jobs`` < 1,
+        ConfigError: an unknown step, target or mode, a bad matrix file, a bad ``--jobs``,
             ``--timeout`` <= 0, an ``--out`` that cannot hold the results.
     """
     from gate_residual_matrix.runner.config.matrices import DEFAULT_MATRICES
     from gate_residual_matrix.runner.gpu_host.steps import HostRun
 
     steps = _steps(args.steps)
-    if args.jobs < 1:
-        raise ConfigError(f"--jobs: expected a whole number >= 1, got {args.jobs}")
+    jobs = _jobs(str(args.jobs))
     if args.timeout is not None and not 0 < args.timeout < float("inf"):
         raise ConfigError(f"--timeout: expected a number of seconds > 0, got {args.timeout:g}")
     if args.target not in TARGETS:
@@ -108,7 +125,7 @@ def host_run(args: argparse.Namespace):
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     run = HostRun(out=args.out, root=PROJECT_ROOT, matrices=matrices, modes=modes,
                   target=args.target, cases=tuple(args.case) if args.case else None,
-                  jobs=args.jobs, deadline=deadline)
+                  jobs=jobs, deadline=deadline)
     return run, steps
 
 

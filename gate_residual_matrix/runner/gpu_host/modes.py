@@ -6,24 +6,30 @@ In this order, within the run's deadline:
    copied into ``OUT/reports`` where it has none of that cell: a finished cell of the same
    fingerprint is not run again, a partial one runs only its missing cases.
 2. **Compile ahead.** One :func:`runner.cell.precompile.precompile_modes` per matrix file,
-   all at once (the CPUs shared out among them), each filling the compile caches for every
-   selected mode in one pool of workers and leaving its stamps, in at most
-   :data:`PRECOMPILE_SHARE` of the time left; a mode whose cells already have an ``ok``
-   report is left out. RL-Kernel's extension builds beside them (target cuda).
-3. **The cells**, mode by mode (every file's cell of the first mode, then the next mode),
-   each through :func:`runner.pipeline.run_matrix` on the host backend (its shards share the
-   GPU under :mod:`contract.gpu_lock`) with the time left as its timeout: a cell stopped at
-   the deadline keeps its finished cases as a ``partial`` report, and a cell whose turn comes
-   with less than :data:`MIN_CELL_S` left is not started. With ``--jobs N`` N modes run at
-   once, each cell process's thread pools sized to its share of the CPUs, every process
-   under one GPU lock file (each case's timing loops alone on the GPU).
-4. **Summary**: one line per report in ``OUT/reports``.
+   all at once, the workers shared out among them by how many graph calls each has to
+   compile, each filling the compile caches for every selected mode and leaving its stamps,
+   in at most :data:`PRECOMPILE_SHARE` of the time left; a mode whose cells already have an
+   ``ok`` report is left out. RL-Kernel's extension builds beside them (target cuda).
+3. **The cells.** With ``--jobs 1``, one after another, mode by mode (every file's cell of
+   the first mode, then the next mode). Otherwise several at once through
+   :func:`runner.gpu_host.schedule.run_queue`: at most ``jobs`` cells, each taking one CPU
+   per shard, the cells with the most shards first; every cell process under one GPU lock
+   file (each case's timing loops alone on the GPU) with two threads for torch and numba.
+   Each cell runs through :func:`runner.pipeline.run_matrix` on the host backend with the
+   time left as its timeout: a cell stopped at the deadline keeps its finished cases as a
+   ``partial`` report, and a cell whose turn comes with less than :data:`MIN_CELL_S` left is
+   not started.
+4. **Summary**: one line per report in ``OUT/reports``, and ``OUT/modes-timeline.json``:
+   each part's seconds since the step began (the precompile, RL-Kernel's build, every cell's
+   start and end with its CPUs and status) and the most GPU memory in use while the cells
+   ran (``nvidia-smi``, sampled; null without it).
 
 The step fails when a cell did not end ``ok``, one was not started, or a file could not run.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -98,6 +104,28 @@ def cases_of(matrix, cases: Sequence[str] | None) -> list[str] | None:
     return None if cases is None else [c for c in cases if c in {k.id for k in matrix.cases}]
 
 
+def _calls(matrix, modes: Sequence[str], run: HostRun) -> int:
+    """How many graph calls the precompile of ``modes`` of ``matrix`` makes (at most: a
+    mode already stamped makes none)."""
+    from gate_residual_matrix.runner.cell.precompile import cell_plan
+    from gate_residual_matrix.runner.plan.cells import Cell
+
+    ids = cases_of(matrix, run.cases)
+    selected = [c for c in matrix.cases if ids is None or c.id in ids]
+    return sum(len(cell_plan(matrix, Cell("host", m, run.target), selected)) for m in modes)
+
+
+def workers_by_calls(calls: dict, total: int) -> dict:
+    """``total`` workers shared out in proportion to each key's ``calls``, at least one each
+    (so the shares add up to more than ``total`` when there are more keys than workers).
+
+    >>> workers_by_calls({"a": 1260, "b": 570, "c": 0}, 14)
+    {'a': 10, 'b': 4, 'c': 1}
+    """
+    whole = sum(calls.values()) or 1
+    return {k: max(1, round(total * n / whole)) for k, n in calls.items()}
+
+
 def precompile(run: HostRun, loaded: dict, reports: Path) -> None:
     """Fill the compile caches of every file's unfinished modes, all files at once, within
     the time left; prints one line per file."""
@@ -111,7 +139,8 @@ def precompile(run: HostRun, loaded: dict, reports: Path) -> None:
     if not todo:
         print("precompile: nothing left to compile")
         return
-    per = max(1, ((available_cpus() or 2) - 2) // len(todo))
+    shares = workers_by_calls({p: _calls(loaded[p], ms, run) for p, ms in todo.items()},
+                              max(2, (available_cpus() or 2) - 2))
     started = time.monotonic()
     left = run.left()
     timeout_s = ahead.TIMEOUT_S if left is None else \
@@ -120,7 +149,7 @@ def precompile(run: HostRun, loaded: dict, reports: Path) -> None:
     def one(path: Path, modes: list[str]) -> str:
         try:
             done = ahead.precompile_modes(
-                path, target=run.target, modes=modes, workers=per, timeout_s=timeout_s,
+                path, target=run.target, modes=modes, workers=shares[path], timeout_s=timeout_s,
                 cases=cases_of(loaded[path], run.cases),
                 say=lambda s: print(f"precompile {path.name}: {s}", flush=True))
         except Exception as err:  # costs time only: the cells compile what is missing
@@ -157,48 +186,126 @@ def _in_threads(calls: list[tuple], jobs: int | None = None) -> list:
     return [f.result() for f in futures]
 
 
-def run_cells(run: HostRun, loaded: dict, reports: Path, mode: str) -> tuple[list, list[str]]:
-    """Every file's host cell of ``mode`` on the target, one after another; their outcomes
-    and the problems (a file that could not run, a cell not started)."""
+def run_cell(run: HostRun, path: Path, matrix, reports: Path, mode: str,
+             ) -> tuple[list, list[str]]:
+    """The host cell of ``mode`` of one matrix file on the target, if the file has it and
+    there is time; its outcomes and the problems (the file could not run, the cell was not
+    started)."""
     from gate_residual_matrix.runner.errors import MatrixError
     from gate_residual_matrix.runner.pipeline import run_matrix
 
+    if mode not in runnable(matrix, [mode], run.target):
+        return [], []
+    cases = cases_of(matrix, run.cases)
+    if cases == []:
+        return [], []
+    left = run.left()
+    if left is not None and left < MIN_CELL_S:
+        problem = f"{path.name} {mode}: not started ({max(left, 0):.0f} s left)"
+        print(f"[modes] {problem}", flush=True)
+        return [], [problem]
+    print(f"[modes] {path.name} {mode}: {'no limit' if left is None else f'{left:.0f} s left'}",
+          flush=True)
+    try:
+        return run_matrix(path, reports_dir=reports, stacks=["host"], modes=[mode],
+                          targets=[run.target], cases=cases, backend="host",
+                          timeout_s=3600.0 if left is None else left, render=False), []
+    except MatrixError as err:
+        problem = f"{path.name} {mode}: {err}"
+        print(f"[modes] {problem}", flush=True)
+        return [], [problem]
+
+
+def run_cells(run: HostRun, loaded: dict, reports: Path, mode: str) -> tuple[list, list[str]]:
+    """Every file's host cell of ``mode`` on the target, one after another; their outcomes
+    and the problems (:func:`run_cell`)."""
     outcomes, problems = [], []
     for path, matrix in loaded.items():
-        if mode not in runnable(matrix, [mode], run.target):
-            continue
-        cases = cases_of(matrix, run.cases)
-        if cases == []:
-            continue
-        left = run.left()
-        if left is not None and left < MIN_CELL_S:
-            problems.append(f"{path.name} {mode}: not started ({max(left, 0):.0f} s left)")
-            print(f"[modes] {problems[-1]}", flush=True)
-            continue
-        print(f"[modes] {path.name} {mode}: {'no limit' if left is None else f'{left:.0f} s left'}",
-              flush=True)
-        try:
-            outcomes += run_matrix(path, reports_dir=reports, stacks=["host"], modes=[mode],
-                                   targets=[run.target], cases=cases, backend="host",
-                                   timeout_s=3600.0 if left is None else left, render=False)
-        except MatrixError as err:
-            problems.append(f"{path.name} {mode}: {err}")
-            print(f"[modes] {problems[-1]}", flush=True)
+        done, trouble = run_cell(run, path, matrix, reports, mode)
+        outcomes += done
+        problems += trouble
     return outcomes, problems
 
 
-def _share_cpus(jobs: int) -> None:
-    """Several modes at once: one GPU lock for every cell process, and each cell's thread
-    pools sized to its share of the CPUs."""
-    from gate_residual_matrix.contract import gpu_lock
+def jobs_for(run: HostRun) -> int:
+    """Cells at once: ``run.jobs``, or for 0 (auto) as many as the CPUs hold on target cuda
+    (the queue's CPU count decides) and one on cpu (its cells compute on those CPUs)."""
     from gate_residual_matrix.runner.cell.environment import available_cpus
+
+    if run.jobs:
+        return run.jobs
+    return max(1, available_cpus() or 1) if run.target == "cuda" else 1
+
+
+def units(run: HostRun, loaded: dict, reports: Path) -> list:
+    """The queue's units (:class:`runner.gpu_host.schedule.Unit`): one per file and mode
+    that has a host cell on the target, each taking one CPU per shard of its cell, those
+    with the most shards first (in mode order, then file order, among equals)."""
+    from gate_residual_matrix.runner.backends import shards
+    from gate_residual_matrix.runner.cell.environment import available_cpus
+    from gate_residual_matrix.runner.gpu_host.schedule import Unit
+    from gate_residual_matrix.runner.plan.cells import cases_on
+
+    cpus = available_cpus()
+    out = []
+    for mode in run.modes:
+        for path, matrix in loaded.items():
+            ids = cases_of(matrix, run.cases)
+            if mode not in runnable(matrix, [mode], run.target) or ids == []:
+                continue
+            selected = cases_on([c for c in matrix.cases if ids is None or c.id in ids],
+                                run.target)
+            need = shards.count(matrix, selected, run.target, cpus)
+            out.append(Unit(f"{path.name} {mode}", need,
+                            lambda p=path, m=matrix, md=mode: run_cell(run, p, m, reports, md)))
+    return sorted(out, key=lambda u: -u.cpus)
+
+
+def _share_cpus(threads: int) -> None:
+    """Several cells at once: one GPU lock for every cell process, and each process's thread
+    pools (torch's, numba's) of ``threads``."""
+    from gate_residual_matrix.contract import gpu_lock
 
     lock = Path(os.environ.get(gpu_lock.ENV) or Path("build") / "gpu.lock").resolve()
     lock.parent.mkdir(parents=True, exist_ok=True)
-    threads = str(max(2, (available_cpus() or 2) // jobs))
-    os.environ.update({gpu_lock.ENV: str(lock), "OMP_NUM_THREADS": threads,
-                       "NUMBA_NUM_THREADS": threads})
-    print(f"[modes] {jobs} modes at once under the GPU lock {lock}, {threads} threads each")
+    os.environ.update({gpu_lock.ENV: str(lock), "OMP_NUM_THREADS": str(threads),
+                       "NUMBA_NUM_THREADS": str(threads)})
+    print(f"[modes] cells at once under the GPU lock {lock}, {threads} threads per process")
+
+
+class _Memory:
+    """The most GPU memory in use (MiB, all processes) while it runs: ``nvidia-smi`` every
+    :data:`MEMORY_EVERY_S`; ``peak`` stays None without ``nvidia-smi`` or a reading."""
+
+    def __init__(self) -> None:
+        self.peak: int | None = None
+        self._done = threading.Event()
+        self._tool = shutil.which("nvidia-smi")
+
+    def __enter__(self) -> _Memory:
+        if self._tool:
+            threading.Thread(target=self._watch, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+
+    def _watch(self) -> None:
+        import subprocess
+
+        while not self._done.wait(MEMORY_EVERY_S):
+            try:
+                text = subprocess.run([self._tool, "--query-gpu=memory.used",
+                                       "--format=csv,noheader,nounits"], capture_output=True,
+                                      text=True, timeout=10).stdout
+                used = sum(int(v) for v in text.split())
+            except (OSError, ValueError, subprocess.SubprocessError):
+                continue
+            self.peak = used if self.peak is None else max(self.peak, used)
+
+
+MEMORY_EVERY_S = 2.0
+TIMELINE = "modes-timeline.json"
 
 
 def summary(reports: Path) -> list[str]:
@@ -216,8 +323,11 @@ def summary(reports: Path) -> list[str]:
 
 def run_modes(run: HostRun) -> int:
     """The step (see the module docstring); 0 when every cell ended ``ok``."""
+    from gate_residual_matrix.runner.cell.environment import available_cpus
+    from gate_residual_matrix.runner.gpu_host.schedule import run_queue
     from gate_residual_matrix.runner.outcome import failed
     from gate_residual_matrix.runner.outcome import summary as outcome_summary
+    from gate_residual_matrix.runner.untrusted.files import write_text_atomic
 
     reports = run.out / "reports"
     copied = resume(run, reports)
@@ -225,25 +335,50 @@ def run_modes(run: HostRun) -> int:
         print(f"[modes] resuming from {RESUME}: {', '.join(copied)}")
     loaded = load(run.matrices)
     started = time.monotonic()
+    timeline: dict = {"jobs": jobs_for(run), "cpus": available_cpus()}
     build = None
     if run.target == "cuda":
         build = run.start([sys.executable, "-m", "gate_residual_matrix.runner.gpu_host.probes",
                            "rlbuild"])
     try:
         precompile(run, loaded, reports)
+        timeline["precompile_s"] = round(time.monotonic() - started, 1)
     finally:
         if build is not None:
             rc = run.finish(build)
+            timeline["rlbuild_s"] = round(time.monotonic() - started, 1)
             print(f"[modes] rlbuild: exit {rc} after {time.monotonic() - started:.0f} s",
                   flush=True)
-    if run.jobs > 1:
-        _share_cpus(run.jobs)
-    results = _in_threads([(run_cells, (run, loaded, reports, m)) for m in run.modes],
-                          run.jobs) if run.jobs > 1 else \
-        [run_cells(run, loaded, reports, m) for m in run.modes]
+    jobs = timeline["jobs"]
+    cells_began = time.monotonic()
+    with _Memory() as memory:
+        if jobs > 1:
+            _share_cpus(2)
+            done = run_queue(units(run, loaded, reports), jobs=jobs,
+                             cpus=timeline["cpus"] or 1)
+            for unit in done:
+                if unit.error is not None:
+                    raise unit.error
+            results = [u.result for u in done]
+            offset = cells_began - started
+            timeline["cells"] = [
+                {"cell": u.name, "cpus": u.cpus,
+                 "start_s": None if u.started_s is None else round(offset + u.started_s, 1),
+                 "end_s": None if u.ended_s is None else round(offset + u.ended_s, 1),
+                 "status": [o.status for o in u.result[0]] if u.result else []}
+                for u in done]
+        else:
+            results = [run_cells(run, loaded, reports, m) for m in run.modes]
+    timeline.update(cells_s=round(time.monotonic() - cells_began, 1),
+                    wall_s=round(time.monotonic() - started, 1),
+                    gpu_memory_peak_mib=memory.peak)
+    write_text_atomic(run.out / TIMELINE, json.dumps(timeline, indent=1, default=str) + "\n")
     outcomes = [o for done, _ in results for o in done]
     problems = [p for _, ps in results for p in ps]
-    print(f"[modes] all modes: {time.monotonic() - started:.0f} s wall")
+    print(f"[modes] all modes: {time.monotonic() - started:.0f} s wall "
+          f"(precompile {timeline.get('precompile_s', 0):.0f} s, cells {timeline['cells_s']:.0f} s"
+          f", {jobs} at most at once; GPU memory peak "
+          f"{'unknown' if memory.peak is None else f'{memory.peak} MiB'}); {TIMELINE}")
     if outcomes:
         print(outcome_summary(outcomes))
     for line in summary(reports):

@@ -50,6 +50,8 @@ class HostRun:
     """What every step of one run shares: the output folder, the options, the deadline.
 
     ``deadline``: ``time.monotonic()`` by which every step must have ended (None: none).
+    ``jobs``: cells at once in the modes step (0: as many as the CPUs hold,
+    :func:`.modes.jobs_for`).
     ``source``: what the source stamp said (:func:`.stamp.apply_stamp`). A step that sets a
     variable for the steps after it (the smoke step's launch path) sets it in
     ``os.environ``, which every child inherits.

@@ -1,0 +1,84 @@
+"""Cells at once on one GPU host: a queue that starts each cell when its CPUs are free.
+
+A cuda cell runs as one process per shard (:mod:`runner.backends.shards`), and each of those
+processes is mostly Python on one CPU while the GPU waits for it. So the ``modes`` step runs
+several cells at once, each taking as many of the host's CPUs as it has shards: a cell starts
+when at most ``jobs`` cells run and its shards fit in the CPUs left (a cell that needs more
+CPUs than the host has starts alone). Cells are taken in the order given, the first that
+fits first, so a caller that lists the largest cells first gets longest-processing-time-first
+scheduling, which keeps the last cells from running on an otherwise idle host. Nothing here
+knows what a cell is: a :class:`Unit` is a name, a CPU count and a function.
+
+Each unit's start and end are recorded (seconds since :func:`run_queue` began), for the run's
+timeline. Example::
+
+    >>> done = run_queue([Unit("a", 2, lambda: "A"), Unit("b", 2, lambda: "B")], jobs=2, cpus=4)
+    >>> [(r.name, r.result) for r in done]
+    [('a', 'A'), ('b', 'B')]
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Unit:
+    """One cell's turn: ``name`` (for the timeline), ``cpus`` it takes (>= 1) and ``run``,
+    called without arguments in a thread of its own. After :func:`run_queue`: ``result``
+    (what ``run`` returned), ``error`` (what it raised, or None), ``started_s`` and
+    ``ended_s`` (seconds since the queue began; None for a unit that never started)."""
+
+    name: str
+    cpus: int
+    run: Callable[[], object]
+    result: object = None
+    error: BaseException | None = None
+    started_s: float | None = None
+    ended_s: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def run_queue(units: Sequence[Unit], *, jobs: int, cpus: int) -> list[Unit]:
+    """Run ``units`` as described in the module docstring; the units, in their order.
+
+    ``jobs``: at most this many at once (>= 1); ``cpus``: the CPUs they share (>= 1). A unit
+    that raises keeps its error in ``error``; the others go on. Units are daemon threads: an interrupted run does not wait
+    for them.
+    """
+    jobs, cpus = max(1, jobs), max(1, cpus)
+    pending = list(units)
+    running: list[Unit] = []
+    changed = threading.Condition()
+    began = time.monotonic()
+
+    def body(unit: Unit) -> None:
+        try:
+            unit.result = unit.run()
+        except BaseException as err:  # kept for the caller; the queue goes on
+            unit.error = err
+        finally:
+            with changed:
+                unit.ended_s = round(time.monotonic() - began, 3)
+                running.remove(unit)
+                changed.notify_all()
+
+    def fits(unit: Unit) -> bool:
+        used = sum(u.cpus for u in running)
+        return not running or (len(running) < jobs and used + unit.cpus <= cpus)
+
+    with changed:
+        while pending or running:
+            started = next((u for u in pending if fits(u)), None)
+            if started is None:
+                changed.wait()
+                continue
+            pending.remove(started)
+            running.append(started)
+            started.started_s = round(time.monotonic() - began, 3)
+            threading.Thread(target=body, args=(started,), daemon=True,
+                             name=f"cell {started.name}").start()
+    return list(units)

@@ -1,0 +1,62 @@
+"""The modes step's queue: cells at once within the CPUs, the first that fits first."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from gate_residual_matrix.runner.gpu_host.schedule import Unit, run_queue
+
+
+def _tracked(n: int):
+    """``n`` units' bodies that record how many CPUs were in use at once."""
+    lock = threading.Lock()
+    state = {"cpus": 0, "peak": 0, "order": []}
+
+    def body(name: str, cpus: int, seconds: float):
+        def run():
+            with lock:
+                state["cpus"] += cpus
+                state["peak"] = max(state["peak"], state["cpus"])
+                state["order"].append(name)
+            time.sleep(seconds)
+            with lock:
+                state["cpus"] -= cpus
+            return name
+        return run
+    return state, body
+
+
+def test_units_never_take_more_cpus_than_there_are():
+    state, body = _tracked(5)
+    units = [Unit(f"u{i}", c, body(f"u{i}", c, 0.05)) for i, c in enumerate([6, 6, 6, 3, 3])]
+    done = run_queue(units, jobs=16, cpus=16)
+    assert [u.result for u in done] == ["u0", "u1", "u2", "u3", "u4"]
+    assert state["peak"] <= 16
+    # u2 (6) does not fit beside u0 and u1 (12 of 16): u3 (3) starts before it
+    assert state["order"].index("u3") < state["order"].index("u2")
+    assert all(u.started_s is not None and u.ended_s >= u.started_s for u in done)
+
+
+def test_jobs_bounds_the_units_at_once():
+    state, body = _tracked(4)
+    run_queue([Unit(f"u{i}", 1, body(f"u{i}", 1, 0.03)) for i in range(4)], jobs=2, cpus=16)
+    assert state["peak"] == 2
+
+
+def test_a_unit_larger_than_the_host_runs_alone():
+    state, body = _tracked(2)
+    done = run_queue([Unit("big", 32, body("big", 32, 0.02)), Unit("small", 1,
+                                                                    body("small", 1, 0.02))],
+                     jobs=4, cpus=16)
+    assert [u.result for u in done] == ["big", "small"]
+    assert state["peak"] == 32  # alone: the small one waited
+
+
+def test_an_error_stays_with_its_unit():
+    def boom():
+        raise RuntimeError("a cell's defect")
+
+    done = run_queue([Unit("bad", 1, boom), Unit("good", 1, lambda: 7)], jobs=2, cpus=2)
+    assert isinstance(done[0].error, RuntimeError) and done[0].result is None
+    assert done[1].result == 7 and done[1].error is None
