@@ -41,7 +41,7 @@ def test_shipped_matrix_loads() -> None:
     assert m.implementations[:3] == ("eager", "numba", "fp64")
     assert set(m.implementations) == set(KNOWN_IMPLEMENTATIONS)  # every one
     assert (m.baseline, m.accuracy_reference, m.repeats) == ("eager", "fp64", 3)
-    assert (m.timing.warmup, m.timing.iters) == (5, 50)
+    assert (m.timing.warmup, m.timing.iters) == (3, 20)
     assert m.batch_invariance is not None
     assert list(m.modes) == ["plain", "deterministic", "tf32", "inference",
                              "vllm_batch_invariant", "sglang_ieee"]
@@ -73,7 +73,7 @@ def test_round_trip() -> None:
     assert parse_matrix(m.to_dict()) == m
     assert parse_matrix(yaml.safe_load(yaml.safe_dump(m.to_dict()))) == m
     assert m.to_dict()["modes"]["plain"] == {"env": {}, "torch": {}}  # unset targets: absent
-    assert m.to_dict()["timing"] == {"warmup": 5, "iters": 50, "targets": ["cuda"]}
+    assert m.to_dict()["timing"] == {"warmup": 3, "iters": 20, "targets": ["cuda"]}
     assert m.to_dict()["modes"]["tf32"] == {"env": {}, "torch": {"tf32": True},
                                             "targets": ["cuda"]}
 
@@ -414,11 +414,11 @@ def test_bad_yaml_file(tmp_path: Path, text: str | bytes, fragment: str) -> None
 
 
 def test_yaml_merge_keys_are_not_duplicates(tmp_path: Path) -> None:
-    old = "timing:\n  warmup: 5"
-    text = MATRIX.read_text().replace(old, "timing:\n  <<: {warmup: 1, iters: 7}\n  warmup: 5")
+    old = "timing:\n  warmup: 3"
+    text = MATRIX.read_text().replace(old, "timing:\n  <<: {warmup: 1, iters: 7}\n  warmup: 3")
     assert text != MATRIX.read_text()
     m = load_matrix(write(tmp_path, text))
-    assert (m.timing.warmup, m.timing.iters) == (5, 50)
+    assert (m.timing.warmup, m.timing.iters) == (3, 20)
 
 
 @pytest.mark.parametrize(("text", "fragment"), [
