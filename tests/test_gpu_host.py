@@ -381,9 +381,10 @@ def test_cells_of_every_file_and_mode_queue_most_shards_first(tmp_path, cells, m
     run = _Run(out=tmp_path / "out", root=tmp_path, matrices=FILES, modes=("plain", "tf32"))
     queue = modes.units(run, modes.load(FILES), tmp_path / "reports")
     # indexed_scale_shift: 6 dtype groups, one shard each; rms_norm: 3
+    per = modes.CPUS_PER_SHARD
     assert [(u.name, u.cpus) for u in queue] == [
-        ("matrix-scale-shift.yaml plain", 6), ("matrix-scale-shift.yaml tf32", 6),
-        ("matrix-rms-norm.yaml plain", 3), ("matrix-rms-norm.yaml tf32", 3)]
+        ("matrix-scale-shift.yaml plain", 6 * per), ("matrix-scale-shift.yaml tf32", 6 * per),
+        ("matrix-rms-norm.yaml plain", 3 * per), ("matrix-rms-norm.yaml tf32", 3 * per)]
 
 
 def test_cells_at_once_write_a_timeline(tmp_path, cells, monkeypatch):

@@ -12,8 +12,8 @@ In this order, within the run's deadline:
    ``ok`` report is left out. RL-Kernel's extension builds beside them (target cuda).
 3. **The cells.** With ``--jobs 1``, one after another, mode by mode (every file's cell of
    the first mode, then the next mode). Otherwise several at once through
-   :func:`runner.gpu_host.schedule.run_queue`: at most ``jobs`` cells, each taking one CPU
-   per shard, the cells with the most shards first; every cell process under one GPU lock
+   :func:`runner.gpu_host.schedule.run_queue`: at most ``jobs`` cells, each taking
+   :data:`CPUS_PER_SHARD` CPUs per shard, the cells with the most shards first; every cell process under one GPU lock
    file (each case's timing loops alone on the GPU) with two threads for torch and numba.
    Each cell runs through :func:`runner.pipeline.run_matrix` on the host backend with the
    time left as its timeout: a cell stopped at the deadline keeps its finished cases as a
@@ -239,8 +239,9 @@ def jobs_for(run: HostRun) -> int:
 
 def units(run: HostRun, loaded: dict, reports: Path) -> list:
     """The queue's units (:class:`runner.gpu_host.schedule.Unit`): one per file and mode
-    that has a host cell on the target, each taking one CPU per shard of its cell, those
-    with the most shards first (in mode order, then file order, among equals)."""
+    that has a host cell on the target, each taking :data:`CPUS_PER_SHARD` CPUs per shard of
+    its cell, those with the most shards first (in mode order, then file order, among
+    equals)."""
     from gate_residual_matrix.runner.backends import shards
     from gate_residual_matrix.runner.cell.environment import available_cpus
     from gate_residual_matrix.runner.gpu_host.schedule import Unit
@@ -256,7 +257,7 @@ def units(run: HostRun, loaded: dict, reports: Path) -> list:
             selected = cases_on([c for c in matrix.cases if ids is None or c.id in ids],
                                 run.target)
             need = shards.count(matrix, selected, run.target, cpus)
-            out.append(Unit(f"{path.name} {mode}", need,
+            out.append(Unit(f"{path.name} {mode}", need * CPUS_PER_SHARD,
                             lambda p=path, m=matrix, md=mode: run_cell(run, p, m, reports, md)))
     return sorted(out, key=lambda u: -u.cpus)
 
@@ -304,6 +305,11 @@ class _Memory:
             self.peak = used if self.peak is None else max(self.peak, used)
 
 
+CPUS_PER_SHARD = 2
+"""CPUs a cell process keeps busy: its Python thread, and the hashing threads' copies and
+sha256 beside it. With one CPU per shard, 16 shards on 16 CPUs ran every phase about twice
+as slowly as alone (docs/performance.md), and two 6-shard cells at once came within a few GB
+of the H200's memory."""
 MEMORY_EVERY_S = 2.0
 TIMELINE = "modes-timeline.json"
 
