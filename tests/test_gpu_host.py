@@ -401,6 +401,7 @@ def test_cells_at_once_write_a_timeline(tmp_path, cells, monkeypatch):
     assert all(c["start_s"] <= c["end_s"] <= timeline["wall_s"] for c in timeline["cells"])
     assert all(c["status"] == ["ok"] for c in timeline["cells"])
     assert timeline["jobs"] == 4 and "precompile_s" in timeline
+    assert 1 <= timeline["most_at_once"] <= 2
 
 
 def test_several_modes_at_once_share_one_gpu_lock(tmp_path, cells, monkeypatch):

@@ -60,3 +60,49 @@ def test_an_error_stays_with_its_unit():
     done = run_queue([Unit("bad", 1, boom), Unit("good", 1, lambda: 7)], jobs=2, cpus=2)
     assert isinstance(done[0].error, RuntimeError) and done[0].result is None
     assert done[1].result == 7 and done[1].error is None
+
+
+def test_most_at_once_counts_overlaps_not_touching_ends():
+    from gate_residual_matrix.runner.gpu_host.schedule import most_at_once
+
+    def unit(a, b):
+        return Unit("u", 1, print, started_s=a, ended_s=b)
+
+    assert most_at_once([]) == 0
+    assert most_at_once([unit(0, 1), unit(1, 2), unit(2, 3)]) == 1
+    assert most_at_once([unit(0, 5), unit(1, 2), unit(1.5, 3)]) == 3
+    assert most_at_once([unit(0, 5), Unit("never", 1, print)]) == 1
+
+
+def test_the_gpu_memory_peak_is_the_largest_reading(tmp_path, monkeypatch):
+    """A fake nvidia-smi that answers 100, then 300, then 200 MiB: the peak is 300."""
+    from gate_residual_matrix.runner.gpu_host import modes
+
+    counter = tmp_path / "n"
+    tool = tmp_path / "nvidia-smi"
+    tool.write_text(f"#!/bin/sh\nn=$(cat {counter} 2>/dev/null || echo 0)\n"
+                    f"echo $((n + 1)) > {counter}\n"
+                    "case $n in 0) echo 100;; 1) echo 300;; *) echo 200;; esac\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setattr(modes, "MEMORY_EVERY_S", 0.01)
+    def calls() -> int:
+        try:
+            return int(counter.read_text())
+        except (OSError, ValueError):  # not written yet, or being written
+            return 0
+
+    with modes._Memory() as memory:
+        deadline = time.monotonic() + 5
+        while calls() < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert memory.peak == 300
+
+
+def test_without_nvidia_smi_the_peak_is_unknown(tmp_path, monkeypatch):
+    from gate_residual_matrix.runner.gpu_host import modes
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with modes._Memory() as memory:
+        pass
+    assert memory.peak is None

@@ -21,8 +21,8 @@ In this order, within the run's deadline:
    not started.
 4. **Summary**: one line per report in ``OUT/reports``, and ``OUT/modes-timeline.json``:
    each part's seconds since the step began (the precompile, RL-Kernel's build, every cell's
-   start and end with its CPUs and status) and the most GPU memory in use while the cells
-   ran (``nvidia-smi``, sampled; null without it).
+   start and end with its CPUs and status), the most cells that ran at once, and the most
+   GPU memory in use while the cells ran (``nvidia-smi``, sampled; null without it).
 
 The step fails when a cell did not end ``ok``, one was not started, or a file could not run.
 """
@@ -330,7 +330,7 @@ def summary(reports: Path) -> list[str]:
 def run_modes(run: HostRun) -> int:
     """The step (see the module docstring); 0 when every cell ended ``ok``."""
     from gate_residual_matrix.runner.cell.environment import available_cpus
-    from gate_residual_matrix.runner.gpu_host.schedule import run_queue
+    from gate_residual_matrix.runner.gpu_host.schedule import most_at_once, run_queue
     from gate_residual_matrix.runner.outcome import failed
     from gate_residual_matrix.runner.outcome import summary as outcome_summary
     from gate_residual_matrix.runner.untrusted.files import write_text_atomic
@@ -373,6 +373,7 @@ def run_modes(run: HostRun) -> int:
                  "end_s": None if u.ended_s is None else round(offset + u.ended_s, 1),
                  "status": [o.status for o in u.result[0]] if u.result else []}
                 for u in done]
+            timeline["most_at_once"] = most_at_once(done)
         else:
             results = [run_cells(run, loaded, reports, m) for m in run.modes]
     timeline.update(cells_s=round(time.monotonic() - cells_began, 1),
@@ -383,7 +384,7 @@ def run_modes(run: HostRun) -> int:
     problems = [p for _, ps in results for p in ps]
     print(f"[modes] all modes: {time.monotonic() - started:.0f} s wall "
           f"(precompile {timeline.get('precompile_s', 0):.0f} s, cells {timeline['cells_s']:.0f} s"
-          f", {jobs} at most at once; GPU memory peak "
+          f", at most {timeline.get('most_at_once', 1)} at once; GPU memory peak "
           f"{'unknown' if memory.peak is None else f'{memory.peak} MiB'}); {TIMELINE}")
     if outcomes:
         print(outcome_summary(outcomes))

@@ -82,3 +82,18 @@ def run_queue(units: Sequence[Unit], *, jobs: int, cpus: int) -> list[Unit]:
             threading.Thread(target=body, args=(started,), daemon=True,
                              name=f"cell {started.name}").start()
     return list(units)
+
+
+def most_at_once(units: Sequence[Unit]) -> int:
+    """The most units that ran at the same time (0 when none started): for each unit's start,
+    itself and the others that had started and not yet ended (one that ended as it started
+    does not count beside it).
+
+    >>> most_at_once([Unit("a", 1, print, started_s=0, ended_s=2),
+    ...               Unit("b", 1, print, started_s=1, ended_s=3),
+    ...               Unit("c", 1, print, started_s=2, ended_s=4)])
+    2
+    """
+    ran = [u for u in units if u.started_s is not None and u.ended_s is not None]
+    return max((1 + sum(1 for v in ran if v is not u and v.started_s <= u.started_s < v.ended_s)
+                for u in ran), default=0)
