@@ -76,7 +76,7 @@ def test_most_at_once_counts_overlaps_not_touching_ends():
 
 def test_the_gpu_memory_peak_is_the_largest_reading(tmp_path, monkeypatch):
     """A fake nvidia-smi that answers 100, then 300, then 200 MiB: the peak is 300."""
-    from gate_residual_matrix.runner.gpu_host import modes
+    from gate_residual_matrix.runner.gpu_host import gpu_memory
 
     counter = tmp_path / "n"
     tool = tmp_path / "nvidia-smi"
@@ -85,14 +85,15 @@ def test_the_gpu_memory_peak_is_the_largest_reading(tmp_path, monkeypatch):
                     "case $n in 0) echo 100;; 1) echo 300;; *) echo 200;; esac\n")
     tool.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    monkeypatch.setattr(modes, "MEMORY_EVERY_S", 0.01)
+    monkeypatch.setattr(gpu_memory, "MEMORY_EVERY_S", 0.01)
+
     def calls() -> int:
         try:
             return int(counter.read_text())
         except (OSError, ValueError):  # not written yet, or being written
             return 0
 
-    with modes._Memory() as memory:
+    with gpu_memory.PeakMemory() as memory:
         deadline = time.monotonic() + 5
         while calls() < 4 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -100,9 +101,9 @@ def test_the_gpu_memory_peak_is_the_largest_reading(tmp_path, monkeypatch):
 
 
 def test_without_nvidia_smi_the_peak_is_unknown(tmp_path, monkeypatch):
-    from gate_residual_matrix.runner.gpu_host import modes
+    from gate_residual_matrix.runner.gpu_host import gpu_memory
 
     monkeypatch.setenv("PATH", str(tmp_path))
-    with modes._Memory() as memory:
+    with gpu_memory.PeakMemory() as memory:
         pass
     assert memory.peak is None

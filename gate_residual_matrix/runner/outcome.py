@@ -83,10 +83,15 @@ def skipped_lines(outcomes: Sequence[CellOutcome]) -> list[str]:
     return lines
 
 
+REASON_WIDTH = 100
+"""The summary table's reason column wraps at this many characters (a partial cell's reason
+names each shard's; the report keeps it whole)."""
+
+
 def summary(outcomes: Sequence[CellOutcome]) -> str:
     """What a person reads after a run: a line of counts, one line per reason cells were
     skipped for, then a table (cell, status, reason) of only the cells that are neither ok
-    nor skipped. Example::
+    nor skipped, its reasons wrapped at :data:`REASON_WIDTH` characters. Example::
 
         48 cells: 2 ok (1 reused), 45 skipped, 1 error
         skipped: 40 cells (cpu-torch2.13-plain-cpu, ..., +37 more): no Docker engine: ...
@@ -107,7 +112,8 @@ def summary(outcomes: Sequence[CellOutcome]) -> str:
     lines += [f"skipped: {line}" for line in skipped_lines(outcomes)]
     rows = [(o.cell, f"{o.status}", o.reason or "") for o in failed(outcomes)]
     if rows:
-        lines.append(tabulate(rows, headers=("cell", "status", "reason"), tablefmt="simple"))
+        lines.append(tabulate(rows, headers=("cell", "status", "reason"), tablefmt="simple",
+                              maxcolwidths=[None, None, REASON_WIDTH]))
     return "\n".join(lines)
 
 

@@ -33,6 +33,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -129,6 +130,43 @@ def _why(part: dict) -> str:
     return str(part.get("reason") or "").removesuffix(_RESUMES)
 
 
+_STOPPED_AFTER = re.compile(r"stopped after \d+ of \d+ cases \((?P<why>.*)\)", re.DOTALL)
+
+
+def stopped_note(stopped: Sequence[tuple[int, dict]]) -> str:
+    """Why the shards ``stopped`` (``(index, report)``) stopped, shards with the same reason
+    named together: ``shards 1-3, 5 stopped: partial: timeout: ...``. A shard's own "stopped
+    after K of M cases" is left out (the cell's reason counts its cases), so that six shards
+    stopped by one deadline read as one reason, not six.
+
+    >>> late = "stopped after {} of 5 cases (timeout: late)"
+    >>> stopped_note([(0, {"status": "partial", "reason": late.format(3)}),
+    ...               (1, {"status": "partial", "reason": late.format(2)}),
+    ...               (3, {"status": "error", "reason": "killed"})])
+    'shards 1-2 stopped: partial: timeout: late; shard 4 stopped: error: killed'
+    """
+    named: dict[str, list[int]] = {}
+    for i, p in stopped:
+        why = _why(p)
+        after = _STOPPED_AFTER.fullmatch(why)
+        named.setdefault(f"{p.get('status')}: {after['why'] if after else why}", []).append(i + 1)
+    return "; ".join(f"{'shard' if len(ns) == 1 else 'shards'} {_spans(ns)} stopped: {why}"
+                     for why, ns in named.items())
+
+
+def _spans(numbers: list[int]) -> str:
+    """``[1, 2, 3, 5]`` as ``1-3, 5``."""
+    out, run = [], [numbers[0]]
+    for n in numbers[1:]:
+        if n == run[-1] + 1:
+            run.append(n)
+        else:
+            out.append(run)
+            run = [n]
+    out.append(run)
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in out)
+
+
 def _rank(status: str) -> int:
     return SEVERITY.get(Status(status), 0) if status in Status._value2member_map_ else 0
 
@@ -220,9 +258,7 @@ def combine(parts: Sequence[dict], planned: Sequence[Sequence[str]], matrix, *,
     merged["log_tail"] = _join(p.get("log_tail") for _, p in stopped)
     if missing:
         merged.update(status=Status.PARTIAL, cases_missing=missing, reason=(
-            f"{len(done)} of {len(every)} cases done; "
-            + "; ".join(f"shard {i + 1} stopped: {p.get('status')}: {_why(p)}"
-                        for i, p in stopped) + _RESUMES))
+            f"{len(done)} of {len(every)} cases done; " + stopped_note(stopped) + _RESUMES))
         return merged
     merged.pop("cases_missing", None)
     merged["status"], merged["reason"] = _worst_status(with_data)

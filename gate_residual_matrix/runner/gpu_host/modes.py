@@ -13,8 +13,9 @@ In this order, within the run's deadline:
 3. **The cells.** With ``--jobs 1``, one after another, mode by mode (every file's cell of
    the first mode, then the next mode). Otherwise several at once through
    :func:`runner.gpu_host.schedule.run_queue`: at most ``jobs`` cells, each taking
-   :data:`CPUS_PER_SHARD` CPUs per shard, the cells with the most shards first; every cell process under one GPU lock
-   file (each case's timing loops alone on the GPU) with two threads for torch and numba.
+   :data:`CPUS_PER_SHARD` CPUs per shard, the cells with the most shards first; every cell
+   process under one GPU lock file (each case's timing loops alone on the GPU) with two
+   threads for torch and numba.
    Each cell runs through :func:`runner.pipeline.run_matrix` on the host backend with the
    time left as its timeout: a cell stopped at the deadline keeps its finished cases as a
    ``partial`` report, and a cell whose turn comes with less than :data:`MIN_CELL_S` left is
@@ -274,43 +275,11 @@ def _share_cpus(threads: int) -> None:
     print(f"[modes] cells at once under the GPU lock {lock}, {threads} threads per process")
 
 
-class _Memory:
-    """The most GPU memory in use (MiB, all processes) while it runs: ``nvidia-smi`` every
-    :data:`MEMORY_EVERY_S`; ``peak`` stays None without ``nvidia-smi`` or a reading."""
-
-    def __init__(self) -> None:
-        self.peak: int | None = None
-        self._done = threading.Event()
-        self._tool = shutil.which("nvidia-smi")
-
-    def __enter__(self) -> _Memory:
-        if self._tool:
-            threading.Thread(target=self._watch, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._done.set()
-
-    def _watch(self) -> None:
-        import subprocess
-
-        while not self._done.wait(MEMORY_EVERY_S):
-            try:
-                text = subprocess.run([self._tool, "--query-gpu=memory.used",
-                                       "--format=csv,noheader,nounits"], capture_output=True,
-                                      text=True, timeout=10).stdout
-                used = sum(int(v) for v in text.split())
-            except (OSError, ValueError, subprocess.SubprocessError):
-                continue
-            self.peak = used if self.peak is None else max(self.peak, used)
-
-
 CPUS_PER_SHARD = 2
 """CPUs a cell process keeps busy: its Python thread, and the hashing threads' copies and
 sha256 beside it. With one CPU per shard, 16 shards on 16 CPUs ran every phase about twice
 as slowly as alone (docs/performance.md), and two 6-shard cells at once came within a few GB
 of the H200's memory."""
-MEMORY_EVERY_S = 2.0
 TIMELINE = "modes-timeline.json"
 
 
@@ -357,7 +326,9 @@ def run_modes(run: HostRun) -> int:
                   flush=True)
     jobs = timeline["jobs"]
     cells_began = time.monotonic()
-    with _Memory() as memory:
+    from gate_residual_matrix.runner.gpu_host.gpu_memory import PeakMemory
+
+    with PeakMemory() as memory:
         if jobs > 1:
             _share_cpus(2)
             done = run_queue(units(run, loaded, reports), jobs=jobs,

@@ -46,8 +46,8 @@ def run_queue(units: Sequence[Unit], *, jobs: int, cpus: int) -> list[Unit]:
     """Run ``units`` as described in the module docstring; the units, in their order.
 
     ``jobs``: at most this many at once (>= 1); ``cpus``: the CPUs they share (>= 1). A unit
-    that raises keeps its error in ``error``; the others go on. Units are daemon threads: an interrupted run does not wait
-    for them.
+    that raises keeps its error in ``error``; the others go on. Units are daemon threads: an
+    interrupted run does not wait for them.
     """
     jobs, cpus = max(1, jobs), max(1, cpus)
     pending = list(units)

@@ -1,0 +1,47 @@
+"""The most GPU memory in use while a block runs, as ``nvidia-smi`` reports it (every process
+on the GPU, MiB), sampled every :data:`MEMORY_EVERY_S` seconds in a daemon thread. The
+``modes`` step records it in its timeline: several cells at once share one GPU's memory.
+
+Example::
+
+    with PeakMemory() as memory:
+        run_the_cells()
+    memory.peak   # MiB, or None without nvidia-smi or a reading
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+
+MEMORY_EVERY_S = 2.0
+
+
+class PeakMemory:
+    """The most GPU memory in use (MiB, all processes) while it runs: ``nvidia-smi`` every
+    :data:`MEMORY_EVERY_S`; ``peak`` stays None without ``nvidia-smi`` or a reading."""
+
+    def __init__(self) -> None:
+        self.peak: int | None = None
+        self._done = threading.Event()
+        self._tool = shutil.which("nvidia-smi")
+
+    def __enter__(self) -> PeakMemory:
+        if self._tool:
+            threading.Thread(target=self._watch, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+
+    def _watch(self) -> None:
+        while not self._done.wait(MEMORY_EVERY_S):
+            try:
+                text = subprocess.run([self._tool, "--query-gpu=memory.used",
+                                       "--format=csv,noheader,nounits"], capture_output=True,
+                                      text=True, timeout=10).stdout
+                used = sum(int(v) for v in text.split())
+            except (OSError, ValueError, subprocess.SubprocessError):
+                continue
+            self.peak = used if self.peak is None else max(self.peak, used)
