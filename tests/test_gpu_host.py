@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -127,6 +128,7 @@ def test_exit_code_is_0_when_every_step_is_ok(tmp_path, fake_steps):
     (["--steps", "env,nope"], "--steps: expected step names from env, tests, modes, got 'nope'"),
     (["--steps", "env,env"], "--steps: a step is named twice"),
     (["--jobs", "0"], "--jobs: expected auto or a whole number >= 1, got '0'"),
+    (["--case", "nosuch"], "--case: no matrix file has case 'nosuch'; 1, 255, 256"),
     (["--jobs", "two"], "--jobs: expected auto or a whole number >= 1, got 'two'"),
     (["--timeout", "-5"], "--timeout: expected a number of seconds > 0, got -5"),
     (["--target", "gpu"], "--target: expected one of cuda, cpu, got 'gpu'"),
@@ -387,38 +389,128 @@ def test_cells_of_every_file_and_mode_queue_most_shards_first(tmp_path, cells, m
         ("matrix-rms-norm.yaml plain", 3 * per), ("matrix-rms-norm.yaml tf32", 3 * per)]
 
 
-def test_cells_at_once_write_a_timeline(tmp_path, cells, monkeypatch):
+@pytest.fixture
+def spawned(monkeypatch):
+    """The queue's cell processes faked: each call recorded (argv, env) and answered with
+    an ``ok`` report of its cell (a committed H200 report under the cell's id), exit 0."""
+    from gate_residual_matrix.runner.gpu_host import cell_queue
+
+    calls: list = []
+    sample = json.loads((ROOT / "tests" / "data" / "h200" / "host-plain-cuda.json").read_text())
+
+    def spawn(run, command, env, running):
+        calls.append((command, env))
+        path = Path(command[command.index("--matrix") + 1])
+        mode = command[command.index("--mode") + 1]
+        reports = Path(command[command.index("--reports") + 1])
+        cell = modes._cell_id(modes.load([path])[path], mode, run.target)
+        reports.mkdir(parents=True, exist_ok=True)
+        (reports / f"{cell}.json").write_text(json.dumps(
+            {**sample, "cell": {**sample["cell"], "id": cell, "mode": mode}}))
+        return 0
+
+    monkeypatch.setattr(cell_queue, "spawn", spawn)
+    return calls
+
+
+def test_cells_at_once_run_as_processes_and_write_a_timeline(tmp_path, cells, spawned,
+                                                             monkeypatch):
     from gate_residual_matrix.contract import gpu_lock
 
-    for var in (gpu_lock.ENV, "OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        monkeypatch.setenv(var, "")  # as it was, after the test
-    monkeypatch.chdir(tmp_path)
-    run = _Run(out=tmp_path / "out", root=tmp_path, matrices=FILES, modes=("plain",), jobs=4)
+    monkeypatch.delenv(gpu_lock.ENV, raising=False)
+    before = dict(os.environ)
+    gate_residual = (ROOT / "matrix.yaml",)  # the sample report is one of its cells
+    run = _Run(out=tmp_path / "out", root=tmp_path, matrices=gate_residual,
+               modes=("plain", "tf32", "inference", "deterministic"), jobs=4)
     assert modes.run_modes(run) == 0
+    assert cells["cells"] == []  # nothing ran in this process
+    commands = [c for c, _ in spawned]
+    assert sorted(c[c.index("--mode") + 1] for c in commands) == [
+        "deterministic", "inference", "plain", "tf32"]
+    assert all("--no-tables" in c and c[c.index("--backend") + 1] == "host" for c in commands)
+    for _, env in spawned:  # one lock for every cell, two threads each, in their env only
+        assert env[gpu_lock.ENV] == str(tmp_path / "build" / "gpu.lock")
+        assert env["OMP_NUM_THREADS"] == env["NUMBA_NUM_THREADS"] == "2"
+    assert dict(os.environ) == before
     timeline = json.loads((tmp_path / "out" / modes.TIMELINE).read_text())
-    assert sorted(c["cell"] for c in timeline["cells"]) == [
-        "matrix-rms-norm.yaml plain", "matrix-scale-shift.yaml plain"]
+    assert len(timeline["cells"]) == 4
     assert all(c["start_s"] <= c["end_s"] <= timeline["wall_s"] for c in timeline["cells"])
     assert all(c["status"] == ["ok"] for c in timeline["cells"])
     assert timeline["jobs"] == 4 and "precompile_s" in timeline
-    assert 1 <= timeline["most_at_once"] <= 2
+    assert 1 <= timeline["most_at_once"] <= 4
 
 
-def test_several_modes_at_once_share_one_gpu_lock(tmp_path, cells, monkeypatch):
-    from gate_residual_matrix.contract import gpu_lock
-
-    for var in (gpu_lock.ENV, "OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        monkeypatch.setenv(var, "")  # as it was, after the test
-    monkeypatch.chdir(tmp_path)
-    run = _Run(out=tmp_path / "out", root=tmp_path, matrices=FILES, modes=("plain", "tf32"),
-               jobs=2)
+def test_one_at_a_time_has_a_timeline_too(tmp_path, cells):
+    run = _Run(out=tmp_path / "out", root=tmp_path, matrices=FILES, modes=("plain",))
     assert modes.run_modes(run) == 0
-    assert sorted((c[0], c[1]) for c in cells["cells"]) == sorted(
-        (f.name, m) for f in FILES for m in ("plain", "tf32"))
-    import os
+    timeline = json.loads((tmp_path / "out" / modes.TIMELINE).read_text())
+    assert [c["cell"] for c in timeline["cells"]] == ["matrix-rms-norm.yaml plain",
+                                                      "matrix-scale-shift.yaml plain"]
+    assert timeline["most_at_once"] == 1
 
-    assert os.environ[gpu_lock.ENV] == str(tmp_path / "build" / "gpu.lock")
-    assert int(os.environ["OMP_NUM_THREADS"]) >= 2
+
+def test_cells_not_started_have_no_times(tmp_path, cells, spawned):
+    run = _Run(out=tmp_path / "out", root=tmp_path, matrices=FILES, modes=("plain",), jobs=2,
+               deadline=time.monotonic() + modes.MIN_CELL_S / 2)
+    assert modes.run_modes(run) == 1
+    timeline = json.loads((tmp_path / "out" / modes.TIMELINE).read_text())
+    assert {(c["start_s"], c["end_s"]) for c in timeline["cells"]} == {(None, None)}
+    assert {tuple(c["status"]) for c in timeline["cells"]} == {("not started",)}
+    assert timeline["most_at_once"] == 0 and spawned == []
+
+
+def test_a_cell_outcome_comes_from_its_report(tmp_path):
+    from gate_residual_matrix.runner.gpu_host import cell_queue
+
+    none = cell_queue.outcome(tmp_path, "rms_norm-host-plain-cuda", 1)
+    assert none.status == "error" and "exited 1" in none.reason
+    assert "none was written" in none.reason
+    (tmp_path / "rms_norm-host-plain-cuda.json").write_text("{not json")
+    bad = cell_queue.outcome(tmp_path, "rms_norm-host-plain-cuda", 0)
+    assert bad.status == "error" and "its report" in bad.reason
+    sample = (ROOT / "tests" / "data" / "h200" / "host-plain-cuda.json").read_text()
+    (tmp_path / "host-plain-cuda.json").write_text(sample)
+    assert cell_queue.outcome(tmp_path, "host-plain-cuda", 0).status == "ok"
+    assert cell_queue.outcome(tmp_path, "host-plain-cuda", 5).status == "ok"
+    stale = cell_queue.outcome(tmp_path, "host-plain-cuda", 2)
+    assert stale.status == "error" and "earlier run's" in stale.reason
+
+
+def test_an_interruption_lets_running_cells_write_their_reports(tmp_path, monkeypatch):
+    """A cell runner that catches SIGTERM, writes a file and exits: interrupt() waits for it."""
+    from gate_residual_matrix.runner.gpu_host import cell_queue
+
+    marker = tmp_path / "wrote"
+    code = ("import signal, sys, time, pathlib\n"
+            "def stop(*_):\n"
+            f"    pathlib.Path({str(marker)!r}).write_text('partial')\n"
+            "    sys.exit(130)\n"
+            "signal.signal(signal.SIGTERM, stop)\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(60)\n")
+    running = cell_queue.Running()
+    run = HostRun(out=tmp_path)
+    proc = run.start([sys.executable, "-c", code], env={})
+    running.add(proc)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # until its handler is in place
+        if proc.poll() is not None or _handler_set(proc.pid):
+            break
+        time.sleep(0.05)
+    monkeypatch.setattr(cell_queue, "GRACE_S", 10.0)
+    running.interrupt()
+    assert proc.returncode == 130 and marker.read_text() == "partial"
+
+
+def _handler_set(pid: int) -> bool:
+    """Whether process ``pid`` catches SIGTERM (its SigCgt mask in /proc)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) & (1 << (15 - 1)))
+    except OSError:
+        pass
+    return False
 
 
 def test_in_threads_keeps_the_order_and_hands_on_an_error():
@@ -439,3 +531,22 @@ def test_env_step_names_only_declared_settings():
 
     for name in procedure.CACHES:
         settings.raw(name, env={})  # KeyError for an undeclared name
+
+
+def test_matrix_no_tables_writes_reports_only(tmp_path, monkeypatch, capsys):
+    """The queue's cell processes run ``matrix --no-tables``: no tables rendered, the summary
+    still printed."""
+    from gate_residual_matrix.runner import pipeline
+    from gate_residual_matrix.runner.outcome import CellOutcome
+
+    rendered = []
+    monkeypatch.setattr(pipeline, "render_tables", lambda reports: rendered.append(reports))
+    monkeypatch.setattr(pipeline, "run_matrix", lambda path, **kw: [
+        CellOutcome("rms_norm-host-plain-cpu", "ok", None, tmp_path / "r.json")])
+    args = ["matrix", "--matrix", str(ROOT / "matrix-rms-norm.yaml"), "--reports",
+            str(tmp_path), "--stack", "host", "--mode", "plain", "--target", "cpu",
+            "--backend", "host", "--case", "1"]
+    assert main([*args, "--no-tables"]) == 0
+    assert rendered == [] and "1 cell: 1 ok" in capsys.readouterr().out
+    assert main(args) == 0
+    assert rendered == [tmp_path]

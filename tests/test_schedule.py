@@ -107,3 +107,16 @@ def test_without_nvidia_smi_the_peak_is_unknown(tmp_path, monkeypatch):
     with gpu_memory.PeakMemory() as memory:
         pass
     assert memory.peak is None
+
+
+def test_several_gpus_give_the_fullest_ones_memory(tmp_path, monkeypatch):
+    from gate_residual_matrix.runner.gpu_host import gpu_memory
+
+    tool = tmp_path / "nvidia-smi"
+    tool.write_text("#!/bin/sh\necho 1000; echo 2000\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setattr(gpu_memory, "MEMORY_EVERY_S", 0.01)
+    with gpu_memory.PeakMemory() as memory:
+        pass  # the reading at the end counts too
+    assert memory.peak == 2000

@@ -88,6 +88,9 @@ def _add_matrix_command(sub: argparse._SubParsersAction) -> None:
                    "selected docker stacks first (without it none is built: those stacks are "
                    "skipped, or with --backend docker the run stops, exit 4)")
     m.add_argument("--timeout", type=float, default=3600.0, help="seconds per cell")
+    m.add_argument("--no-tables", action="store_true", help="write the reports only, not the "
+                   "tables (as several runs into one folder at once do: the GPU host's modes "
+                   "step; render them afterwards with report)")
     m.add_argument("--shards", metavar="N|auto", help="processes per host cell, each with "
                    "part of its cases (default auto: on cuda one per dtype group of the "
                    "cases, up to one per 2 CPUs and 8; on cpu 1; N: at most one per case); "
@@ -202,6 +205,7 @@ def _run_matrix(args: argparse.Namespace) -> int:
         raise ConfigError(f"--shards: {err}" if args.shards is not None else str(err)) from None
     runs = plan(args.matrix or DEFAULT_MATRICES, ops=args.op, stacks=args.stack,
                 modes=args.mode, cases=args.case)
+    tables = not getattr(args, "no_tables", False)
     outcomes = []
     try:
         with job_clock.start({} if args.cluster else _job_cells(runs, args)):
@@ -213,15 +217,17 @@ def _run_matrix(args: argparse.Namespace) -> int:
                     build=args.build, cluster=args.cluster, gpu_model=args.gpu_model,
                     retries=args.retries, render=False)
     except MatrixError:
-        if outcomes:  # the tables of the files that ran, then the error
+        if outcomes and tables:  # the tables of the files that ran, then the error
             render_tables(args.reports)
         raise
-    render_tables(args.reports)
+    if tables:
+        render_tables(args.reports)
     print(summary(outcomes))
-    from gate_residual_matrix.runner.tables import OUTPUTS
+    if tables:
+        from gate_residual_matrix.runner.tables import OUTPUTS
 
-    print(f"[runner] tables: {', '.join(shown(args.reports / n) for n in OUTPUTS)}")
-    _warn_unreadable(args.reports / "README.md")
+        print(f"[runner] tables: {', '.join(shown(args.reports / n) for n in OUTPUTS)}")
+        _warn_unreadable(args.reports / "README.md")
     bad = failed(outcomes)
     if bad:
         raise CellsFailed(f"{len(bad)} of {len(outcomes)} cells did not end ok: "

@@ -145,12 +145,21 @@ def stopped_note(stopped: Sequence[tuple[int, dict]]) -> str:
     ...               (3, {"status": "error", "reason": "killed"})])
     'shards 1-2 stopped: partial: timeout: late; shard 4 stopped: error: killed'
     """
-    named: dict[str, list[int]] = {}
+    whys = []
     for i, p in stopped:
         why = _why(p)
         after = _STOPPED_AFTER.fullmatch(why)
-        named.setdefault(f"{p.get('status')}: {after['why'] if after else why}", []).append(i + 1)
-    return "; ".join(f"{'shard' if len(ns) == 1 else 'shards'} {_spans(ns)} stopped: {why}"
+        whys.append((i, f"{p.get('status')}: {after['why'] if after else why}"))
+    return _by_reason(whys, " stopped")
+
+
+def _by_reason(whys: Sequence[tuple[int, str]], verb: str = "") -> str:
+    """``(shard index, reason)`` pairs as ``shards 1-3{verb}: reason; shard 5{verb}: ...``,
+    the shards with one reason named together, in the order of first appearance."""
+    named: dict[str, list[int]] = {}
+    for i, why in whys:
+        named.setdefault(why, []).append(i + 1)
+    return "; ".join(f"{'shard' if len(ns) == 1 else 'shards'} {_spans(ns)}{verb}: {why}"
                      for why, ns in named.items())
 
 
@@ -268,11 +277,11 @@ def combine(parts: Sequence[dict], planned: Sequence[Sequence[str]], matrix, *,
 def _first_failed(parts: Sequence[dict], stopped: list[tuple[int, dict]], shard_note: dict,
                   wall_s: float) -> dict:
     """The cell's report when no shard did a case: the first stopped shard's report (else
-    the first shard's), with every shard's reason."""
+    the first shard's), with every shard's reason (shards with one reason named together)."""
     first = next((p for _, p in stopped), parts[0])
     out = copy.deepcopy(first)
-    out["reason"] = _join(f"shard {i + 1}: {p.get('status')}: {p.get('reason')}"
-                          for i, p in enumerate(parts))
+    out["reason"] = _by_reason([(i, f"{p.get('status')}: {p.get('reason')}")
+                                for i, p in enumerate(parts)])
     out["environment"] = {**(out.get("environment") or {}), "shards": shard_note}
     out["duration_s"] = round(wall_s, 3)
     return out

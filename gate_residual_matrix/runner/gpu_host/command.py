@@ -86,6 +86,25 @@ def _modes(matrices: tuple[Path, ...], asked: list[str] | None) -> tuple[str, ..
     return tuple(dict.fromkeys(asked))
 
 
+def _cases(matrices: tuple[Path, ...], asked: list[str] | None) -> tuple[str, ...] | None:
+    """``--case`` values, each a case of at least one matrix file (None: every case).
+
+    Raises:
+        ConfigError: a case no file has (one line, the valid ones shortened).
+    """
+    from gate_residual_matrix.runner.gpu_host.modes import load
+    from gate_residual_matrix.runner.plan.cells import choices_text
+
+    if not asked:
+        return None
+    every = list(dict.fromkeys(c.id for mx in load(matrices).values() for c in mx.cases))
+    unknown = [c for c in asked if c not in every]
+    if unknown:
+        raise ConfigError(f"--case: no matrix file has case {unknown[0]!r}; "
+                          + choices_text("case", every))
+    return tuple(dict.fromkeys(asked))
+
+
 def _jobs(text: str) -> int:
     """``--jobs``: ``auto`` is 0 (:func:`.modes.jobs_for` decides), else a whole number >= 1.
 
@@ -107,8 +126,8 @@ def host_run(args: argparse.Namespace):
     """The :class:`.steps.HostRun` the options ask for, and the steps.
 
     Raises:
-        ConfigError: an unknown step, target or mode, a bad matrix file, a bad ``--jobs``,
-            ``--timeout`` <= 0, an ``--out`` that cannot hold the results.
+        ConfigError: an unknown step, target, mode or case, a bad matrix file, a bad
+            ``--jobs``, ``--timeout`` <= 0, an ``--out`` that cannot hold the results.
     """
     from gate_residual_matrix.runner.config.matrices import DEFAULT_MATRICES
     from gate_residual_matrix.runner.gpu_host.steps import HostRun
@@ -124,7 +143,7 @@ def host_run(args: argparse.Namespace):
     modes = _modes(matrices, args.mode)
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     run = HostRun(out=args.out, root=PROJECT_ROOT, matrices=matrices, modes=modes,
-                  target=args.target, cases=tuple(args.case) if args.case else None,
+                  target=args.target, cases=_cases(matrices, args.case),
                   jobs=jobs, deadline=deadline)
     return run, steps
 

@@ -1,6 +1,7 @@
 """The most GPU memory in use while a block runs, as ``nvidia-smi`` reports it (every process
-on the GPU, MiB), sampled every :data:`MEMORY_EVERY_S` seconds in a daemon thread. The
-``modes`` step records it in its timeline: several cells at once share one GPU's memory.
+on the GPU, MiB; on a host of several GPUs, the fullest one's), sampled every
+:data:`MEMORY_EVERY_S` seconds in a daemon thread and once more at the end. The ``modes``
+step records it in its timeline: several cells at once share one GPU's memory.
 
 Example::
 
@@ -26,22 +27,30 @@ class PeakMemory:
         self.peak: int | None = None
         self._done = threading.Event()
         self._tool = shutil.which("nvidia-smi")
+        self._thread: threading.Thread | None = None
 
     def __enter__(self) -> PeakMemory:
         if self._tool:
-            threading.Thread(target=self._watch, daemon=True).start()
+            self._thread = threading.Thread(target=self._watch, daemon=True)
+            self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._done.set()
+        if self._thread is not None:
+            self._thread.join(timeout=15)
 
     def _watch(self) -> None:
-        while not self._done.wait(MEMORY_EVERY_S):
+        while True:
+            stop = self._done.wait(MEMORY_EVERY_S)
             try:
                 text = subprocess.run([self._tool, "--query-gpu=memory.used",
                                        "--format=csv,noheader,nounits"], capture_output=True,
                                       text=True, timeout=10).stdout
-                used = sum(int(v) for v in text.split())
+                used = max(int(v) for v in text.split())
             except (OSError, ValueError, subprocess.SubprocessError):
-                continue
-            self.peak = used if self.peak is None else max(self.peak, used)
+                used = None
+            if used is not None:
+                self.peak = used if self.peak is None else max(self.peak, used)
+            if stop:
+                return

@@ -10,16 +10,15 @@ In this order, within the run's deadline:
    compile, each filling the compile caches for every selected mode and leaving its stamps,
    in at most :data:`PRECOMPILE_SHARE` of the time left; a mode whose cells already have an
    ``ok`` report is left out. RL-Kernel's extension builds beside them (target cuda).
-3. **The cells.** With ``--jobs 1``, one after another, mode by mode (every file's cell of
-   the first mode, then the next mode). Otherwise several at once through
-   :func:`runner.gpu_host.schedule.run_queue`: at most ``jobs`` cells, each taking
+3. **The cells.** With ``--jobs 1``, one after another in this process, mode by mode (every
+   file's cell of the first mode, then the next mode). Otherwise from one queue
+   (:func:`runner.gpu_host.schedule.run_queue`), each cell its own runner process
+   (:mod:`runner.gpu_host.cell_queue`): at most ``jobs`` at once, each taking
    :data:`CPUS_PER_SHARD` CPUs per shard, the cells with the most shards first; every cell
-   process under one GPU lock file (each case's timing loops alone on the GPU) with two
-   threads for torch and numba.
-   Each cell runs through :func:`runner.pipeline.run_matrix` on the host backend with the
-   time left as its timeout: a cell stopped at the deadline keeps its finished cases as a
-   ``partial`` report, and a cell whose turn comes with less than :data:`MIN_CELL_S` left is
-   not started.
+   process under one GPU lock file (each case's timing loops alone on the GPU). Each cell
+   runs on the host backend with the time left as its timeout: a cell stopped at the deadline
+   keeps its finished cases as a ``partial`` report, and a cell whose turn comes with less
+   than :data:`MIN_CELL_S` left is not started.
 4. **Summary**: one line per report in ``OUT/reports``, and ``OUT/modes-timeline.json``:
    each part's seconds since the step began (the precompile, RL-Kernel's build, every cell's
    start and end with its CPUs and status), the most cells that ran at once, and the most
@@ -31,7 +30,6 @@ The step fails when a cell did not end ``ok``, one was not started, or a file co
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import threading
@@ -217,17 +215,6 @@ def run_cell(run: HostRun, path: Path, matrix, reports: Path, mode: str,
         return [], [problem]
 
 
-def run_cells(run: HostRun, loaded: dict, reports: Path, mode: str) -> tuple[list, list[str]]:
-    """Every file's host cell of ``mode`` on the target, one after another; their outcomes
-    and the problems (:func:`run_cell`)."""
-    outcomes, problems = [], []
-    for path, matrix in loaded.items():
-        done, trouble = run_cell(run, path, matrix, reports, mode)
-        outcomes += done
-        problems += trouble
-    return outcomes, problems
-
-
 def jobs_for(run: HostRun) -> int:
     """Cells at once: ``run.jobs``, or for 0 (auto) as many as the CPUs hold on target cuda
     (the queue's CPU count decides) and one on cpu (its cells compute on those CPUs)."""
@@ -238,17 +225,21 @@ def jobs_for(run: HostRun) -> int:
     return max(1, available_cpus() or 1) if run.target == "cuda" else 1
 
 
-def units(run: HostRun, loaded: dict, reports: Path) -> list:
+def units(run: HostRun, loaded: dict, reports: Path, running=None) -> list:
     """The queue's units (:class:`runner.gpu_host.schedule.Unit`): one per file and mode
-    that has a host cell on the target, each taking :data:`CPUS_PER_SHARD` CPUs per shard of
-    its cell, those with the most shards first (in mode order, then file order, among
-    equals)."""
+    that has a host cell on the target, each a runner process
+    (:mod:`runner.gpu_host.cell_queue`) taking :data:`CPUS_PER_SHARD` CPUs per shard of its
+    cell, those with the most shards first (in mode order, then file order, among equals).
+    ``running``: the :class:`~runner.gpu_host.cell_queue.Running` they register with."""
     from gate_residual_matrix.runner.backends import shards
     from gate_residual_matrix.runner.cell.environment import available_cpus
+    from gate_residual_matrix.runner.gpu_host.cell_queue import Running, environment
     from gate_residual_matrix.runner.gpu_host.schedule import Unit
     from gate_residual_matrix.runner.plan.cells import cases_on
 
     cpus = available_cpus()
+    running = running if running is not None else Running()
+    env = environment(run)
     out = []
     for mode in run.modes:
         for path, matrix in loaded.items():
@@ -259,20 +250,28 @@ def units(run: HostRun, loaded: dict, reports: Path) -> list:
                                 run.target)
             need = shards.count(matrix, selected, run.target, cpus)
             out.append(Unit(f"{path.name} {mode}", need * CPUS_PER_SHARD,
-                            lambda p=path, m=matrix, md=mode: run_cell(run, p, m, reports, md)))
+                            lambda p=path, m=matrix, md=mode: _queued(run, p, m, reports, md,
+                                                                      env, running)))
     return sorted(out, key=lambda u: -u.cpus)
 
 
-def _share_cpus(threads: int) -> None:
-    """Several cells at once: one GPU lock for every cell process, and each process's thread
-    pools (torch's, numba's) of ``threads``."""
-    from gate_residual_matrix.contract import gpu_lock
+def _queued(run: HostRun, path: Path, matrix, reports: Path, mode: str, env: dict,
+            running) -> tuple[list, list[str]]:
+    """One unit of the queue: the cell's runner process, if there is time for it; its
+    outcome (from its report) and the problems, as :func:`run_cell`'s."""
+    from gate_residual_matrix.runner.gpu_host import cell_queue
 
-    lock = Path(os.environ.get(gpu_lock.ENV) or Path("build") / "gpu.lock").resolve()
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    os.environ.update({gpu_lock.ENV: str(lock), "OMP_NUM_THREADS": str(threads),
-                       "NUMBA_NUM_THREADS": str(threads)})
-    print(f"[modes] cells at once under the GPU lock {lock}, {threads} threads per process")
+    left = run.left()
+    if left is not None and left < MIN_CELL_S:
+        problem = f"{path.name} {mode}: not started ({max(left, 0):.0f} s left)"
+        print(f"[modes] {problem}", flush=True)
+        return [], [problem]
+    print(f"[modes] {path.name} {mode}: {'no limit' if left is None else f'{left:.0f} s left'}",
+          flush=True)
+    command = cell_queue.argv(run, path, mode, reports, 3600.0 if left is None else left,
+                              cases_of(matrix, run.cases))
+    rc = cell_queue.spawn(run, command, env, running)
+    return [cell_queue.outcome(reports, _cell_id(matrix, mode, run.target), rc)], []
 
 
 CPUS_PER_SHARD = 2
@@ -296,8 +295,27 @@ def summary(reports: Path) -> list[str]:
     return lines
 
 
+def _one_by_one(run: HostRun, loaded: dict, reports: Path) -> list:
+    """``--jobs 1``: every file's cell of each mode in turn, in this process (as
+    :func:`run_cells`), each as a finished :class:`~runner.gpu_host.schedule.Unit` with its
+    times."""
+    from gate_residual_matrix.runner.gpu_host.schedule import Unit
+
+    began, done = time.monotonic(), []
+    for mode in run.modes:
+        for path, matrix in loaded.items():
+            unit = Unit(f"{path.name} {mode}", 1, lambda: None)
+            unit.started_s = round(time.monotonic() - began, 3)
+            unit.result = run_cell(run, path, matrix, reports, mode)
+            unit.ended_s = round(time.monotonic() - began, 3)
+            if unit.result != ([], []):  # a file without this mode or these cases: no cell
+                done.append(unit)
+    return done
+
+
 def run_modes(run: HostRun) -> int:
     """The step (see the module docstring); 0 when every cell ended ``ok``."""
+    from gate_residual_matrix.runner.cell.case import one_line
     from gate_residual_matrix.runner.cell.environment import available_cpus
     from gate_residual_matrix.runner.gpu_host.schedule import most_at_once, run_queue
     from gate_residual_matrix.runner.outcome import failed
@@ -326,27 +344,28 @@ def run_modes(run: HostRun) -> int:
                   flush=True)
     jobs = timeline["jobs"]
     cells_began = time.monotonic()
+    from gate_residual_matrix.runner.gpu_host import cell_queue
+    from gate_residual_matrix.runner.gpu_host.cell_queue import THREADS, Running
     from gate_residual_matrix.runner.gpu_host.gpu_memory import PeakMemory
 
     with PeakMemory() as memory:
         if jobs > 1:
-            _share_cpus(2)
-            done = run_queue(units(run, loaded, reports), jobs=jobs,
-                             cpus=timeline["cpus"] or 1)
-            for unit in done:
-                if unit.error is not None:
-                    raise unit.error
-            results = [u.result for u in done]
-            offset = cells_began - started
-            timeline["cells"] = [
-                {"cell": u.name, "cpus": u.cpus,
-                 "start_s": None if u.started_s is None else round(offset + u.started_s, 1),
-                 "end_s": None if u.ended_s is None else round(offset + u.ended_s, 1),
-                 "status": [o.status for o in u.result[0]] if u.result else []}
-                for u in done]
-            timeline["most_at_once"] = most_at_once(done)
+            print(f"[modes] cells from one queue: at most {jobs} at once, {CPUS_PER_SHARD} "
+                  f"CPUs per shard ({timeline['cpus']} in all), {THREADS} threads per process, "
+                  f"one GPU lock", flush=True)
+            running = Running()
+            try:
+                done = run_queue(units(run, loaded, reports, running), jobs=jobs,
+                                 cpus=timeline["cpus"] or 1)
+            except BaseException:  # Ctrl-C, SIGTERM: the running cells write what they did
+                running.interrupt()
+                raise
         else:
-            results = [run_cells(run, loaded, reports, m) for m in run.modes]
+            done = _one_by_one(run, loaded, reports)
+        results = [u.result if u.error is None else ([], [f"{u.name}: {one_line(u.error)}"])
+                   for u in done]
+        timeline["cells"] = cell_queue.timeline_entries(done, cells_began - started)
+        timeline["most_at_once"] = most_at_once([u for u in done if u.result and u.result[0]])
     timeline.update(cells_s=round(time.monotonic() - cells_began, 1),
                     wall_s=round(time.monotonic() - started, 1),
                     gpu_memory_peak_mib=memory.peak)
@@ -355,7 +374,7 @@ def run_modes(run: HostRun) -> int:
     problems = [p for _, ps in results for p in ps]
     print(f"[modes] all modes: {time.monotonic() - started:.0f} s wall "
           f"(precompile {timeline.get('precompile_s', 0):.0f} s, cells {timeline['cells_s']:.0f} s"
-          f", at most {timeline.get('most_at_once', 1)} at once; GPU memory peak "
+          f", at most {timeline['most_at_once']} at once; GPU memory peak "
           f"{'unknown' if memory.peak is None else f'{memory.peak} MiB'}); {TIMELINE}")
     if outcomes:
         print(outcome_summary(outcomes))

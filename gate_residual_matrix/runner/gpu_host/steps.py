@@ -71,7 +71,7 @@ class HostRun:
         """The options as steps.json records them."""
         return {"matrices": [str(p) for p in self.matrices], "modes": list(self.modes),
                 "target": self.target, "cases": None if self.cases is None else list(self.cases),
-                "jobs": self.jobs}
+                "jobs": self.jobs or "auto"}
 
     def left(self) -> float | None:
         """Seconds until the deadline (negative once past), or None without one."""
