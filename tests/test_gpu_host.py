@@ -129,6 +129,7 @@ def test_exit_code_is_0_when_every_step_is_ok(tmp_path, fake_steps):
     (["--steps", "env,env"], "--steps: a step is named twice"),
     (["--jobs", "0"], "--jobs: expected auto or a whole number >= 1, got '0'"),
     (["--case", "nosuch"], "--case: no matrix file has case 'nosuch'; 1, 255, 256"),
+    (["--jobs", "9" * 5000 + "x"], "--jobs: expected auto or a whole number >= 1, got '999"),
     (["--jobs", "two"], "--jobs: expected auto or a whole number >= 1, got 'two'"),
     (["--timeout", "-5"], "--timeout: expected a number of seconds > 0, got -5"),
     (["--target", "gpu"], "--target: expected one of cuda, cpu, got 'gpu'"),
@@ -550,3 +551,20 @@ def test_matrix_no_tables_writes_reports_only(tmp_path, monkeypatch, capsys):
     assert rendered == [] and "1 cell: 1 ok" in capsys.readouterr().out
     assert main(args) == 0
     assert rendered == [tmp_path]
+
+
+def test_an_out_that_cannot_be_made_is_one_line_and_exit_2(tmp_path, fake_steps, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["gpu-host", "--out", str(blocker / "out"), "--steps", "env"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --out: "), err
+
+
+def test_a_bad_shard_count_is_one_line_and_exit_2(tmp_path, fake_steps, capsys, monkeypatch):
+    monkeypatch.setenv("GATE_RESIDUAL_SHARDS", "bogus")
+    assert _cli(tmp_path, "--steps", "modes") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "GATE_RESIDUAL_SHARDS" in err[0], err
+    assert fake_steps == []
+

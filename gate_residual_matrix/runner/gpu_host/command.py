@@ -105,6 +105,20 @@ def _cases(matrices: tuple[Path, ...], asked: list[str] | None) -> tuple[str, ..
     return tuple(dict.fromkeys(asked))
 
 
+def _shards() -> None:
+    """Check ``GATE_RESIDUAL_SHARDS`` before any step (the cells read it).
+
+    Raises:
+        ConfigError: it is neither ``auto`` nor a whole number >= 1 (one line).
+    """
+    from gate_residual_matrix.runner.backends import shards
+
+    try:
+        shards.requested()
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
 def _jobs(text: str) -> int:
     """``--jobs``: ``auto`` is 0 (:func:`.modes.jobs_for` decides), else a whole number >= 1.
 
@@ -118,7 +132,8 @@ def _jobs(text: str) -> int:
     except ValueError:
         jobs = 0
     if jobs < 1:
-        raise ConfigError(f"--jobs: expected auto or a whole number >= 1, got {text!r}")
+        shown_text = text if len(text) <= 40 else text[:37] + "..."
+        raise ConfigError(f"--jobs: expected auto or a whole number >= 1, got {shown_text!r}")
     return jobs
 
 
@@ -141,9 +156,16 @@ def host_run(args: argparse.Namespace):
     output_folder(args.out, "--out")
     matrices = tuple(args.matrix or DEFAULT_MATRICES)
     modes = _modes(matrices, args.mode)
+    cases = _cases(matrices, args.case)
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    _shards()
+    try:  # last, so that a bad option makes nothing: an --out that cannot be made is one
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # too, not a failed step
+        raise ConfigError(f"--out: cannot make the folder {args.out}: "
+                          f"{err.strerror or type(err).__name__}") from None
     run = HostRun(out=args.out, root=PROJECT_ROOT, matrices=matrices, modes=modes,
-                  target=args.target, cases=_cases(matrices, args.case),
+                  target=args.target, cases=cases,
                   jobs=jobs, deadline=deadline)
     return run, steps
 
