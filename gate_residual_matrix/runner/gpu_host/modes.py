@@ -185,6 +185,19 @@ def _in_threads(calls: list[tuple], jobs: int | None = None) -> list:
     return [f.result() for f in futures]
 
 
+def _time_for(run: HostRun, path: Path, mode: str) -> tuple[float | None, str | None]:
+    """The seconds left for the cell of ``path`` and ``mode`` (None: no limit), and the
+    problem when too few are left to start it (:data:`MIN_CELL_S`); prints which."""
+    left = run.left()
+    if left is not None and left < MIN_CELL_S:
+        problem = f"{path.name} {mode}: not started ({max(left, 0):.0f} s left)"
+        print(f"[modes] {problem}", flush=True)
+        return left, problem
+    print(f"[modes] {path.name} {mode}: {'no limit' if left is None else f'{left:.0f} s left'}",
+          flush=True)
+    return left, None
+
+
 def run_cell(run: HostRun, path: Path, matrix, reports: Path, mode: str,
              ) -> tuple[list, list[str]]:
     """The host cell of ``mode`` of one matrix file on the target, if the file has it and
@@ -198,13 +211,9 @@ def run_cell(run: HostRun, path: Path, matrix, reports: Path, mode: str,
     cases = cases_of(matrix, run.cases)
     if cases == []:
         return [], []
-    left = run.left()
-    if left is not None and left < MIN_CELL_S:
-        problem = f"{path.name} {mode}: not started ({max(left, 0):.0f} s left)"
-        print(f"[modes] {problem}", flush=True)
+    left, problem = _time_for(run, path, mode)
+    if problem:
         return [], [problem]
-    print(f"[modes] {path.name} {mode}: {'no limit' if left is None else f'{left:.0f} s left'}",
-          flush=True)
     try:
         return run_matrix(path, reports_dir=reports, stacks=["host"], modes=[mode],
                           targets=[run.target], cases=cases, backend="host",
@@ -261,13 +270,9 @@ def _queued(run: HostRun, path: Path, matrix, reports: Path, mode: str, env: dic
     outcome (from its report) and the problems, as :func:`run_cell`'s."""
     from gate_residual_matrix.runner.gpu_host import cell_queue
 
-    left = run.left()
-    if left is not None and left < MIN_CELL_S:
-        problem = f"{path.name} {mode}: not started ({max(left, 0):.0f} s left)"
-        print(f"[modes] {problem}", flush=True)
+    left, problem = _time_for(run, path, mode)
+    if problem:
         return [], [problem]
-    print(f"[modes] {path.name} {mode}: {'no limit' if left is None else f'{left:.0f} s left'}",
-          flush=True)
     command = cell_queue.argv(run, path, mode, reports, 3600.0 if left is None else left,
                               cases_of(matrix, run.cases))
     rc = cell_queue.spawn(run, command, env, running)
