@@ -46,6 +46,16 @@ def test_key_changes_with_every_input_that_decides_the_code(cache, monkeypatch):
     assert _key() != base
 
 
+def test_numbas_cpu_thread_settings_leave_the_key_alone(cache, monkeypatch):
+    # the GPU host's cells run with NUMBA_NUM_THREADS set, its compile-ahead workers without
+    base = _key()
+    monkeypatch.setenv("NUMBA_NUM_THREADS", "2")
+    monkeypatch.setenv("NUMBA_THREADING_LAYER", "omp")
+    assert _key() == base
+    monkeypatch.setenv("NUMBA_CUDA_DEFAULT_PTX_CC", "8.0")  # one that can decide the code
+    assert _key() != base
+
+
 def test_source_digest_covers_the_kernels_modules(monkeypatch):
     monkeypatch.setattr(cubin_cache, "_SOURCE_DIGEST", [])
     h = hashlib.sha256()

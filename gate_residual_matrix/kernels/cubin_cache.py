@@ -16,8 +16,12 @@ everything that decides that code: the source of every module in ``kernels/`` (t
 and the device functions they inline), the caller's name of the kernel and its variant
 (dtype, index dtype, kind), the numba types of the signature, the dispatcher's target
 options, the GPU's compute capability, the numba, numba-cuda, llvmlite, NVVM, CUDA runtime
-and driver versions, and every ``NUMBA_*`` environment variable. Anything else that changed
-would only ever make a miss, which compiles as before.
+and driver versions, and every ``NUMBA_*`` environment variable but those of numba's CPU
+thread pool (:data:`HOST_THREADING`: they decide how many host threads run parallel CPU
+code, never a kernel's code; the GPU host's cells set ``NUMBA_NUM_THREADS`` where its
+compile-ahead workers do not, and with it in the key every cell's first process compiled
+every kernel again). Anything else that changed would only ever make a miss, which compiles
+as before.
 
 Where: ``$GATE_RESIDUAL_CUBIN_CACHE`` (``off`` disables it), else
 ``$XDG_CACHE_HOME/gate-residual/cubin`` (``~/.cache`` when unset). Writes are atomic (a
@@ -38,6 +42,10 @@ from gate_residual_matrix import settings
 
 _KERNELS_DIR = Path(__file__).resolve().parent
 _SOURCE_DIGEST: list[str] = []
+
+HOST_THREADING = frozenset({"NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER",
+                            "NUMBA_THREADING_LAYER_PRIORITY"})
+"""numba's settings of its CPU thread pool, left out of :func:`key`."""
 _VERSIONS: list[str] = []
 
 
@@ -94,7 +102,7 @@ def key(name: str, dispatcher, argtypes: tuple, cc: tuple[int, int]) -> str:
     kernel and its variant, e.g. ``"gate_residual vec 0 bfloat16 int64"``) compiled by
     ``dispatcher`` for ``argtypes`` (numba types) on a GPU of compute capability ``cc``."""
     options = getattr(dispatcher, "targetoptions", {})
-    numba_env = settings.matching("NUMBA_")
+    numba_env = [(k, v) for k, v in settings.matching("NUMBA_") if k not in HOST_THREADING]
     text = json.dumps([source_digest(), name, repr(argtypes),
                        sorted((k, repr(v)) for k, v in options.items()), list(cc),
                        _versions(), numba_env])
