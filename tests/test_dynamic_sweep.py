@@ -1,6 +1,6 @@
-"""The batch-invariance size sweep of the ``torch.compile`` rows runs on one graph with N
-dynamic (ops/torch_compile.py ``run_dynamic``); the other checks, the cases and the timings
-on a static graph per size; the report says which graph each used."""
+"""The batch-invariance checks of the ``torch.compile`` rows run on one graph with N dynamic
+(ops/torch_compile.py ``run_dynamic``); the cases and the timings on a static graph of the
+case's size; the report says which graph each used."""
 
 from __future__ import annotations
 
@@ -34,16 +34,37 @@ def counting(static_rows: list, dynamic_rows: list) -> Implementation:
                                run=through(static_rows), run_dynamic=through(dynamic_rows))
 
 
-def test_the_sweep_calls_run_dynamic_and_the_other_checks_run():
+@pytest.mark.parametrize("given_full", [False, True])
+def test_every_check_calls_run_dynamic_and_nothing_static(given_full):
     static, dynamic = [], []
-    got = batch_invariance.check(counting(static, dynamic), inputs(40), SPEC, max_size=33)
-    assert got["graphs"] == {"row_alone": "static", "sub_batches": "static",
+    impl = counting(static, dynamic)
+    x = inputs(40)
+    full = eager.EAGER.run({k: v.clone() for k, v in x.items()}, backward=True) \
+        if given_full else None
+    got = batch_invariance.check(impl, x, SPEC, max_size=33, full=full)
+    assert got["graphs"] == {"row_alone": "dynamic", "sub_batches": "dynamic",
                              "size_sweep": "dynamic"}
-    sweep = batch_invariance.sweep_sizes(33)
-    assert sorted(set(dynamic)) == sweep  # the top (33) and every prefix, nothing static
-    assert dynamic[0] == 33
-    assert set(static) == batch_invariance.checked_row_counts(40) | {40}  # `full` + the checks
+    assert static == []  # no static graph of any size: a given `full` is not used either
+    assert dynamic[0] == 33  # the sweep's top builds the graph
+    sizes = set(batch_invariance.sweep_sizes(33)) | batch_invariance.checked_row_counts(40)
+    assert set(dynamic) == sizes | {40}  # the whole batch, the sweep, the other checks
     assert got["size_sweep"] and got["row_alone"] and got["sub_batches"]
+
+
+def test_a_dynamic_graph_that_differs_at_one_size_fails_row_alone():
+    """The checks compare the dynamic graph's runs with its own whole batch: a graph whose
+    one-row result differs fails ``row_alone`` (and the sweep), not the static graph."""
+    def run_dynamic(x, *, backward: bool):
+        got = eager.EAGER.run(x, backward=backward)
+        if x["index"].shape[0] == 1:
+            got = {k: v.clone() for k, v in got.items()}
+            got["out"].view(torch.int16)[..., 0] ^= 1  # one bit of row 0
+        return got
+    impl = dataclasses.replace(eager.EAGER, name="counted", compiles_per_shape=True,
+                               run_dynamic=run_dynamic)
+    got = batch_invariance.check(impl, inputs(40), SPEC, max_size=33)
+    assert not got["row_alone"] and got["first_failing_size"] == 1
+    assert got["sub_batches"] is False  # its first part is one row
 
 
 def test_only_implementations_that_compile_per_shape_name_a_graph():
@@ -137,3 +158,26 @@ def test_the_sweep_compiles_one_dynamic_graph_not_one_per_size(backend, monkeypa
     static = dataclasses.replace(impl, run_dynamic=None)
     assert batch_invariance.size_sweep(static, x, 12, SPEC) is None
     assert _frames() - before == len(batch_invariance.sweep_sizes(12)) + 1 == 10  # and 12
+
+
+def test_an_inference_cells_timings_run_under_inference_mode():
+    """Its runs compiled their graph under ``torch.inference_mode()``: the timing loop calls
+    that graph, not one of its own."""
+    class Timing:
+        warmup, iters = 0, 2
+
+    class M:
+        timing = Timing()
+
+    seen = []
+
+    def run(x, *, backward: bool):
+        seen.append((torch.is_inference_mode_enabled(), backward))
+        return eager.EAGER.run(x, backward=backward)
+
+    impl = dataclasses.replace(eager.EAGER, name="counted", run=run)
+    got = case.timings(impl, inputs(5), "cpu", M(), inference=True)
+    assert "forward_backward_ms" not in got and seen and set(seen) == {(True, False)}
+    seen.clear()
+    case.timings(impl, inputs(5), "cpu", M())
+    assert {s[0] for s in seen} == {False} and (False, True) in seen

@@ -50,9 +50,9 @@ def test_plan_lists_each_graph_once_in_case_order(fresh_seed):
     assert items[0]["dtype"] == "bfloat16" and items[-1]["dtype"] == "float32"
     train = {i["rows"] for i in items if i["grad"] == "train" and i["dtype"] == "bfloat16"
              and "graph" not in i}
-    assert train == checked_row_counts(12) | {12}  # the size sweep's sizes are not static
-    # the sweep's one graph with N dynamic: built at its first call (the top, 9 rows), and
-    # N = 1, which dynamo specialises; nothing else
+    assert train == {12}  # the case's size only: the checks' sizes are not static
+    # the checks' one graph with N dynamic: built at its first call (the sweep's top, 9
+    # rows), and N = 1, which dynamo specialises; nothing else
     dynamic = [(i["impl"], i["rows"]) for i in items
                if i.get("graph") == "dynamic" and i["dtype"] == "bfloat16"]
     assert dynamic == [("compiled", 9), ("compiled", 1), ("compiled_emulate", 9),
@@ -60,7 +60,7 @@ def test_plan_lists_each_graph_once_in_case_order(fresh_seed):
     assert row_counts(12, 9) == checked_row_counts(12) | set(sweep_row_counts(12, 9))
     assert {i["rows"] for i in items if i["grad"] == "no_grad"} == {12}
     forward = precompile.plan(m, m.cases, impls, target="cpu", inference=True)
-    assert {i["grad"] for i in forward} == {"inference", "no_grad"}
+    assert {i["grad"] for i in forward} == {"inference"}  # its timings: the same graph
 
 
 def test_kernels_cached_per_dtype_pair_are_run_once_per_case_size(fresh_seed):
@@ -112,7 +112,9 @@ def test_a_precompiled_cell_has_the_bits_of_one_that_compiles_itself(fresh_seed,
         report_io.validate(report)
         assert report["status"] == "ok", report["reason"]
     record = warmed["environment"]["precompile"]
-    assert record["workers"] == 2 and record["failed"] == [] and record["calls"] > 10
+    assert record["workers"] == 2 and record["failed"] == []
+    assert record["calls"] == len(precompile.cell_plan(m, Cell("host", "plain", "cpu"),
+                                                       m.cases)) > 4
     assert "precompile" not in alone["environment"]
     assert warmed["phases"]["precompile"] > 0 and alone["phases"]["precompile"] == 0
     assert warmed["results"]["eager"]["sha256"] == alone["results"]["eager"]["sha256"]

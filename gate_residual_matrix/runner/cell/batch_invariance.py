@@ -21,10 +21,13 @@ row, its group outputs (sums over the rows that share an index value) compared w
   ``first_failing_size`` is the smallest ``s`` that fails (None when none does).
 
 An implementation with a ``run_dynamic`` (``torch.compile`` rows: one graph with N dynamic,
-as vLLM compiles) runs the size sweep's calls through it, so the sweep asks whether that one
-graph gives a row the same bits at every batch size; ``row_alone`` and ``sub_batches`` call
-``run`` (a static graph per size, as the cases and timings do). The record says which graph
-each check used (``graphs``, for implementations that compile per shape).
+as vLLM compiles) runs all three checks through it, the whole batch they compare with
+included, so they ask whether that one graph gives a row the same bits at every batch size
+(the cases and the timings call ``run``: a static graph of the case's size). Before, only
+the sweep did, and ``row_alone`` and ``sub_batches`` compiled a static graph for each of
+their sizes: about a third of every graph a cell compiled, for sizes that are no case's.
+The record says which graph each check used (``graphs``, for implementations that compile
+per shape).
 
 Bits are compared as integers (:func:`contract.compare.bits`), NaN payloads included.
 
@@ -66,8 +69,8 @@ def row_counts(n: int, max_size: int, extra: tuple[int, ...] = ()) -> set[int]:
 
 
 def checked_row_counts(n: int) -> set[int]:
-    """The batch sizes of :func:`row_alone` and :func:`sub_batches` on an N-row case (they
-    call ``run``: a static graph per size)."""
+    """The batch sizes of :func:`row_alone` and :func:`sub_batches` on an N-row case (for an
+    implementation without a ``run_dynamic``, a static graph per size)."""
     parts = {b - a for a, b in itertools.pairwise(_cuts(n)) if b > a}
     return {s for s in ({1} | parts) if s > 0}
 
@@ -96,12 +99,16 @@ def _run(impl, inputs: dict, *, dynamic: bool = False) -> dict:
 
 def graphs(impl) -> dict[str, str] | None:
     """Which graph each check of :func:`check` calls, for an implementation that compiles
-    per shape: ``{"row_alone": "static", "sub_batches": "static", "size_sweep": "dynamic"
-    or "static"}``; None for the others."""
+    per shape: ``{"row_alone", "sub_batches", "size_sweep"}`` each ``"dynamic"`` (it has a
+    ``run_dynamic``) or ``"static"``; None for the others."""
     if not getattr(impl, "compiles_per_shape", False):
         return None
-    sweep = "dynamic" if getattr(impl, "run_dynamic", None) is not None else "static"
-    return {"row_alone": "static", "sub_batches": "static", "size_sweep": sweep}
+    kind = "dynamic" if _dynamic(impl) else "static"
+    return {"row_alone": kind, "sub_batches": kind, "size_sweep": kind}
+
+
+def _dynamic(impl) -> bool:
+    return getattr(impl, "run_dynamic", None) is not None
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -123,22 +130,25 @@ def _n(inputs: dict, spec) -> int:
 
 
 def row_alone(impl, inputs: dict, full: dict, spec) -> bool:
-    """Whether each sampled row run alone equals that row within ``full`` (see module)."""
+    """Whether each sampled row run alone equals that row within ``full`` (see module;
+    through ``run_dynamic`` where the implementation has one)."""
     n = _n(inputs, spec)
     for r in sorted({r for r in (0, 1, n // 2, n - 2, n - 1) if 0 <= r < n}):
         with gpu_lock.shared():
-            if not _rows_equal(_run(impl, _rows(inputs, r, r + 1, spec)), full, r, r + 1, spec):
+            alone = _run(impl, _rows(inputs, r, r + 1, spec), dynamic=True)
+            if not _rows_equal(alone, full, r, r + 1, spec):
                 return False
     return True
 
 
 def sub_batches(impl, inputs: dict, full: dict, spec) -> bool:
-    """Whether sub-batches covering the batch, concatenated, equal ``full`` (see module)."""
+    """Whether sub-batches covering the batch, concatenated, equal ``full`` (see module;
+    through ``run_dynamic`` where the implementation has one)."""
     parts = []
     for a, b in itertools.pairwise(_cuts(_n(inputs, spec))):
         if b > a:
             with gpu_lock.shared():
-                parts.append(_run(impl, _rows(inputs, a, b, spec)))
+                parts.append(_run(impl, _rows(inputs, a, b, spec), dynamic=True))
     with gpu_lock.shared():
         return all(_same(torch.cat([p[k] for p in parts]), full[k])
                    for k in spec.row_outputs() if k in full)
@@ -202,12 +212,13 @@ def check(impl, inputs: dict, spec, *, max_size: int = 1025, full: dict | None =
     ``spec``: the op's :class:`ops.spec.OpSpec`.
     ``full``: the outputs of one forward+backward call of ``impl`` on the whole of
     ``inputs`` (fresh clones) when the caller has them already (the cell's first repeat);
-    else that call is made here.
+    else that call is made here. An implementation with a ``run_dynamic`` ignores it: its
+    checks compare with the whole batch through that graph.
     """
-    if full is None:
+    first = size_sweep(impl, inputs, max_size, spec, extra)  # first: it builds the graph
+    if full is None or _dynamic(impl):
         with gpu_lock.shared():
-            full = _run(impl, inputs)
-    first = size_sweep(impl, inputs, max_size, spec, extra)
+            full = _run(impl, inputs, dynamic=True)
     used = graphs(impl)
     return {"row_alone": row_alone(impl, inputs, full, spec),
             "sub_batches": sub_batches(impl, inputs, full, spec),

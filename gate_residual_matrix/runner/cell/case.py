@@ -19,6 +19,7 @@ checks), so a cell waiting to time waits for about one call of each other cell.
 from __future__ import annotations
 
 import concurrent.futures as futures
+import contextlib
 import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -145,13 +146,16 @@ def timings(impl: Implementation, inputs: dict, device: str, matrix,
     repeats before it have compiled and warmed everything; at N = 32768 each call costs
     seconds) and 1.5 s of timed calls (at least one); on a GPU: ``timing.warmup`` calls,
     then up to ``timing.iters`` calls or 10 s. An implementation that compiles per shape is
-    timed through ``run``, its static graph of the case's size (``"graph": "static"``)."""
+    timed through ``run``, its static graph of the case's size (``"graph": "static"``).
+    ``inference``: the forward only, under ``torch.inference_mode()`` as the cell's runs (the
+    graph its runs compiled)."""
     budget = 10.0 if device == "cuda" else 1.5
     warmup = matrix.timing.warmup if device == "cuda" else 0
     kw = {"device": device, "warmup": warmup, "iters": matrix.timing.iters,
           "max_seconds": budget}
     inputs = {k: v.clone() for k, v in inputs.items()}  # a writer spoils only these
-    fwd = timing.median_ms(lambda _i: impl.run(inputs, backward=False), **kw)
+    with torch.inference_mode() if inference else contextlib.nullcontext():
+        fwd = timing.median_ms(lambda _i: impl.run(inputs, backward=False), **kw)
     out = {"forward_ms": fwd["median_ms"], "forward_iters": fwd["iters"],
            **({"graph": "static"} if impl.compiles_per_shape else {})}
     if impl.has_backward and not inference:

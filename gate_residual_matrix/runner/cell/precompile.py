@@ -13,8 +13,8 @@ same cache, in parallel, and the cell then loads them: the code under test is th
 would have compiled itself.
 
 An implementation with a ``run_dynamic`` (the ``torch.compile`` rows) runs the batch-invariance
-size sweep on one graph with N dynamic: the plan lists that graph once per dtype pair (and its
-N = 1 graph, which dynamo specialises) instead of one static graph per sweep size.
+checks on one graph with N dynamic: the plan lists that graph once per dtype pair (and its
+N = 1 graph, which dynamo specialises) instead of one static graph per size they call.
 
 The workers run before the first case and are waited for (bounded by ``timeout_s``), so no
 compilation competes with the cell's timing loops. A worker that fails costs only time: the
@@ -67,12 +67,13 @@ def plan(matrix, cases, impls, *, target: str, inference: bool) -> list[dict]:
     """The calls that compile every graph the cell will need, in the cases' order:
     ``{"impl", "dtype", "index_dtype", "rows", "grad"}`` with ``grad`` one of ``train``
     (forward + backward), ``no_grad`` (the timing loop's forward) or ``inference``
-    (under ``torch.inference_mode()``), and ``"graph": "dynamic"`` for a call through the
-    implementation's ``run_dynamic`` (the size sweep's graph with N dynamic: one call per
-    dtype pair at the first sweep's top size, where the cell first compiles it, and one at
-    N = 1). ``impls``: those that compile per shape (every row count a case calls them
-    with), or per dtype pair into a kernel cache (``cached_kernels``: one call per case
-    size, as the cell's first call of a case makes it)."""
+    (under ``torch.inference_mode()``: an inference cell's runs and timings), and
+    ``"graph": "dynamic"`` for a call through the implementation's ``run_dynamic`` (the
+    batch-invariance checks' graph with N dynamic: one call per dtype pair at the first
+    sweep's top size, where the cell first compiles it, and one at N = 1). ``impls``: those
+    that compile per shape (every row count a case calls them with), or per dtype pair into
+    a kernel cache (``cached_kernels``: one call per case size, as the cell's first call of
+    a case makes it)."""
     items, seen = [], set()
     for case in cases:
         dtype, index_dtype = matrix.case_dtypes(case)
@@ -94,16 +95,15 @@ def _calls(matrix, case, impl, inference: bool) -> list[tuple[int, str, str]]:
     :func:`plan`), ``graph`` "static" or "dynamic"."""
     if not impl.compiles_per_shape:
         return [(case.n, "inference" if inference else "train", "static")]
-    if inference:
-        return [(case.n, "inference", "static"), (case.n, "no_grad", "static")]
+    if inference:  # its timings too run under inference mode: the same graph
+        return [(case.n, "inference", "static")]
     bi = matrix.batch_invariance
     static, dynamic = {case.n}, []
     if bi is not None:
         sweep = sweep_row_counts(case.n, bi.max_size, bi.sizes)
-        static |= checked_row_counts(case.n)
         if impl.run_dynamic is None:
-            static |= set(sweep)
-        else:
+            static |= checked_row_counts(case.n) | set(sweep)
+        else:  # every check on the one graph: built at the sweep's top; N = 1 its own
             dynamic = [(r, "train", "dynamic") for r in sweep if r == sweep[0] or r == 1]
     return ([(r, "train", "static") for r in sorted(static)] + dynamic
             + [(case.n, "no_grad", "static")])
