@@ -268,11 +268,13 @@ _ALL = (
             "Triton's kernel cache (read by triton).", expected=PATH,
             shown_default="triton's (`~/.triton/cache`)"),
     Setting("OMP_NUM_THREADS", Kind.EXTERNAL, "whole number", None,
-            "CPU threads of torch in a cell process; the shards of a cell default it to "
-            "their share of the CPUs.", expected="a whole number", shown_default="torch's"),
+            "CPU threads of torch in a cell process, and its hashing threads (at most 8); "
+            "the shards of a cell default it to their share of the CPUs.",
+            expected="a whole number", shown_default="torch's"),
     Setting("NUMBA_*", Kind.EXTERNAL, "numba's", None,
             "numba's own settings (`NUMBA_ENABLE_CUDASIM=1`: the CUDA simulator the tests "
-            "use); every one is part of the cubin cache's key.", shown_default="numba's"),
+            "use); every one but those of numba's CPU thread pool is part of the cubin "
+            "cache's key.", shown_default="numba's"),
     Setting("PYTHONUNBUFFERED", Kind.EXTERNAL, "text", "1",
             "Python's: the runner sets it for cell processes and the compile workers default "
             "it to 1, so their output arrives line by line.", shown_default="1 (children)"),
