@@ -140,3 +140,35 @@ def test_without_the_setting_nothing_is_locked(monkeypatch):
         pass
     with gpu_lock.exclusive():
         pass
+
+
+def test_the_time_spent_waiting_for_the_lock_is_counted(monkeypatch, tmp_path):
+    """What another cell's hold costs this process is in waited_s (the report's
+    ``gpu_lock_wait``): at least the time the other held the lock after we asked."""
+    import fcntl
+
+    lock = tmp_path / "gpu.lock"
+    monkeypatch.setenv(gpu_lock.ENV, str(lock))
+    other = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)  # another cell, timing
+    fcntl.flock(other, fcntl.LOCK_EX)
+    before = gpu_lock.waited_s()
+    asked = threading.Event()
+
+    def cell():
+        asked.set()
+        with gpu_lock.shared():
+            pass
+
+    t = threading.Thread(target=cell)
+    t.start()
+    asked.wait()
+    time.sleep(0.5)
+    fcntl.flock(other, fcntl.LOCK_UN)
+    os.close(other)
+    t.join(timeout=20)
+    after = gpu_lock.waited_s()
+    assert after["shared"] - before["shared"] >= 0.4
+    assert after["exclusive"] == before["exclusive"]
+    with gpu_lock.exclusive():  # nobody holds it now: (almost) no wait
+        pass
+    assert gpu_lock.waited_s()["exclusive"] - after["exclusive"] < 0.4

@@ -18,6 +18,9 @@ process's GPU work (a stretch ends with ``torch.cuda.synchronize``: its kernels 
 not only queued). Locks are ``flock(2)`` on open file descriptions: the kernel drops them
 when a process dies, so a killed cell never wedges the others.
 
+Every wait for the lock file is counted (:func:`waited_s`): the seconds a process stood still
+for other cells, which the report's ``phases`` records as ``gpu_lock_wait``.
+
 Within one process the hashing threads' device-to-host copies (:mod:`contract.compare`) take
 :data:`COPIES` too, which :func:`exclusive` holds: the cell's own copies stay out of its
 timings as well. Without ``GATE_RESIDUAL_GPU_LOCK`` both context managers only take
@@ -31,6 +34,7 @@ import fcntl
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 from gate_residual_matrix import settings
@@ -67,6 +71,20 @@ def _fds(lock_path: str) -> tuple[int, int]:
 
 _mutex = threading.Lock()
 _holders = [0]  # threads of this process inside shared(): flock is per process, not thread
+_WAITED = {"shared": 0.0, "exclusive": 0.0}
+
+
+def waited_s() -> dict[str, float]:
+    """Seconds this process has waited for the lock file so far: ``{"shared": s,
+    "exclusive": s}`` (0.0 each without ``GATE_RESIDUAL_GPU_LOCK``)."""
+    return dict(_WAITED)
+
+
+def _flock(fd: int, op: int, kind: str) -> None:
+    """``flock(fd, op)``, the seconds it blocked added to :data:`_WAITED` ``[kind]``."""
+    t0 = time.perf_counter()
+    fcntl.flock(fd, op)
+    _WAITED[kind] += time.perf_counter() - t0
 
 
 @contextlib.contextmanager
@@ -86,8 +104,8 @@ def shared() -> Iterator[None]:
     main, turnstile = _fds(lock_path)
     with _mutex:
         if _holders[0] == 0:
-            fcntl.flock(turnstile, fcntl.LOCK_EX)  # wait behind a cell that asked to time
-            fcntl.flock(main, fcntl.LOCK_SH)
+            _flock(turnstile, fcntl.LOCK_EX, "shared")  # wait behind a cell that asked to time
+            _flock(main, fcntl.LOCK_SH, "shared")
             fcntl.flock(turnstile, fcntl.LOCK_UN)
         _holders[0] += 1
     _state.depth = 1
@@ -127,9 +145,9 @@ def exclusive() -> Iterator[None]:
                 _state.depth = 0
             return
         main, turnstile = _fds(lock_path)
-        fcntl.flock(turnstile, fcntl.LOCK_EX)  # new shared holders wait from now on
+        _flock(turnstile, fcntl.LOCK_EX, "exclusive")  # new shared holders wait from now on
         try:
-            fcntl.flock(main, fcntl.LOCK_EX)  # the current ones finish their stretch
+            _flock(main, fcntl.LOCK_EX, "exclusive")  # the current ones finish their stretch
             _state.depth = 1
             try:
                 yield

@@ -25,7 +25,11 @@ work is charged to the phase that queued it, not to the next one that waits:
 ``compilation`` is not a phase of its own but the part of the others spent compiling:
 ``torch.compile`` (dynamo's ``entire_frame_compile`` + ``entire_backward_compile``,
 :func:`torch._dynamo.utils.calculate_time_spent`) plus our numba kernels' compile and load
-(:data:`kernels.launch.COMPILE_SECONDS`). ``other`` is the cell's wall time not in any phase.
+(:data:`kernels.launch.COMPILE_SECONDS`). ``gpu_lock_wait``, likewise a part of the others,
+is the time spent waiting for the GPU lock that the cells of one host share
+(:func:`contract.gpu_lock.waited_s`, shared and exclusive together): time this process
+stood still for other cells' GPU work and timings. ``other`` is the cell's wall time not in
+any phase.
 
 Example::
 
@@ -80,6 +84,7 @@ class PhaseClock:
         self.runs: dict[str, float] = defaultdict(float)
         self._stack: list[tuple[str, str | None, float]] = []
         self._compile0 = torch_compile_seconds() + kernel_compile_seconds()
+        self._waited0 = _lock_wait_seconds()
 
     def _now(self) -> float:
         if self.sync:
@@ -121,14 +126,21 @@ class PhaseClock:
 
     def as_report(self, *, total_s: float) -> dict:
         """The report's ``phases``: every phase of :data:`PHASES` in seconds (rounded to ms),
-        ``runs`` per implementation, ``compilation`` and ``other`` (``total_s`` minus the
-        phases)."""
+        ``runs`` per implementation, ``compilation``, ``gpu_lock_wait`` and ``other``
+        (``total_s`` minus the phases)."""
         out: dict = {p: round(self.seconds.get(p, 0.0), 3) for p in PHASES if p != "runs"}
         out["runs"] = {k: round(v, 3) for k, v in self.runs.items()}
         spent = sum(self.seconds.values()) + sum(self.runs.values())
         out["compilation"] = round(max(self.compilation_s(), 0.0), 3)
+        out["gpu_lock_wait"] = round(max(_lock_wait_seconds() - self._waited0, 0.0), 3)
         out["other"] = round(max(total_s - spent, 0.0), 3)
-        return {k: out[k] for k in (*PHASES, "compilation", "other")}
+        return {k: out[k] for k in (*PHASES, "compilation", "gpu_lock_wait", "other")}
+
+
+def _lock_wait_seconds() -> float:
+    """Seconds this process has waited for the shared GPU lock (0.0 when it never loaded)."""
+    lock = sys.modules.get("gate_residual_matrix.contract.gpu_lock")
+    return sum(lock.waited_s().values()) if lock is not None else 0.0
 
 
 def add(a: dict | None, b: dict | None) -> dict | None:
