@@ -268,9 +268,8 @@ _ALL = (
             "Triton's kernel cache (read by triton).", expected=PATH,
             shown_default="triton's (`~/.triton/cache`)"),
     Setting("OMP_NUM_THREADS", Kind.EXTERNAL, "whole number", None,
-            "CPU threads of torch in a cell process, and its hashing threads (at most 8); "
-            "the shards of a cell default it to their share of the CPUs.",
-            expected="a whole number", shown_default="torch's"),
+            "CPU threads of torch in a cell process; the shards of a cell default it to "
+            "their share of the CPUs.", expected="a whole number", shown_default="torch's"),
     Setting("NUMBA_*", Kind.EXTERNAL, "numba's", None,
             "numba's own settings (`NUMBA_ENABLE_CUDASIM=1`: the CUDA simulator the tests "
             "use); every one but those of numba's CPU thread pool is part of the cubin "

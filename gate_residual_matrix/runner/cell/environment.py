@@ -18,8 +18,6 @@ from pathlib import Path
 
 import torch
 
-from gate_residual_matrix import settings
-
 #: Distribution names, as the reference report spells them, then ours.
 LIBRARIES = (
     "torch", "triton", "diffusers", "vllm", "flashinfer-python", "sglang", "liger-kernel",
@@ -90,21 +88,6 @@ def available_cpus() -> int | None:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count()
-
-
-HASH_THREADS_MAX = 8
-
-
-def hash_threads() -> int:
-    """Threads that hash a cell process's outputs (sha256 releases the GIL): its share of
-    the CPUs, ``OMP_NUM_THREADS`` where set (a shard's share, or what the GPU host's queue
-    gives each process), else the CPUs available; between 1 and :data:`HASH_THREADS_MAX`.
-    More threads than its share only made the shards of one host take CPUs from each other."""
-    try:
-        share = int(settings.get("OMP_NUM_THREADS") or 0)
-    except ValueError:  # torch says what is wrong with it
-        share = 0
-    return max(1, min(HASH_THREADS_MAX, share or available_cpus() or 1))
 
 
 def load_average() -> float | None:

@@ -19,6 +19,7 @@ import concurrent.futures as futures
 import datetime as dt
 import hashlib
 import json
+import os
 import time
 from collections.abc import Callable
 
@@ -247,7 +248,7 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
     env["gpu_lock"] = gpu_lock.path() is not None
     _precompile(matrix, cell, cases, env, clock)
     per_case: dict[str, float] = {}
-    with futures.ThreadPoolExecutor(max_workers=environment.hash_threads(),
+    with futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
                                     thread_name_prefix="sha256") as hasher:
         ctx = CaseContext(spec=ops.get(matrix.op), matrix=matrix, target=cell.target,
                           device=device, impls=impls, results=report["results"], clock=clock,
