@@ -27,8 +27,9 @@ work is charged to the phase that queued it, not to the next one that waits:
 :func:`torch._dynamo.utils.calculate_time_spent`) plus our numba kernels' compile and load
 (:data:`kernels.launch.COMPILE_SECONDS`). ``gpu_lock_wait``, likewise a part of the others,
 is the time spent waiting for the GPU lock that the cells of one host share
-(:func:`contract.gpu_lock.waited_s`, shared and exclusive together): time this process
-stood still for other cells' GPU work and timings. ``other`` is the cell's wall time not in
+(:func:`contract.gpu_lock.waited_s`): ``shared``, before GPU work while another process
+timed; ``exclusive``, before its own timing loops while the others finished their stretch
+(a part of ``timings``). ``other`` is the cell's wall time not in
 any phase.
 
 Example::
@@ -84,7 +85,7 @@ class PhaseClock:
         self.runs: dict[str, float] = defaultdict(float)
         self._stack: list[tuple[str, str | None, float]] = []
         self._compile0 = torch_compile_seconds() + kernel_compile_seconds()
-        self._waited0 = _lock_wait_seconds()
+        self._waited0 = _lock_waits()
 
     def _now(self) -> float:
         if self.sync:
@@ -132,15 +133,17 @@ class PhaseClock:
         out["runs"] = {k: round(v, 3) for k, v in self.runs.items()}
         spent = sum(self.seconds.values()) + sum(self.runs.values())
         out["compilation"] = round(max(self.compilation_s(), 0.0), 3)
-        out["gpu_lock_wait"] = round(max(_lock_wait_seconds() - self._waited0, 0.0), 3)
+        now = _lock_waits()
+        out["gpu_lock_wait"] = {k: round(max(now[k] - self._waited0[k], 0.0), 3) for k in now}
         out["other"] = round(max(total_s - spent, 0.0), 3)
         return {k: out[k] for k in (*PHASES, "compilation", "gpu_lock_wait", "other")}
 
 
-def _lock_wait_seconds() -> float:
-    """Seconds this process has waited for the shared GPU lock (0.0 when it never loaded)."""
+def _lock_waits() -> dict[str, float]:
+    """Seconds this process has waited for the GPU lock, ``{"shared", "exclusive"}`` (zeros
+    when it never loaded)."""
     lock = sys.modules.get("gate_residual_matrix.contract.gpu_lock")
-    return sum(lock.waited_s().values()) if lock is not None else 0.0
+    return lock.waited_s() if lock is not None else {"shared": 0.0, "exclusive": 0.0}
 
 
 def add(a: dict | None, b: dict | None) -> dict | None:

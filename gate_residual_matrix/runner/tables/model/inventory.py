@@ -68,9 +68,10 @@ def time_spent(data: dict, top: int = 3) -> str:
         return f"{total:.0f} s"
     spent = {k: v for k, v in phases.items() if isinstance(v, (int, float)) and v > 0
              and k != "other"}
-    runs = phases.get("runs")
-    if isinstance(runs, dict):
-        spent["runs"] = sum(v for v in runs.values() if isinstance(v, (int, float)))
+    for part in ("runs", "gpu_lock_wait"):
+        values = phases.get(part)
+        if isinstance(values, dict):
+            spent[part] = sum(v for v in values.values() if isinstance(v, (int, float)))
     names = {"compilation": "compile", "batch_invariance": "batch inv.",
              "comparisons": "compare", "gpu_lock_wait": "GPU wait"}
     biggest = sorted(spent.items(), key=lambda kv: -kv[1])[:top]
