@@ -181,3 +181,55 @@ def test_an_inference_cells_timings_run_under_inference_mode():
     seen.clear()
     case.timings(impl, inputs(5), "cpu", M())
     assert {s[0] for s in seen} == {False} and (False, True) in seen
+
+
+def test_the_first_forward_call_is_made_before_the_gpu_is_taken(monkeypatch):
+    """A timing loop's first call of its kind (a compiled row's forward graph without
+    autograd) is made under the shared lock, before the exclusive one: the other cells do
+    not wait for it. One that fails is recorded and not timed; the others are."""
+    import contextlib
+
+    from gate_residual_matrix.contract import gpu_lock
+    from gate_residual_matrix.runner.cell.phases import PhaseClock
+
+    held = []
+
+    @contextlib.contextmanager
+    def exclusive():
+        held.append(True)
+        try:
+            yield
+        finally:
+            held.pop()
+
+    monkeypatch.setattr(gpu_lock, "exclusive", exclusive)
+    calls = []
+
+    def recording(name, fail=False):
+        def run(x, *, backward: bool):
+            calls.append((name, bool(held), backward))
+            if fail:
+                raise RuntimeError("no kernel for this")
+            return eager.EAGER.run(x, backward=backward)
+        return dataclasses.replace(eager.EAGER, name=name, run=run)
+
+    class Timing:
+        warmup, iters = 1, 2
+
+    class M:
+        timing = Timing()
+
+    good, bad = recording("good"), recording("bad", fail=True)
+    results = {n: {"timings": {}, "status": "ok"} for n in ("good", "bad")}
+    ctx = case.CaseContext(spec=SPEC, matrix=M(), target="cpu", device="cpu",
+                           impls=[good, bad], results=results, clock=PhaseClock(sync=False),
+                           hasher=None, inference=False, with_timings=True)
+
+    class X:
+        tensors = inputs(6)
+
+    case._time_all(ctx, [good, bad], X(), X.tensors, "6")
+    assert calls[0] == ("good", False, False) and calls[1] == ("bad", False, False)
+    assert all(h for n, h, _ in calls[2:]) and {n for n, _, _ in calls[2:]} == {"good"}
+    assert "6" in results["good"]["timings"] and results["bad"]["timings"] == {}
+    assert "no kernel for this" in results["bad"]["reason"]

@@ -260,14 +260,34 @@ def _time_all(ctx: CaseContext, ran: list, x, on_device: dict, key: str) -> None
     none of this cell's hashing copies), after all of the case's checks."""
     if not ctx.with_timings or not ran:
         return
-    with ctx.clock("timings"), gpu_lock.exclusive():
-        for impl in ran:
-            entry = ctx.results[impl.name]
-            try:
-                entry["timings"][key] = timings(impl, _inputs_for(impl, x, on_device),
-                                                ctx.device, ctx.matrix, ctx.inference)
-            except Exception as err:  # as in _run_one: the others go on
-                _failed(ctx, entry, key, err)
+    with ctx.clock("timings"):
+        ready = [impl for impl in ran if _first_forward(ctx, impl, x, on_device, key)]
+        with gpu_lock.exclusive():
+            for impl in ready:
+                entry = ctx.results[impl.name]
+                try:
+                    entry["timings"][key] = timings(impl, _inputs_for(impl, x, on_device),
+                                                    ctx.device, ctx.matrix, ctx.inference)
+                except Exception as err:  # as in _run_one: the others go on
+                    _failed(ctx, entry, key, err)
+
+
+def _first_forward(ctx: CaseContext, impl: Implementation, x, on_device: dict,
+                   key: str) -> bool:
+    """One untimed forward call of ``impl`` as its timing loop makes them, before the GPU is
+    taken for the timings: what a first call of that kind costs (a ``torch.compile`` row's
+    forward graph without autograd, loaded or compiled; a library's kernel for a call
+    without gradients, compiled) is paid while the other cells go on, not while they wait.
+    False (recorded as :func:`_time_all` records a failure) when the call fails."""
+    try:
+        with gpu_lock.shared(), torch.inference_mode() if ctx.inference \
+                else contextlib.nullcontext():
+            clones = {k: v.clone() for k, v in _inputs_for(impl, x, on_device).items()}
+            impl.run(clones, backward=False)
+    except Exception as err:  # as in _run_one: the others go on
+        _failed(ctx, ctx.results[impl.name], key, err)
+        return False
+    return True
 
 
 def _same_bits(cmp_entry: dict, name: str) -> bool:
