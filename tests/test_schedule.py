@@ -120,3 +120,46 @@ def test_several_gpus_give_the_fullest_ones_memory(tmp_path, monkeypatch):
     with gpu_memory.PeakMemory() as memory:
         pass  # the reading at the end counts too
     assert memory.peak == 2000
+
+
+def test_units_never_take_more_gpu_memory_than_there_is():
+    """Two large cells never run together; small ones fill in beside a large one."""
+    lock = threading.Lock()
+    state = {"mib": 0, "peak": 0, "beside": set(), "running": set()}
+
+    def body(name: str, mib: int, seconds: float):
+        def run():
+            with lock:
+                state["mib"] += mib
+                state["peak"] = max(state["peak"], state["mib"])
+                state["beside"] |= {(name, other) for other in state["running"]}
+                state["running"].add(name)
+            time.sleep(seconds)
+            with lock:
+                state["mib"] -= mib
+                state["running"].discard(name)
+            return name
+        return run
+
+    sizes = {"large1": 100, "large2": 100, "small1": 25, "small2": 25, "small3": 25}
+    units = [Unit(n, 1, body(n, m, 0.1 if n.startswith("large") else 0.03), memory=m)
+             for n, m in sizes.items()]
+    done = run_queue(units, jobs=16, cpus=16, memory=136)
+    assert [u.result for u in done] == list(sizes)
+    assert state["peak"] <= 136
+    pairs = {frozenset(p) for p in state["beside"]}
+    assert frozenset({"large1", "large2"}) not in pairs
+    assert any("large1" in p and any(n.startswith("small") for n in p) for p in pairs)
+    # without a memory figure only the CPUs count: the two large ones run together
+    state.update(mib=0, peak=0)
+    run_queue([Unit(n, 1, body(n, m, 0.05), memory=m) for n, m in sizes.items()], jobs=16,
+              cpus=16)
+    assert state["peak"] == sum(sizes.values())
+
+
+def test_a_unit_larger_than_the_memory_runs_alone():
+    order = []
+    done = run_queue([Unit("huge", 1, lambda: order.append("huge"), memory=500),
+                      Unit("small", 1, lambda: order.append("small"), memory=10)],
+                     jobs=4, cpus=16, memory=100)
+    assert [u.error for u in done] == [None, None] and sorted(order) == ["huge", "small"]

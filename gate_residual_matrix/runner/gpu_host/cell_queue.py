@@ -133,7 +133,7 @@ def timeline_entries(done: list, offset: float) -> list[dict]:
     for u in done:
         outcomes = u.result[0] if u.result else []
         ran = bool(outcomes) and u.started_s is not None and u.ended_s is not None
-        out.append({"cell": u.name, "cpus": u.cpus,
+        out.append({"cell": u.name, "cpus": u.cpus, "memory_mib": u.memory,
                     "start_s": round(offset + u.started_s, 1) if ran else None,
                     "end_s": round(offset + u.ended_s, 1) if ran else None,
                     "status": [f"{o.status}" for o in outcomes] or ["not started"]})

@@ -47,8 +47,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--mode", action="append", help="a mode of the modes step (repeatable; "
                    "default: every mode of the matrix files)")
     p.add_argument("--jobs", default="auto", help="cells run at once on the GPU, under its "
-                   "lock, each taking two CPUs per shard: a whole number, or auto (as many as "
-                   "the CPUs hold on target cuda, one on cpu; the default)")
+                   "lock, each taking a CPU per shard and its estimated GPU memory: a whole "
+                   "number, or auto (as many as the CPUs and the GPU's memory hold on target "
+                   "cuda, one on cpu; the default)")
     p.add_argument("--timeout", type=float, help="seconds for the whole run: a step running "
                    "then is stopped (a cell keeps its finished cases), later steps are not run")
     p.add_argument("--target", default="cuda", help="the cells' target: cuda (default) or cpu "

@@ -14,7 +14,8 @@ In this order, within the run's deadline:
    file's cell of the first mode, then the next mode). Otherwise from one queue
    (:func:`runner.gpu_host.schedule.run_queue`), each cell its own runner process
    (:mod:`runner.gpu_host.cell_queue`): at most ``jobs`` at once, each taking
-   :data:`CPUS_PER_SHARD` CPUs per shard, the cells with the most shards first; every cell
+   :data:`CPUS_PER_SHARD` CPUs per shard and its estimated GPU memory
+   (:mod:`runner.gpu_host.footprint`), the cells with the most shards first; every cell
    process under one GPU lock file (each case's timing loops alone on the GPU). Each cell
    runs on the host backend with the time left as its timeout: a cell stopped at the deadline
    keeps its finished cases as a ``partial`` report, and a cell whose turn comes with less
@@ -238,10 +239,12 @@ def units(run: HostRun, loaded: dict, reports: Path, running=None) -> list:
     """The queue's units (:class:`runner.gpu_host.schedule.Unit`): one per file and mode
     that has a host cell on the target, each a runner process
     (:mod:`runner.gpu_host.cell_queue`) taking :data:`CPUS_PER_SHARD` CPUs per shard of its
-    cell, those with the most shards first (in mode order, then file order, among equals).
+    cell and its estimated GPU memory (:func:`runner.gpu_host.footprint.cell_mib`, target
+    cuda), those with the most shards first (in mode order, then file order, among equals).
     ``running``: the :class:`~runner.gpu_host.cell_queue.Running` they register with."""
     from gate_residual_matrix.runner.backends import shards
     from gate_residual_matrix.runner.cell.environment import available_cpus
+    from gate_residual_matrix.runner.gpu_host import footprint
     from gate_residual_matrix.runner.gpu_host.cell_queue import Running, environment
     from gate_residual_matrix.runner.gpu_host.schedule import Unit
     from gate_residual_matrix.runner.plan.cells import cases_on
@@ -260,7 +263,9 @@ def units(run: HostRun, loaded: dict, reports: Path, running=None) -> list:
             need = shards.count(matrix, selected, run.target, cpus)
             out.append(Unit(f"{path.name} {mode}", need * CPUS_PER_SHARD,
                             lambda p=path, m=matrix, md=mode: _queued(run, p, m, reports, md,
-                                                                      env, running)))
+                                                                      env, running),
+                            memory=footprint.cell_mib(matrix, selected, need)
+                            if run.target == "cuda" else 0))
     return sorted(out, key=lambda u: -u.cpus)
 
 
@@ -279,11 +284,11 @@ def _queued(run: HostRun, path: Path, matrix, reports: Path, mode: str, env: dic
     return [cell_queue.outcome(reports, _cell_id(matrix, mode, run.target), rc)], []
 
 
-CPUS_PER_SHARD = 2
-"""CPUs a cell process keeps busy: its Python thread, and the hashing threads' copies and
-sha256 beside it. With one CPU per shard, 16 shards on 16 CPUs ran every phase about twice
-as slowly as alone (docs/performance.md), and two 6-shard cells at once came within a few GB
-of the H200's memory."""
+CPUS_PER_SHARD = 1
+"""CPUs a cell process is counted for: its Python thread. A cell's processes spend much of
+their time waiting for each other's timing loops (the GPU lock), not computing, and the host's
+CPUs were mostly idle with one cell at a time (docs/performance.md, "Cells side by side");
+what keeps two large cells apart is the GPU's memory (:mod:`runner.gpu_host.footprint`)."""
 TIMELINE = "modes-timeline.json"
 
 
@@ -333,7 +338,10 @@ def run_modes(run: HostRun) -> int:
         print(f"[modes] resuming from {RESUME}: {', '.join(copied)}")
     loaded = load(run.matrices)
     started = time.monotonic()
-    timeline: dict = {"jobs": jobs_for(run), "cpus": available_cpus()}
+    from gate_residual_matrix.runner.gpu_host.footprint import capacity_mib
+
+    timeline: dict = {"jobs": jobs_for(run), "cpus": available_cpus(),
+                      "gpu_memory_mib": capacity_mib() if run.target == "cuda" else None}
     build = None
     if run.target == "cuda":
         build = run.start([sys.executable, "-m", "gate_residual_matrix.runner.gpu_host.probes",
@@ -355,13 +363,15 @@ def run_modes(run: HostRun) -> int:
 
     with PeakMemory() as memory:
         if jobs > 1:
+            room = timeline["gpu_memory_mib"]
             print(f"[modes] cells from one queue: at most {jobs} at once, {CPUS_PER_SHARD} "
-                  f"CPUs per shard ({timeline['cpus']} in all), {THREADS} threads per process, "
-                  f"one GPU lock", flush=True)
+                  f"CPU(s) per shard ({timeline['cpus']} in all), "
+                  f"{'GPU memory not counted' if room is None else f'{room} MiB of GPU memory'}"
+                  f", {THREADS} threads per process, one GPU lock", flush=True)
             running = Running()
             try:
                 done = run_queue(units(run, loaded, reports, running), jobs=jobs,
-                                 cpus=timeline["cpus"] or 1)
+                                 cpus=timeline["cpus"] or 1, memory=timeline["gpu_memory_mib"])
             except BaseException:  # Ctrl-C, SIGTERM: the running cells write what they did
                 running.interrupt()
                 raise

@@ -1,13 +1,16 @@
-"""Cells at once on one GPU host: a queue that starts each cell when its CPUs are free.
+"""Cells at once on one GPU host: a queue that starts each cell when its CPUs and its GPU
+memory are free.
 
 A cuda cell runs as one process per shard (:mod:`runner.backends.shards`), and each of those
 processes is mostly Python on one CPU while the GPU waits for it. So the ``modes`` step runs
-several cells at once, each taking as many of the host's CPUs as it has shards: a cell starts
-when at most ``jobs`` cells run and its shards fit in the CPUs left (a cell that needs more
-CPUs than the host has starts alone). Cells are taken in the order given, the first that
-fits first, so a caller that lists the largest cells first gets longest-processing-time-first
-scheduling, which keeps the last cells from running on an otherwise idle host. Nothing here
-knows what a cell is: a :class:`Unit` is a name, a CPU count and a function.
+several cells at once, each taking as many of the host's CPUs as it has shards and an
+estimate of its GPU memory: a cell starts when at most ``jobs`` cells run, its shards fit in
+the CPUs left and its memory in the memory left (a cell that needs more than the host has
+starts alone). Cells are taken in the order given, the first that fits first, so a caller
+that lists the largest cells first gets longest-processing-time-first scheduling, which keeps
+the last cells from running on an otherwise idle host, and small cells fill in beside a
+large one. Nothing here knows what a cell is: a :class:`Unit` is a name, a CPU count, a
+memory figure and a function.
 
 Each unit's start and end are recorded (seconds since :func:`run_queue` began), for the run's
 timeline. Example::
@@ -27,8 +30,9 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Unit:
-    """One cell's turn: ``name`` (for the timeline), ``cpus`` it takes (>= 1) and ``run``,
-    called without arguments in a thread of its own. After :func:`run_queue`: ``result``
+    """One cell's turn: ``name`` (for the timeline), ``cpus`` it takes (>= 1), ``memory`` (its
+    estimated GPU memory, MiB; 0: not counted) and ``run``, called without arguments in a
+    thread of its own. After :func:`run_queue`: ``result``
     (what ``run`` returned), ``error`` (what it raised, or None), ``started_s`` and
     ``ended_s`` (seconds since the queue began; None for a unit that never started)."""
 
@@ -40,14 +44,17 @@ class Unit:
     started_s: float | None = None
     ended_s: float | None = None
     extra: dict = field(default_factory=dict)
+    memory: int = 0
 
 
-def run_queue(units: Sequence[Unit], *, jobs: int, cpus: int) -> list[Unit]:
+def run_queue(units: Sequence[Unit], *, jobs: int, cpus: int,
+              memory: int | None = None) -> list[Unit]:
     """Run ``units`` as described in the module docstring; the units, in their order.
 
-    ``jobs``: at most this many at once (>= 1); ``cpus``: the CPUs they share (>= 1). A unit
-    that raises keeps its error in ``error``; the others go on. Units are daemon threads: an
-    interrupted run does not wait for them.
+    ``jobs``: at most this many at once (>= 1); ``cpus``: the CPUs they share (>= 1);
+    ``memory``: the GPU memory (MiB) their estimates may add up to (None: not counted). A
+    unit that raises keeps its error in ``error``; the others go on. Units are daemon
+    threads: an interrupted run does not wait for them.
     """
     jobs, cpus = max(1, jobs), max(1, cpus)
     pending = list(units)
@@ -68,7 +75,9 @@ def run_queue(units: Sequence[Unit], *, jobs: int, cpus: int) -> list[Unit]:
 
     def fits(unit: Unit) -> bool:
         used = sum(u.cpus for u in running)
-        return not running or (len(running) < jobs and used + unit.cpus <= cpus)
+        held = sum(u.memory for u in running)
+        return not running or (len(running) < jobs and used + unit.cpus <= cpus
+                               and (memory is None or held + unit.memory <= memory))
 
     with changed:
         while pending or running:

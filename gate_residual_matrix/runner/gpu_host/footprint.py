@@ -1,0 +1,74 @@
+"""How much GPU memory a cell takes, roughly: so that the ``modes`` step starts no cell that
+would not fit beside the cells already running on the GPU.
+
+A cell runs as one process per shard (:mod:`runner.backends.shards`). At its fullest a shard
+holds its largest case's inputs and, beside them, the outputs and gradients of every
+implementation that it keeps for hashing, comparisons and pairs, and the clones each call
+takes: about :data:`COPIES` times that case's input bytes. Every CUDA process keeps besides
+its context, the caching allocator's slack and the libraries' workspaces: :data:`SHARD_BASE_MIB`.
+Both figures were set from the cells' GPU memory peaks on an H200 (docs/performance.md, "Cells
+side by side"), rounded up: an estimate too low would let a cell's implementation run out of
+memory (an ``oom`` row), one too high only runs cells one after another.
+
+Example::
+
+    >>> cell_mib(matrix, cases, shards=6)   # doctest: +SKIP
+    105216
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Sequence
+
+import numpy as np
+
+SHARD_BASE_MIB = 4096
+"""What a shard process takes on the GPU whatever its cases (MiB)."""
+COPIES = 10
+"""A shard's peak in multiples of its largest case's input bytes."""
+USABLE = 0.95
+"""The share of the GPU's memory the running cells' estimates may add up to."""
+
+_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8}
+
+
+def case_bytes(matrix, case) -> int:
+    """Bytes of one case's inputs on the device: every input of the op's spec at the case's
+    N and the problem's sizes, in the case's dtypes (the index in its index dtype)."""
+    from gate_residual_matrix import ops
+
+    spec = ops.get(matrix.op)
+    dtype, index_dtype = matrix.case_dtypes(case)
+    sizes = matrix.problem.sizes
+    names = [*spec.inputs, *([spec.index] if spec.index else [])]
+    return sum(int(np.prod(spec.shape(name, n=case.n, sizes=sizes), dtype=np.int64))
+               * _ITEMSIZE[index_dtype if name == spec.index else dtype] for name in names)
+
+
+def cell_mib(matrix, cases: Sequence, shards: int) -> int:
+    """The estimated GPU memory (MiB) of a cell of ``cases`` run in ``shards`` processes (as
+    :func:`runner.backends.shards.split` parts them): per shard :data:`SHARD_BASE_MIB` and
+    :data:`COPIES` times its largest case's :func:`case_bytes`; 0 without cases."""
+    from gate_residual_matrix.runner.backends import shards as sharding
+
+    if not cases:
+        return 0
+    parts = sharding.split(matrix, list(cases), shards) if shards > 1 else [list(cases)]
+    return sum(SHARD_BASE_MIB + COPIES * max(case_bytes(matrix, c) for c in part) // 2**20
+               for part in parts)
+
+
+def capacity_mib() -> int | None:
+    """:data:`USABLE` of the smallest GPU's memory (MiB, ``nvidia-smi``), or None where it
+    cannot be read (the queue then counts no memory)."""
+    tool = shutil.which("nvidia-smi")
+    if tool is None:
+        return None
+    try:
+        text = subprocess.run([tool, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=20).stdout
+        return int(min(int(v) for v in text.split()) * USABLE)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
