@@ -163,3 +163,29 @@ def test_a_unit_larger_than_the_memory_runs_alone():
                       Unit("small", 1, lambda: order.append("small"), memory=10)],
                      jobs=4, cpus=16, memory=100)
     assert [u.error for u in done] == [None, None] and sorted(order) == ["huge", "small"]
+
+
+def test_a_large_unit_is_not_passed_over_for_ever(monkeypatch):
+    """Small units fill in beside a large one, but once a waiting unit has been passed
+    MAX_PASSED times, nothing else starts before it (the H200 queue's case: a 78 GB cell
+    with two 26 GB ones kept the 105 GB cells waiting to the end)."""
+    from gate_residual_matrix.runner.gpu_host import schedule
+
+    lock = threading.Lock()
+    started = []
+
+    def body(name, seconds):
+        def run():
+            with lock:
+                started.append(name)
+            time.sleep(seconds)
+        return run
+
+    sizes = [("a1", 105, 0.10), ("b1", 78, 0.15), ("a2", 105, 0.10), ("b2", 78, 0.15),
+             ("b3", 78, 0.15)] + [(f"s{i}", 26, 0.08) for i in range(10)]
+    units = [Unit(n, 1, body(n, t), memory=m) for n, m, t in sizes]
+    monkeypatch.setattr(schedule, "MAX_PASSED", 2)
+    run_queue(units, jobs=16, cpus=16, memory=136)
+    order = [n for n, _, _ in sizes]
+    later_first = [n for n in started[:started.index("a2")] if order.index(n) > order.index("a2")]
+    assert len(later_first) <= 2, started

@@ -9,8 +9,10 @@ the CPUs left and its memory in the memory left (a cell that needs more than the
 starts alone). Cells are taken in the order given, the first that fits first, so a caller
 that lists the largest cells first gets longest-processing-time-first scheduling, which keeps
 the last cells from running on an otherwise idle host, and small cells fill in beside a
-large one. Nothing here knows what a cell is: a :class:`Unit` is a name, a CPU count, a
-memory figure and a function.
+large one. A unit that smaller ones have passed :data:`MAX_PASSED` times goes next: no other
+starts before it (without that, two small cells at a time beside one large cell could keep
+the memory of another large one from ever coming free). Nothing here knows what a cell is: a
+:class:`Unit` is a name, a CPU count, a memory figure and a function.
 
 Each unit's start and end are recorded (seconds since :func:`run_queue` began), for the run's
 timeline. Example::
@@ -26,6 +28,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+MAX_PASSED = 2
+"""How many units may start ahead of one that does not fit yet."""
 
 
 @dataclass
@@ -79,12 +84,24 @@ def run_queue(units: Sequence[Unit], *, jobs: int, cpus: int,
         return not running or (len(running) < jobs and used + unit.cpus <= cpus
                                and (memory is None or held + unit.memory <= memory))
 
+    passed = {id(u): 0 for u in units}
+
+    def next_unit() -> Unit | None:
+        for u in pending:
+            if fits(u):
+                return u
+            if passed[id(u)] >= MAX_PASSED:
+                return None  # it goes next: nothing starts ahead of it any more
+        return None
+
     with changed:
         while pending or running:
-            started = next((u for u in pending if fits(u)), None)
+            started = next_unit()
             if started is None:
                 changed.wait()
                 continue
+            for u in pending[:pending.index(started)]:
+                passed[id(u)] += 1
             pending.remove(started)
             running.append(started)
             started.started_s = round(time.monotonic() - began, 3)
