@@ -32,8 +32,8 @@ class Implementation:
     :mod:`runner.cell.precompile` runs it once per dtype pair and case size ahead of the cells.
     ``run_dynamic``: for an implementation that compiles per shape, the same computation
     through one graph with the row dimension dynamic (N = 1 aside), called as ``run`` is; the
-    batch-invariance size sweep calls it (:mod:`runner.cell.batch_invariance`), every other
-    call (the cases' runs, timings) calls ``run``.
+    batch-invariance checks call it (:mod:`runner.cell.batch_invariance`), every other call
+    (the cases' runs, timings) calls ``run``.
     """
 
     name: str
