@@ -169,6 +169,8 @@ def test_the_time_spent_waiting_for_the_lock_is_counted(monkeypatch, tmp_path):
     after = gpu_lock.waited_s()
     assert after["shared"] - before["shared"] >= 0.4
     assert after["exclusive"] == before["exclusive"]
+    held = gpu_lock.held_s()
     with gpu_lock.exclusive():  # nobody holds it now: (almost) no wait
-        pass
+        time.sleep(0.3)
     assert gpu_lock.waited_s()["exclusive"] - after["exclusive"] < 0.4
+    assert gpu_lock.held_s() - held >= 0.3  # the time it held the GPU alone

@@ -19,7 +19,9 @@ not only queued). Locks are ``flock(2)`` on open file descriptions: the kernel d
 when a process dies, so a killed cell never wedges the others.
 
 Every wait for the lock file is counted (:func:`waited_s`): the seconds a process stood still
-for other cells, which the report's ``phases`` records as ``gpu_lock_wait``.
+for other cells, which the report's ``phases`` records as ``gpu_lock_wait``; and so is the time
+it held the GPU alone (:func:`held_s`, ``phases.gpu_exclusive``), during which every other
+process's GPU work waited.
 
 Within one process the hashing threads' device-to-host copies (:mod:`contract.compare`) take
 :data:`COPIES` too, which :func:`exclusive` holds: the cell's own copies stay out of its
@@ -72,6 +74,15 @@ def _fds(lock_path: str) -> tuple[int, int]:
 _mutex = threading.Lock()
 _holders = [0]  # threads of this process inside shared(): flock is per process, not thread
 _WAITED = {"shared": 0.0, "exclusive": 0.0}
+
+
+_HELD = [0.0]
+
+
+def held_s() -> float:
+    """Seconds this process has held the lock file exclusively so far (0.0 without
+    ``GATE_RESIDUAL_GPU_LOCK``)."""
+    return _HELD[0]
 
 
 def waited_s() -> dict[str, float]:
@@ -149,10 +160,12 @@ def exclusive() -> Iterator[None]:
         try:
             _flock(main, fcntl.LOCK_EX, "exclusive")  # the current ones finish their stretch
             _state.depth = 1
+            since = time.perf_counter()
             try:
                 yield
             finally:
                 _state.depth = 0
+                _HELD[0] += time.perf_counter() - since
                 fcntl.flock(main, fcntl.LOCK_UN)
         finally:
             fcntl.flock(turnstile, fcntl.LOCK_UN)

@@ -29,7 +29,9 @@ work is charged to the phase that queued it, not to the next one that waits:
 is the time spent waiting for the GPU lock that the cells of one host share
 (:func:`contract.gpu_lock.waited_s`): ``shared``, before GPU work while another process
 timed; ``exclusive``, before its own timing loops while the others finished their stretch
-(a part of ``timings``). ``other`` is the cell's wall time not in
+(a part of ``timings``). ``gpu_exclusive`` is the time it held the GPU alone for its timing
+loops (:func:`contract.gpu_lock.held_s`, a part of ``timings``): what every other process on
+the host waited for. ``other`` is the cell's wall time not in
 any phase.
 
 Example::
@@ -86,6 +88,7 @@ class PhaseClock:
         self._stack: list[tuple[str, str | None, float]] = []
         self._compile0 = torch_compile_seconds() + kernel_compile_seconds()
         self._waited0 = _lock_waits()
+        self._held0 = _lock_held()
 
     def _now(self) -> float:
         if self.sync:
@@ -127,16 +130,24 @@ class PhaseClock:
 
     def as_report(self, *, total_s: float) -> dict:
         """The report's ``phases``: every phase of :data:`PHASES` in seconds (rounded to ms),
-        ``runs`` per implementation, ``compilation``, ``gpu_lock_wait`` and ``other``
-        (``total_s`` minus the phases)."""
+        ``runs`` per implementation, ``compilation``, ``gpu_lock_wait``, ``gpu_exclusive``
+        and ``other`` (``total_s`` minus the phases)."""
         out: dict = {p: round(self.seconds.get(p, 0.0), 3) for p in PHASES if p != "runs"}
         out["runs"] = {k: round(v, 3) for k, v in self.runs.items()}
         spent = sum(self.seconds.values()) + sum(self.runs.values())
         out["compilation"] = round(max(self.compilation_s(), 0.0), 3)
         now = _lock_waits()
         out["gpu_lock_wait"] = {k: round(max(now[k] - self._waited0[k], 0.0), 3) for k in now}
+        out["gpu_exclusive"] = round(max(_lock_held() - self._held0, 0.0), 3)
         out["other"] = round(max(total_s - spent, 0.0), 3)
-        return {k: out[k] for k in (*PHASES, "compilation", "gpu_lock_wait", "other")}
+        return {k: out[k] for k in (*PHASES, "compilation", "gpu_lock_wait", "gpu_exclusive",
+                                    "other")}
+
+
+def _lock_held() -> float:
+    """Seconds this process has held the GPU lock exclusively (0.0 when it never loaded)."""
+    lock = sys.modules.get("gate_residual_matrix.contract.gpu_lock")
+    return lock.held_s() if lock is not None else 0.0
 
 
 def _lock_waits() -> dict[str, float]:
