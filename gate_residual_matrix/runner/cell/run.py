@@ -124,24 +124,6 @@ def _entry(impl: Implementation, target: str) -> dict:
     return entry
 
 
-HASH_NICE = 10
-"""The niceness of a cell's hashing threads (Linux: per thread)."""
-
-
-def hash_in_background() -> None:
-    """Lower the calling thread's CPU priority to :data:`HASH_NICE` (nice is per thread on
-    Linux), so that hashing, which nothing waits for until a case ends, yields the CPUs to
-    the threads that hold the GPU: a cell timing alone on the GPU (every other cell's GPU
-    work waits for it) then competes with no other process's hashing. Where the OS refuses
-    or has no per-thread priority, the thread keeps its priority."""
-    import threading
-
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HASH_NICE)
-    except (AttributeError, OSError):
-        pass
-
-
 def _run_order(impls: list, matrix) -> list:
     """The accuracy reference first, then the baseline, then the others in matrix order: each
     implementation is compared with both as soon as it has run (runner/cell/case.py)."""
@@ -267,8 +249,7 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
     _precompile(matrix, cell, cases, env, clock)
     per_case: dict[str, float] = {}
     with futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
-                                    thread_name_prefix="sha256",
-                                    initializer=hash_in_background) as hasher:
+                                    thread_name_prefix="sha256") as hasher:
         ctx = CaseContext(spec=ops.get(matrix.op), matrix=matrix, target=cell.target,
                           device=device, impls=impls, results=report["results"], clock=clock,
                           hasher=hasher, inference=bool(mode.torch.inference_mode),
