@@ -183,10 +183,12 @@ def test_an_inference_cells_timings_run_under_inference_mode():
     assert {s[0] for s in seen} == {False} and (False, True) in seen
 
 
-def test_the_first_forward_call_is_made_before_the_gpu_is_taken(monkeypatch):
-    """A timing loop's first call of its kind (a compiled row's forward graph without
-    autograd) is made under the shared lock, before the exclusive one: the other cells do
-    not wait for it. One that fails is recorded and not timed; the others are."""
+def test_the_first_forward_call_is_made_before_the_gpu_is_taken(monkeypatch, tmp_path):
+    """Where cells share the GPU, a timing loop's first call of its kind (a compiled row's
+    forward graph without autograd) is made under the shared lock, before the exclusive one:
+    the other cells do not wait for it. One that fails is recorded and not timed; the others
+    are. Where nothing shares the GPU, no such call is made; when none is left to time, the
+    GPU is not taken."""
     import contextlib
 
     from gate_residual_matrix.contract import gpu_lock
@@ -203,6 +205,17 @@ def test_the_first_forward_call_is_made_before_the_gpu_is_taken(monkeypatch):
             held.pop()
 
     monkeypatch.setattr(gpu_lock, "exclusive", exclusive)
+    monkeypatch.setenv(gpu_lock.ENV, str(tmp_path / "gpu.lock"))
+    taken = []
+    real_exclusive = exclusive
+
+    @contextlib.contextmanager
+    def counted():
+        taken.append(True)
+        with real_exclusive():
+            yield
+
+    monkeypatch.setattr(gpu_lock, "exclusive", counted)
     calls = []
 
     def recording(name, fail=False):
@@ -233,3 +246,13 @@ def test_the_first_forward_call_is_made_before_the_gpu_is_taken(monkeypatch):
     assert all(h for n, h, _ in calls[2:]) and {n for n, _, _ in calls[2:]} == {"good"}
     assert "6" in results["good"]["timings"] and results["bad"]["timings"] == {}
     assert "no kernel for this" in results["bad"]["reason"]
+    assert len(taken) == 1
+    # every first call fails: nothing to time, the GPU is not taken
+    calls.clear()
+    case._time_all(ctx, [bad], X(), X.tensors, "7")
+    assert calls == [("bad", False, False)] and len(taken) == 1
+    # no other process shares the GPU: only the timing loop's own calls, all inside
+    monkeypatch.delenv(gpu_lock.ENV)
+    calls.clear()
+    case._time_all(ctx, [good], X(), X.tensors, "8")
+    assert calls and all(h for _, h, _ in calls) and len(taken) == 2

@@ -63,6 +63,16 @@ def test_plan_lists_each_graph_once_in_case_order(fresh_seed):
     assert {i["grad"] for i in forward} == {"inference"}  # its timings: the same graph
 
 
+def test_the_dynamic_graph_of_two_rows_or_more_is_planned_when_the_sweep_stays_at_one(
+        fresh_seed):
+    """With ``max_size: 1`` the sweep calls one row only, but the whole batch and the
+    sub-batches go through the N >= 2 dynamic graph: the plan lists it at the case's N."""
+    m = matrix(fresh_seed, 12, batch_invariance={"max_size": 1})
+    items = precompile.plan(m, m.cases[:1], [get("compiled")], target="cpu", inference=False)
+    dynamic = [i["rows"] for i in items if i.get("graph") == "dynamic"]
+    assert dynamic == [1, 12]
+
+
 def test_kernels_cached_per_dtype_pair_are_run_once_per_case_size(fresh_seed):
     """numba's kernels go to the cubin cache once per dtype pair and kind of launch: one
     training call per case (no batch-invariance sizes), on the targets it caches on only."""

@@ -213,3 +213,15 @@ def test_a_finished_report_in_the_stage_survives_a_stopped_runner(tmp_path):
     assert kept["status"] == "ok" and kept["cases"] == data["cases"]
     assert kept["fingerprint"] == "f" * 64
     assert not list(tmp_path.glob(".run-*"))
+
+
+def test_phases_add_keeps_the_lock_waits_of_both_and_survives_an_older_format():
+    from gate_residual_matrix.runner.cell import phases as ph
+
+    a = {"timings": 1.0, "gpu_lock_wait": {"shared": 2.0, "exclusive": 0.5}, "gpu_exclusive": 1.0}
+    b = {"timings": 2.0, "gpu_lock_wait": {"shared": 1.0, "exclusive": 0.25}}
+    got = ph.add(a, b)
+    assert got["gpu_lock_wait"] == {"shared": 3.0, "exclusive": 0.75}
+    assert got["timings"] == 3.0 and got["gpu_exclusive"] == 1.0
+    older = {"timings": 1.0, "gpu_lock_wait": 4.0}  # one number, as one commit wrote it
+    assert ph.add(older, b)["gpu_lock_wait"] == {"shared": 1.0, "exclusive": 0.25}

@@ -158,11 +158,12 @@ def test_units_never_take_more_gpu_memory_than_there_is():
 
 
 def test_a_unit_larger_than_the_memory_runs_alone():
-    order = []
-    done = run_queue([Unit("huge", 1, lambda: order.append("huge"), memory=500),
-                      Unit("small", 1, lambda: order.append("small"), memory=10)],
+    done = run_queue([Unit("huge", 1, lambda: time.sleep(0.1), memory=500),
+                      Unit("small", 1, lambda: None, memory=10)],
                      jobs=4, cpus=16, memory=100)
-    assert [u.error for u in done] == [None, None] and sorted(order) == ["huge", "small"]
+    huge, small = done
+    assert [u.error for u in done] == [None, None]
+    assert small.started_s >= huge.ended_s  # it waited: nothing runs beside the huge one
 
 
 def test_a_large_unit_is_not_passed_over_for_ever(monkeypatch):

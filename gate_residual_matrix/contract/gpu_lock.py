@@ -18,10 +18,10 @@ process's GPU work (a stretch ends with ``torch.cuda.synchronize``: its kernels 
 not only queued). Locks are ``flock(2)`` on open file descriptions: the kernel drops them
 when a process dies, so a killed cell never wedges the others.
 
-Every wait for the lock file is counted (:func:`waited_s`): the seconds a process stood still
-for other cells, which the report's ``phases`` records as ``gpu_lock_wait``; and so is the time
-it held the GPU alone (:func:`held_s`, ``phases.gpu_exclusive``), during which every other
-process's GPU work waited.
+Every wait for the lock file is counted (:func:`waited_s`): the seconds a process's threads
+waited for other cells, which the report's ``phases`` records as ``gpu_lock_wait``; and so is
+the time it held the GPU alone (:func:`held_s`, ``phases.gpu_exclusive``), during which every
+other process's GPU work waited.
 
 Within one process the hashing threads' device-to-host copies (:mod:`contract.compare`) take
 :data:`COPIES` too, which :func:`exclusive` holds: the cell's own copies stay out of its

@@ -262,6 +262,8 @@ def _time_all(ctx: CaseContext, ran: list, x, on_device: dict, key: str) -> None
         return
     with ctx.clock("timings"):
         ready = [impl for impl in ran if _first_forward(ctx, impl, x, on_device, key)]
+        if not ready:
+            return
         with gpu_lock.exclusive():
             for impl in ready:
                 entry = ctx.results[impl.name]
@@ -275,10 +277,15 @@ def _time_all(ctx: CaseContext, ran: list, x, on_device: dict, key: str) -> None
 def _first_forward(ctx: CaseContext, impl: Implementation, x, on_device: dict,
                    key: str) -> bool:
     """One untimed forward call of ``impl`` as its timing loop makes them, before the GPU is
-    taken for the timings: what a first call of that kind costs (a ``torch.compile`` row's
-    forward graph without autograd, loaded or compiled; a library's kernel for a call
-    without gradients, compiled) is paid while the other cells go on, not while they wait.
-    False (recorded as :func:`_time_all` records a failure) when the call fails."""
+    taken for the timings, where other processes share the GPU (``GATE_RESIDUAL_GPU_LOCK``):
+    what a first call of that kind costs (a ``torch.compile`` row's forward graph without
+    autograd, loaded or compiled; a library's kernel for a call without gradients, compiled)
+    is then paid under the shared lock, which the other cells' GPU work does not wait for,
+    not under the exclusive one, which it does. Nothing where no other process shares the
+    GPU (a CPU cell: a call there can cost seconds). False (recorded as :func:`_time_all`
+    records a failure) when the call fails."""
+    if gpu_lock.path() is None:
+        return True
     try:
         with gpu_lock.shared(), torch.inference_mode() if ctx.inference \
                 else contextlib.nullcontext():

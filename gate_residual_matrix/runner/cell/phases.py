@@ -26,13 +26,15 @@ work is charged to the phase that queued it, not to the next one that waits:
 ``torch.compile`` (dynamo's ``entire_frame_compile`` + ``entire_backward_compile``,
 :func:`torch._dynamo.utils.calculate_time_spent`) plus our numba kernels' compile and load
 (:data:`kernels.launch.COMPILE_SECONDS`). ``gpu_lock_wait``, likewise a part of the others,
-is the time spent waiting for the GPU lock that the cells of one host share
-(:func:`contract.gpu_lock.waited_s`): ``shared``, before GPU work while another process
-timed; ``exclusive``, before its own timing loops while the others finished their stretch
-(a part of ``timings``). ``gpu_exclusive`` is the time it held the GPU alone for its timing
-loops (:func:`contract.gpu_lock.held_s`, a part of ``timings``): what every other process on
-the host waited for. ``other`` is the cell's wall time not in
-any phase.
+is the time its threads spent waiting for the GPU lock that the cells of one host share
+(:func:`contract.gpu_lock.waited_s`): ``shared``, before GPU work (the main thread's, or a
+hashing thread's copies) while another process timed or was about to; ``exclusive``, before
+its own timing loops, while other processes timed or finished their stretch (a part of
+``timings``). A hashing thread's wait may overlap the main thread's work, so the figures
+are an upper bound on the time the cell stood still. ``gpu_exclusive`` is the time it held
+the GPU alone for its timing loops (:func:`contract.gpu_lock.held_s`, a part of
+``timings``): what every other process on the host waited for. ``other`` is the cell's
+wall time not in any phase.
 
 Example::
 
@@ -166,8 +168,9 @@ def add(a: dict | None, b: dict | None) -> dict | None:
     for key in dict.fromkeys([*a, *b]):
         x, y = a.get(key), b.get(key)
         if isinstance(x, dict) or isinstance(y, dict):
-            out[key] = {k: round((x or {}).get(k, 0.0) + (y or {}).get(k, 0.0), 3)
-                        for k in dict.fromkeys([*(x or {}), *(y or {})])}
+            x, y = (v if isinstance(v, dict) else {} for v in (x, y))  # an older format: dropped
+            out[key] = {k: round(x.get(k, 0.0) + y.get(k, 0.0), 3)
+                        for k in dict.fromkeys([*x, *y])}
         else:
             out[key] = round((x or 0.0) + (y or 0.0), 3)
     return out

@@ -105,6 +105,8 @@ def _calls(matrix, case, impl, inference: bool) -> list[tuple[int, str, str]]:
             static |= checked_row_counts(case.n) | set(sweep)
         else:  # every check on the one graph: built at the sweep's top; N = 1 its own
             dynamic = [(r, "train", "dynamic") for r in sweep if r == sweep[0] or r == 1]
+            if case.n >= 2 and max(sweep, default=0) < 2:  # the whole batch builds it
+                dynamic.append((case.n, "train", "dynamic"))
     return ([(r, "train", "static") for r in sorted(static)] + dynamic
             + [(case.n, "no_grad", "static")])
 
