@@ -53,3 +53,17 @@ def test_two_large_cells_never_fit_together_on_an_h200_but_a_norm_fits_beside_on
     assert 2 * large > room
     assert large + cell("matrix-rms-norm.yaml") <= room
     assert cell("matrix-scale-shift.yaml") + cell("matrix-add-rms-norm.yaml") <= room
+
+
+def test_the_capacity_is_the_smallest_gpu_less_a_margin(tmp_path, monkeypatch):
+    """A fake nvidia-smi with two GPUs of 143771 and 81559 MiB; none, or a bad answer: None."""
+    tool = tmp_path / "nvidia-smi"
+    tool.write_text('#!/bin/sh\ncase "$1" in --query-gpu=memory.total) printf "143771\\n81559\\n";;'
+                    ' *) echo nope;; esac\n')
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    assert footprint.capacity_mib() == int(81559 * footprint.USABLE)
+    tool.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed'\n")
+    assert footprint.capacity_mib() is None
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert footprint.capacity_mib() is None

@@ -18,8 +18,6 @@ Example::
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import Sequence
 
 import numpy as np
@@ -31,20 +29,20 @@ COPIES = 10
 USABLE = 0.95
 """The share of the GPU's memory the running cells' estimates may add up to."""
 
-_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8}
-
 
 def case_bytes(matrix, case) -> int:
     """Bytes of one case's inputs on the device: every input of the op's spec at the case's
     N and the problem's sizes, in the case's dtypes (the index in its index dtype)."""
     from gate_residual_matrix import ops
+    from gate_residual_matrix.contract.inputs import INDEX_DTYPES, TORCH_DTYPES
 
     spec = ops.get(matrix.op)
     dtype, index_dtype = matrix.case_dtypes(case)
     sizes = matrix.problem.sizes
     names = [*spec.inputs, *([spec.index] if spec.index else [])]
     return sum(int(np.prod(spec.shape(name, n=case.n, sizes=sizes), dtype=np.int64))
-               * _ITEMSIZE[index_dtype if name == spec.index else dtype] for name in names)
+               * (INDEX_DTYPES[index_dtype] if name == spec.index else TORCH_DTYPES[dtype]).itemsize
+               for name in names)
 
 
 def cell_mib(matrix, cases: Sequence, shards: int) -> int:
@@ -63,12 +61,7 @@ def cell_mib(matrix, cases: Sequence, shards: int) -> int:
 def capacity_mib() -> int | None:
     """:data:`USABLE` of the smallest GPU's memory (MiB, ``nvidia-smi``), or None where it
     cannot be read (the queue then counts no memory)."""
-    tool = shutil.which("nvidia-smi")
-    if tool is None:
-        return None
-    try:
-        text = subprocess.run([tool, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=20).stdout
-        return int(min(int(v) for v in text.split()) * USABLE)
-    except (OSError, ValueError, subprocess.SubprocessError):
-        return None
+    from gate_residual_matrix.runner.gpu_host.gpu_memory import per_gpu_mib
+
+    totals = per_gpu_mib("memory.total")
+    return int(min(totals) * USABLE) if totals else None

@@ -43,14 +43,23 @@ class PeakMemory:
     def _watch(self) -> None:
         while True:
             stop = self._done.wait(MEMORY_EVERY_S)
-            try:
-                text = subprocess.run([self._tool, "--query-gpu=memory.used",
-                                       "--format=csv,noheader,nounits"], capture_output=True,
-                                      text=True, timeout=10).stdout
-                used = max(int(v) for v in text.split())
-            except (OSError, ValueError, subprocess.SubprocessError):
-                used = None
+            readings = per_gpu_mib("memory.used", self._tool)
+            used = max(readings) if readings else None
             if used is not None:
                 self.peak = used if self.peak is None else max(self.peak, used)
             if stop:
                 return
+
+
+def per_gpu_mib(field: str, tool: str | None = None) -> list[int] | None:
+    """``nvidia-smi``'s ``field`` (``memory.used``, ``memory.total``: MiB) of every GPU, or
+    None without ``nvidia-smi`` or a reading. ``tool``: its path, when already looked up."""
+    tool = tool or shutil.which("nvidia-smi")
+    if tool is None:
+        return None
+    try:
+        text = subprocess.run([tool, f"--query-gpu={field}", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=10).stdout
+        return [int(v) for v in text.split()] or None
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
