@@ -73,7 +73,7 @@ def test_round_trip() -> None:
     assert parse_matrix(m.to_dict()) == m
     assert parse_matrix(yaml.safe_load(yaml.safe_dump(m.to_dict()))) == m
     assert m.to_dict()["modes"]["plain"] == {"env": {}, "torch": {}}  # unset targets: absent
-    assert m.to_dict()["timing"] == {"warmup": 3, "iters": 20, "targets": ["cuda"]}
+    assert m.to_dict()["timing"] == {"warmup": 2, "iters": 10, "targets": ["cuda"]}
     assert m.to_dict()["modes"]["tf32"] == {"env": {}, "torch": {"tf32": True},
                                             "targets": ["cuda"]}
 
@@ -414,11 +414,11 @@ def test_bad_yaml_file(tmp_path: Path, text: str | bytes, fragment: str) -> None
 
 
 def test_yaml_merge_keys_are_not_duplicates(tmp_path: Path) -> None:
-    old = "timing:\n  warmup: 3"
-    text = MATRIX.read_text().replace(old, "timing:\n  <<: {warmup: 1, iters: 7}\n  warmup: 3")
+    old = "timing:\n  warmup: 2"
+    text = MATRIX.read_text().replace(old, "timing:\n  <<: {warmup: 1, iters: 7}\n  warmup: 2")
     assert text != MATRIX.read_text()
     m = load_matrix(write(tmp_path, text))
-    assert (m.timing.warmup, m.timing.iters) == (3, 20)
+    assert (m.timing.warmup, m.timing.iters) == (2, 10)
 
 
 @pytest.mark.parametrize(("text", "fragment"), [

@@ -14,7 +14,7 @@ from gate_residual_matrix.contract.base import Implementation
 from gate_residual_matrix.ops.gate_residual import SPEC, compiled, eager
 from gate_residual_matrix.ops.gate_residual.inputs import make_inputs
 from gate_residual_matrix.ops.torch_compile import Compiled, missing_compiler
-from gate_residual_matrix.runner.cell import batch_invariance, case
+from gate_residual_matrix.runner.cell import batch_invariance, case, timing_pass
 from gate_residual_matrix.runner.errors import ReportError
 from gate_residual_matrix.runner.reports import store as report_io
 
@@ -84,9 +84,9 @@ def test_timings_of_a_compiled_row_say_static():
         timing = Timing()
 
     static, dynamic = [], []
-    got = case.timings(counting(static, dynamic), inputs(5), "cpu", M())
+    got = timing_pass.timings(counting(static, dynamic), inputs(5), "cpu", M())
     assert got["graph"] == "static" and dynamic == [] and static
-    assert "graph" not in case.timings(eager.EAGER, inputs(5), "cpu", M())
+    assert "graph" not in timing_pass.timings(eager.EAGER, inputs(5), "cpu", M())
 
 
 def test_the_schema_takes_graphs_and_refuses_other_names():
@@ -176,10 +176,10 @@ def test_an_inference_cells_timings_run_under_inference_mode():
         return eager.EAGER.run(x, backward=backward)
 
     impl = dataclasses.replace(eager.EAGER, name="counted", run=run)
-    got = case.timings(impl, inputs(5), "cpu", M(), inference=True)
+    got = timing_pass.timings(impl, inputs(5), "cpu", M(), inference=True)
     assert "forward_backward_ms" not in got and seen and set(seen) == {(True, False)}
     seen.clear()
-    case.timings(impl, inputs(5), "cpu", M())
+    timing_pass.timings(impl, inputs(5), "cpu", M())
     assert {s[0] for s in seen} == {False} and (False, True) in seen
 
 
@@ -256,3 +256,60 @@ def test_the_first_forward_call_is_made_before_the_gpu_is_taken(monkeypatch, tmp
     calls.clear()
     case._time_all(ctx, [good], X(), X.tensors, "8")
     assert calls and all(h for _, h, _ in calls) and len(taken) == 2
+
+
+def test_a_shared_gpu_times_every_case_in_one_pass_at_the_end(monkeypatch, tmp_path):
+    """Where cells share the GPU (``ctx.deferred``), a case's timings wait: its device copies
+    are not kept, and one exclusive section after the last case times every case, on inputs
+    moved to the device again. A failing implementation is recorded for its case only."""
+    import contextlib
+
+    from gate_residual_matrix.contract import gpu_lock
+    from gate_residual_matrix.runner.cell.phases import PhaseClock
+
+    taken = []
+
+    @contextlib.contextmanager
+    def exclusive():
+        taken.append(True)
+        yield
+
+    monkeypatch.setattr(gpu_lock, "exclusive", exclusive)
+    monkeypatch.setenv(gpu_lock.ENV, str(tmp_path / "gpu.lock"))
+    seen = []
+
+    def recording(name, fail_on=None):
+        def run(x, *, backward: bool):
+            seen.append((name, x["index"].shape[0], len(taken)))
+            if x["index"].shape[0] == fail_on:
+                raise RuntimeError("no kernel at this size")
+            return eager.EAGER.run(x, backward=backward)
+        return dataclasses.replace(eager.EAGER, name=name, run=run)
+
+    class Timing:
+        warmup, iters = 1, 2
+
+    class M:
+        timing = Timing()
+
+    good, flaky = recording("good"), recording("flaky", fail_on=7)
+    results = {n: {"timings": {}, "status": "ok"} for n in ("good", "flaky")}
+    ctx = case.CaseContext(spec=SPEC, matrix=M(), target="cpu", device="cpu",
+                           impls=[good, flaky], results=results, clock=PhaseClock(sync=False),
+                           hasher=None, inference=False, with_timings=True, deferred=[])
+    xs = {}
+    for n in (6, 7):
+        class X:
+            tensors = inputs(n)
+        xs[n] = X()
+        case._time_all(ctx, [good, flaky], xs[n], xs[n].tensors, str(n))
+    assert seen == [] and taken == [] and results["good"]["timings"] == {}
+    assert [p.on_device for p in ctx.deferred] == [None, None]
+    case.time_pending(ctx, ctx.deferred)
+    assert len(taken) == 1, (seen, results)
+    assert set(results["good"]["timings"]) == {"6", "7"}
+    assert set(results["flaky"]["timings"]) == {"6"} and "case 7" in results["flaky"]["reason"]
+    first_calls = [s for s in seen if s[2] == 0]
+    assert {(n, rows) for n, rows, _ in first_calls} == {("good", 6), ("good", 7), ("flaky", 6),
+                                                         ("flaky", 7)}
+    assert all(t == 1 for _, _, t in seen[len(first_calls):])

@@ -3,9 +3,9 @@
 Every row of the op's matrix (:func:`runner.cell.catalog.rows`: library rows expanded per
 version, kernel-only from the wheelhouse where not installed; ``rl_kernel_h3`` on its source
 tree) is a peer, called as the matrix cell calls it when it times it
-(:func:`runner.cell.case.timings`): ``impl.run(inputs, backward=False)`` for the forward and
-``impl.run(inputs, backward=True)`` for forward+backward (rows with a backward). Nothing here
-names an op or a tensor.
+(:func:`runner.cell.timing_pass.timings`): ``impl.run(inputs, backward=False)`` for the
+forward and ``impl.run(inputs, backward=True)`` for forward+backward (rows with a
+backward). Nothing here names an op or a tensor.
 
 A row that cannot run is not a peer: :func:`peers` returns it as :class:`Skipped` with the
 reason, named once in the output (the accuracy reference, which computes in float64; a

@@ -9,27 +9,28 @@ are the baseline's or the reference's: a case holds at most three implementation
 at a time. The sha256 of inputs and outputs are computed by worker threads (hashlib releases
 the GIL) while the next implementation runs; the case waits for them at its end.
 
-Every implementation's timing loops come last, back to back, once the case's checks are
-done, with the GPU to this cell alone (:mod:`contract.gpu_lock`); every other stretch of GPU
-work holds the shared lock, so cells of other modes, and other shards of this cell
-(:mod:`runner.backends.shards`), may run beside this one. The stretches are short (one call and its
-checks), so a cell waiting to time waits for about one call of each other cell.
+Every implementation's timing loops come after the case's checks, back to back, with the GPU
+to this cell alone (:mod:`contract.gpu_lock`): at the case's end, or, where other processes
+share the GPU, in one pass after the cell's last case (:mod:`runner.cell.timing_pass`). Every
+other stretch of GPU work holds the shared lock, so cells of other modes, and other shards
+of this cell (:mod:`runner.backends.shards`), may run beside this one. The stretches are
+short (one call and its checks), so a cell waiting to time waits for about one call of each
+other cell.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as futures
-import contextlib
 import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
-from gate_residual_matrix.contract import compare, gpu_lock, timing
+from gate_residual_matrix.contract import compare, gpu_lock
 from gate_residual_matrix.contract.base import Implementation
 from gate_residual_matrix.contract.row_blocks import RowBlocks
-from gate_residual_matrix.runner.cell import batch_invariance
+from gate_residual_matrix.runner.cell import batch_invariance, timing_pass
 from gate_residual_matrix.runner.cell.heartbeat import Heartbeat
 from gate_residual_matrix.runner.cell.phases import PhaseClock
 from gate_residual_matrix.runner.status import Status
@@ -140,30 +141,6 @@ def claims_broken(impl: Implementation, cmp_entry: dict, target: str) -> list[st
     return broken
 
 
-def timings(impl: Implementation, inputs: dict, device: str, matrix,
-            inference: bool = False) -> dict:
-    """Median forward (and forward+backward) times. On the CPU: no warm-up call (the
-    repeats before it have compiled and warmed everything; at N = 32768 each call costs
-    seconds) and 1.5 s of timed calls (at least one); on a GPU: ``timing.warmup`` calls,
-    then up to ``timing.iters`` calls or 10 s. An implementation that compiles per shape is
-    timed through ``run``, its static graph of the case's size (``"graph": "static"``).
-    ``inference``: the forward only, under ``torch.inference_mode()`` as the cell's runs (the
-    graph its runs compiled)."""
-    budget = 10.0 if device == "cuda" else 1.5
-    warmup = matrix.timing.warmup if device == "cuda" else 0
-    kw = {"device": device, "warmup": warmup, "iters": matrix.timing.iters,
-          "max_seconds": budget}
-    inputs = {k: v.clone() for k, v in inputs.items()}  # a writer spoils only these
-    with torch.inference_mode() if inference else contextlib.nullcontext():
-        fwd = timing.median_ms(lambda _i: impl.run(inputs, backward=False), **kw)
-    out = {"forward_ms": fwd["median_ms"], "forward_iters": fwd["iters"],
-           **({"graph": "static"} if impl.compiles_per_shape else {})}
-    if impl.has_backward and not inference:
-        both = timing.median_ms(lambda _i: impl.run(inputs, backward=True), **kw)
-        out.update(forward_backward_ms=both["median_ms"], forward_backward_iters=both["iters"])
-    return out
-
-
 def one_line(err: BaseException, limit: int = 2000) -> str:
     """``Type: first line of the message``, at most ``limit`` characters (a report's reasons
     are bounded: runner/schema/report.schema.json)."""
@@ -197,6 +174,7 @@ class CaseContext:
     hasher: futures.ThreadPoolExecutor
     inference: bool
     with_timings: bool
+    deferred: list | None = None
     broken: list = field(default_factory=list)
     no_baseline: list = field(default_factory=list)
 
@@ -220,7 +198,7 @@ def _run_one(ctx: CaseContext, impl: Implementation, x, on_device: dict, key: st
     is_reference = impl.role == "accuracy_reference"
     repeats = 1 if is_reference else ctx.matrix.repeats
     try:
-        inputs = _inputs_for(impl, x, on_device)
+        inputs = timing_pass.inputs_for(impl, x, on_device)
         with ctx.clock.run(impl.name):
             first, same, mutated = run_repeats(impl, inputs, repeats, ctx.inference,
                                                tuple(ctx.spec.outputs))
@@ -239,12 +217,6 @@ def _run_one(ctx: CaseContext, impl: Implementation, x, on_device: dict, key: st
     return first
 
 
-def _inputs_for(impl: Implementation, x, on_device: dict) -> dict:
-    """The case's inputs on ``impl``'s device (the cell's unless it names its own)."""
-    return on_device if impl.device is None else {
-        k: v.to(impl.device) for k, v in x.tensors.items()}
-
-
 def _failed(ctx: CaseContext, entry: dict, key: str, err: BaseException) -> None:
     """Record an implementation's failure on case ``key`` (status ``oom`` or ``error``)."""
     oom = out_of_memory(err)
@@ -255,46 +227,23 @@ def _failed(ctx: CaseContext, entry: dict, key: str, err: BaseException) -> None
 
 
 def _time_all(ctx: CaseContext, ran: list, x, on_device: dict, key: str) -> None:
-    """The timing loops of every implementation that ran on this case, back to back, with
-    the GPU to this cell alone (:func:`contract.gpu_lock.exclusive`: no other cell's kernels,
-    none of this cell's hashing copies), after all of the case's checks."""
+    """The timing loops of every implementation that ran on this case, after all of its
+    checks (:mod:`runner.cell.timing_pass`): now, or, where ``ctx.deferred`` collects them
+    (a GPU shared with other processes), in the cell's one pass after its last case."""
     if not ctx.with_timings or not ran:
         return
-    with ctx.clock("timings"):
-        ready = [impl for impl in ran if _first_forward(ctx, impl, x, on_device, key)]
-        if not ready:
-            return
-        with gpu_lock.exclusive():
-            for impl in ready:
-                entry = ctx.results[impl.name]
-                try:
-                    entry["timings"][key] = timings(impl, _inputs_for(impl, x, on_device),
-                                                    ctx.device, ctx.matrix, ctx.inference)
-                except Exception as err:  # as in _run_one: the others go on
-                    _failed(ctx, entry, key, err)
+    if ctx.deferred is not None:  # the inputs stay on the host; the device copies go now
+        ctx.deferred.append(timing_pass.Pending(list(ran), x, None, key))
+        return
+    time_pending(ctx, [timing_pass.Pending(list(ran), x, on_device, key)])
 
 
-def _first_forward(ctx: CaseContext, impl: Implementation, x, on_device: dict,
-                   key: str) -> bool:
-    """One untimed forward call of ``impl`` as its timing loop makes them, before the GPU is
-    taken for the timings, where other processes share the GPU (``GATE_RESIDUAL_GPU_LOCK``):
-    what a first call of that kind costs (a ``torch.compile`` row's forward graph without
-    autograd, loaded or compiled; a library's kernel for a call without gradients, compiled)
-    is then paid under the shared lock, which the other cells' GPU work does not wait for,
-    not under the exclusive one, which it does. Nothing where no other process shares the
-    GPU (a CPU cell: a call there can cost seconds). False (recorded as :func:`_time_all`
-    records a failure) when the call fails."""
-    if gpu_lock.path() is None:
-        return True
-    try:
-        with gpu_lock.shared(), torch.inference_mode() if ctx.inference \
-                else contextlib.nullcontext():
-            clones = {k: v.clone() for k, v in _inputs_for(impl, x, on_device).items()}
-            impl.run(clones, backward=False)
-    except Exception as err:  # as in _run_one: the others go on
-        _failed(ctx, ctx.results[impl.name], key, err)
-        return False
-    return True
+def time_pending(ctx: CaseContext, cases: list) -> None:
+    """:func:`runner.cell.timing_pass.take` of ``cases`` (:class:`~runner.cell.timing_pass.
+    Pending`) into the cell's results, a failing implementation recorded as a failing run."""
+    timing_pass.take(cases, results=ctx.results, device=ctx.device, matrix=ctx.matrix,
+                     inference=ctx.inference, clock=ctx.clock,
+                     on_error=lambda entry, key, err: _failed(ctx, entry, key, err))
 
 
 def _same_bits(cmp_entry: dict, name: str) -> bool:

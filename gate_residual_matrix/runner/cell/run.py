@@ -27,8 +27,10 @@ from gate_residual_matrix import ops
 from gate_residual_matrix.contract import compare, gpu_lock
 from gate_residual_matrix.contract.base import Implementation
 from gate_residual_matrix.contract.inputs import build
+from gate_residual_matrix.runner.cell import case as cases_of_cell
 from gate_residual_matrix.runner.cell import environment, precompile
 from gate_residual_matrix.runner.cell.case import CaseContext, out_of_memory, run_case
+from gate_residual_matrix.runner.cell.heartbeat import Heartbeat
 from gate_residual_matrix.runner.cell.phases import PhaseClock
 from gate_residual_matrix.runner.plan.cells import cases_on
 from gate_residual_matrix.runner.reports.store import KIND, SCHEMA_VERSION
@@ -253,7 +255,8 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
         ctx = CaseContext(spec=ops.get(matrix.op), matrix=matrix, target=cell.target,
                           device=device, impls=impls, results=report["results"], clock=clock,
                           hasher=hasher, inference=bool(mode.torch.inference_mode),
-                          with_timings=timings and matrix.timing.runs_on(cell.target))
+                          with_timings=timings and matrix.timing.runs_on(cell.target),
+                          deferred=[] if gpu_lock.path() is not None else None)
         weights = [case_weight(matrix, c) for c in cases]
         for number, case in enumerate(cases, start=1):
             started = time.perf_counter()
@@ -266,6 +269,9 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
                 on_case(_snapshot(report, cases, number, elapsed, clock, per_case), progress)
             elif on_case is not None:
                 last_progress = progress
+        if ctx.deferred:  # the GPU is shared: every case's timings in one exclusive pass
+            with Heartbeat(f"{matrix.op} timings of {len(ctx.deferred)} case(s)"):
+                cases_of_cell.time_pending(ctx, ctx.deferred)
     _finish_status(report, matrix, ctx.broken if cases else [], ctx.no_baseline if cases else [])
     report["finished_at"] = now_utc()
     report["duration_s"] = round(time.perf_counter() - t0, 3)
