@@ -33,21 +33,22 @@ _SIDE_STREAMS: dict = {}
 
 _PINNED: dict = {}
 _CHUNK = 1 << 25
-"""Bytes per device-to-host copy of :func:`tensor_sha256` (two pinned buffers per thread)."""
+"""Bytes per device-to-host copy of :func:`tensor_sha256` (one pinned buffer per thread)."""
 
 
 def _sha256_cuda(t: torch.Tensor) -> str:
     """sha256 of a CUDA tensor's bytes (row-major), copied to the host in :data:`_CHUNK`
-    pieces through two pinned buffers of the calling thread: one is hashed while the next
-    piece copies into the other.
+    pieces through a pinned buffer of the calling thread, each piece hashed after its copy.
 
     The copies run on a side stream of the thread that first waits for the work queued so
-    far on the current stream (so ``t`` is complete), and hold :data:`contract.gpu_lock.COPIES`
-    and the shared GPU lock, so they never overlap a timing loop. Pinned, asynchronous
-    copies matter here: a pageable copy of a 352 MB tensor kept the driver's lock for its
-    whole length, and the cell's own CUDA calls waited on it (py-spy with native frames
-    on the H200 at 2b61cde: ``pthread_rwlock_wrlock`` inside libcuda under the cell's
-    accuracy and runs)."""
+    far on the current stream (so ``t`` is complete). Each piece's copy, and only the copy,
+    holds :data:`contract.gpu_lock.COPIES` and the shared GPU lock, so no copy overlaps a
+    timing loop, and a process that asks for the GPU alone waits for at most one piece's
+    copy, not for a whole tensor's hashing (at N = 32768 a tensor is 352 MB of bf16).
+    Pinned, asynchronous copies matter here: a pageable copy of a 352 MB tensor kept the
+    driver's lock for its whole length, and the cell's own CUDA calls waited on it (py-spy
+    with native frames on the H200 at 2b61cde: ``pthread_rwlock_wrlock`` inside libcuda
+    under the cell's accuracy and runs)."""
     import threading
 
     from gate_residual_matrix.contract import gpu_lock
@@ -57,29 +58,21 @@ def _sha256_cuda(t: torch.Tensor) -> str:
     stream = _SIDE_STREAMS.get(key)
     if stream is None:
         stream = _SIDE_STREAMS[key] = torch.cuda.Stream(device=t.device)
-    buffers = _PINNED.get(key)
-    if buffers is None:
-        buffers = _PINNED[key] = [torch.empty(_CHUNK, dtype=torch.uint8, pin_memory=True)
-                                  for _ in range(2)]
+    buffer = _PINNED.get(key)
+    if buffer is None:
+        buffer = _PINNED[key] = torch.empty(_CHUNK, dtype=torch.uint8, pin_memory=True)
     digest = hashlib.sha256()
     with gpu_lock.COPIES, gpu_lock.shared():  # never during a timing loop (contract/gpu_lock.py)
         stream.wait_stream(torch.cuda.current_stream(t.device))
         with torch.cuda.stream(stream):
             raw = t.contiguous().reshape(-1).view(torch.uint8)
-            waiting = None  # (buffer, length, event) of the piece copied last
-            for piece, start in enumerate(range(0, raw.numel(), _CHUNK)):
-                length = min(_CHUNK, raw.numel() - start)
-                buffer = buffers[piece % 2]  # hashed two pieces ago: free
+    for start in range(0, raw.numel(), _CHUNK):
+        length = min(_CHUNK, raw.numel() - start)
+        with gpu_lock.COPIES, gpu_lock.shared():
+            with torch.cuda.stream(stream):
                 buffer[:length].copy_(raw[start:start + length], non_blocking=True)
-                done = torch.cuda.Event()
-                done.record(stream)
-                if waiting is not None:
-                    waiting[2].synchronize()
-                    digest.update(waiting[0][:waiting[1]].numpy())
-                waiting = (buffer, length, done)
-            if waiting is not None:
-                waiting[2].synchronize()
-                digest.update(waiting[0][:waiting[1]].numpy())
+            stream.synchronize()
+        digest.update(buffer[:length].numpy())
     return digest.hexdigest()
 
 
