@@ -174,3 +174,37 @@ def test_the_time_spent_waiting_for_the_lock_is_counted(monkeypatch, tmp_path):
         time.sleep(0.3)
     assert gpu_lock.waited_s()["exclusive"] - after["exclusive"] < 0.4
     assert gpu_lock.held_s() - held >= 0.3  # the time it held the GPU alone
+
+
+_COMPILER = textwrap.dedent("""
+    import sys, time
+    from gate_residual_matrix.contract import gpu_lock
+    hold, log, lock = float(sys.argv[1]), sys.argv[2], sys.argv[3]
+    def note(what):
+        with open(log, "a") as f:
+            f.write(f"{time.monotonic():.6f} compiling {what}\\n")
+    with gpu_lock.compiling(lock):
+        note("in")
+        time.sleep(hold)
+        note("out")
+""")
+
+
+def test_no_cell_times_while_compile_workers_run_but_shared_work_goes_on(tmp_path):
+    """The compile gate: a cell that asks for the GPU alone waits until the compile-ahead
+    ends, without holding the turnstile meanwhile, so the other cells' shared stretches go
+    on; after it, the timing goes ahead as usual."""
+    log, lock = tmp_path / "log", tmp_path / "gpu.lock"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    compiler = subprocess.Popen([sys.executable, "-c", _COMPILER, "2.0", str(log), str(lock)],
+                                env=env)
+    _wait_for(log, "compiling in")
+    timer = _start("exclusive", 0.1, log, lock)
+    _wait_for(log, "exclusive asks")
+    time.sleep(0.3)
+    other = _start("shared", 0.1, log, lock)
+    for p in (compiler, timer, other):
+        assert p.wait(timeout=30) == 0
+    order = [(k, w) for _, k, w in _events(log) if w in ("in", "out")]
+    assert order.index(("shared", "out")) < order.index(("compiling", "out"))
+    assert order.index(("exclusive", "in")) > order.index(("compiling", "out"))

@@ -11,12 +11,14 @@ kernel timed while another process's kernels run is slower than alone. So when
   figures of one implementation, waiting for compile workers), and
 * **exclusive** around a case's timing loops (:func:`exclusive`),
 
-so no other process's kernel runs while a cell times. Writers go first: a cell waiting for
-the exclusive lock holds a turnstile (a second lock file) that new shared holders must pass,
-so the shared holders drain and the timing starts after at most one stretch of each other
-process's GPU work (a stretch ends with ``torch.cuda.synchronize``: its kernels are done,
-not only queued). Locks are ``flock(2)`` on open file descriptions: the kernel drops them
-when a process dies, so a killed cell never wedges the others.
+so no other process's kernel runs while a cell times; and while the GPU host's compile
+workers run beside the cells (:func:`compiling`, a third lock file), no cell times. Writers
+go first: a cell waiting for the exclusive lock holds a turnstile (a second lock file) that
+new shared holders must pass, so the shared holders drain and the timing starts after at
+most one stretch of each other process's GPU work (a stretch ends with
+``torch.cuda.synchronize``: its kernels are done, not only queued). Locks are ``flock(2)``
+on open file descriptions: the kernel drops them when a process dies, so a killed cell
+never wedges the others.
 
 Every wait for the lock file is counted (:func:`waited_s`): the seconds a process's threads
 waited for other cells, which the report's ``phases`` records as ``gpu_lock_wait``; and so is
@@ -59,16 +61,30 @@ def path() -> str | None:
 _opening = threading.Lock()
 
 
-def _fds(lock_path: str) -> tuple[int, int]:
-    """(main, turnstile) descriptors of ``lock_path``, opened once per process, whichever
-    thread asks first: flock(2) locks belong to an open file description, so two threads
-    with descriptors of their own would wait for each other."""
+def _fds(lock_path: str) -> tuple[int, int, int]:
+    """(main, turnstile, compile gate) descriptors of ``lock_path``, opened once per process,
+    whichever thread asks first: flock(2) locks belong to an open file description, so two
+    threads with descriptors of their own would wait for each other."""
     with _opening:
         if lock_path not in _FILES:
-            main = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
-            turnstile = os.open(lock_path + ".turnstile", os.O_RDWR | os.O_CREAT, 0o666)
-            _FILES[lock_path] = (main, turnstile)
+            _FILES[lock_path] = tuple(
+                os.open(lock_path + suffix, os.O_RDWR | os.O_CREAT, 0o666)
+                for suffix in ("", ".turnstile", ".compiling"))
         return _FILES[lock_path]
+
+
+@contextlib.contextmanager
+def compiling(lock_path: str) -> Iterator[None]:
+    """Held while compile workers run beside the cells that share ``lock_path`` (the GPU
+    host's compile-ahead): no cell takes the GPU alone (:func:`exclusive` waits) until it
+    ends, since the workers' compiling loads the CPUs and their calls and autotuning run
+    kernels on the GPU, outside the shared lock. The cells' other GPU work goes on."""
+    gate = _fds(lock_path)[2]
+    fcntl.flock(gate, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 _mutex = threading.Lock()
@@ -112,7 +128,7 @@ def shared() -> Iterator[None]:
         finally:
             _state.depth = depth
         return
-    main, turnstile = _fds(lock_path)
+    main, turnstile, _ = _fds(lock_path)
     with _mutex:
         if _holders[0] == 0:
             _flock(turnstile, fcntl.LOCK_EX, "shared")  # wait behind a cell that asked to time
@@ -155,17 +171,21 @@ def exclusive() -> Iterator[None]:
             finally:
                 _state.depth = 0
             return
-        main, turnstile = _fds(lock_path)
-        _flock(turnstile, fcntl.LOCK_EX, "exclusive")  # new shared holders wait from now on
+        main, turnstile, gate = _fds(lock_path)
+        _flock(gate, fcntl.LOCK_SH, "exclusive")  # no compile workers beside (compiling())
         try:
-            _flock(main, fcntl.LOCK_EX, "exclusive")  # the current ones finish their stretch
-            _state.depth = 1
-            since = time.perf_counter()
+            _flock(turnstile, fcntl.LOCK_EX, "exclusive")  # new shared holders wait from now
             try:
-                yield
+                _flock(main, fcntl.LOCK_EX, "exclusive")  # the current ones end their stretch
+                _state.depth = 1
+                since = time.perf_counter()
+                try:
+                    yield
+                finally:
+                    _state.depth = 0
+                    _HELD[0] += time.perf_counter() - since
+                    fcntl.flock(main, fcntl.LOCK_UN)
             finally:
-                _state.depth = 0
-                _HELD[0] += time.perf_counter() - since
-                fcntl.flock(main, fcntl.LOCK_UN)
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
         finally:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
