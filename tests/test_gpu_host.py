@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gate_residual_matrix.runner.__main__ import main
-from gate_residual_matrix.runner.gpu_host import command, modes, procedure, stamp
+from gate_residual_matrix.runner.gpu_host import ahead, command, modes, procedure, stamp
 from gate_residual_matrix.runner.gpu_host.steps import TIMEOUT_RC, HostRun, run_steps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -297,9 +297,11 @@ def cells(monkeypatch):
             raise ConfigError("a file that cannot run")
         return [CellOutcome(f"{Path(path).stem}-{modes[0]}", calls["status"], None, reports_dir)]
 
-    def precompile_modes(path, *, target, modes, workers, timeout_s, cases, say):
+    def precompile_modes(path, *, target, modes, workers, timeout_s, cases, say, on_mode):
         calls["precompile"].append((Path(path).name, tuple(modes), target, cases))
         calls["precompile_s"] = timeout_s
+        for m in modes:
+            on_mode(m)
         return {m: "compiled" for m in modes}
 
     monkeypatch.setattr(pipeline, "run_matrix", run_matrix)
@@ -353,7 +355,7 @@ def test_no_cell_starts_without_the_time_for_one(tmp_path, cells, capsys):
     assert modes.run_modes(run) == 1
     assert cells["cells"] == []
     assert "matrix-rms-norm.yaml plain: not started" in capsys.readouterr().out
-    assert cells["precompile_s"] <= modes.MIN_CELL_S / 2 * modes.PRECOMPILE_SHARE
+    assert cells["precompile_s"] <= modes.MIN_CELL_S / 2 * ahead.PRECOMPILE_SHARE
 
 
 def test_jobs_auto_is_zero_and_the_default(tmp_path, fake_steps):
@@ -373,8 +375,8 @@ def test_auto_jobs_is_the_cpus_on_cuda_and_one_on_cpu(monkeypatch):
 
 
 def test_precompile_workers_follow_each_files_calls():
-    assert modes.workers_by_calls({"a": 1260, "b": 570, "c": 0}, 14) == {"a": 10, "b": 4, "c": 1}
-    assert modes.workers_by_calls({"a": 0}, 14) == {"a": 1}
+    assert ahead.workers_by_calls({"a": 1260, "b": 570, "c": 0}, 14) == {"a": 10, "b": 4, "c": 1}
+    assert ahead.workers_by_calls({"a": 0}, 14) == {"a": 1}
 
 
 def test_cells_of_every_file_and_mode_queue_most_shards_first(tmp_path, cells, monkeypatch):
@@ -519,9 +521,9 @@ def test_in_threads_keeps_the_order_and_hands_on_an_error():
         time.sleep(0.05 * (3 - i))
         return i
 
-    assert modes._in_threads([(slow, (i,)) for i in range(3)], jobs=2) == [0, 1, 2]
+    assert ahead.in_threads([(slow, (i,)) for i in range(3)], jobs=2) == [0, 1, 2]
     with pytest.raises(ZeroDivisionError):
-        modes._in_threads([(slow, (0,)), (lambda: 1 / 0, ())])
+        ahead.in_threads([(slow, (0,)), (lambda: 1 / 0, ())])
 
 
 def test_env_step_names_only_declared_settings():
@@ -568,3 +570,81 @@ def test_a_bad_shard_count_is_one_line_and_exit_2(tmp_path, fake_steps, capsys, 
     assert len(err) == 1 and err[0].startswith("error: ") and "GATE_RESIDUAL_SHARDS" in err[0], err
     assert fake_steps == []
 
+
+
+def test_a_cell_starts_once_its_mode_is_compiled_and_none_times_meanwhile(
+        tmp_path, cells, spawned, monkeypatch):
+    """The compile-ahead runs beside the queue: the first mode's cells start when its wave
+    has ended, while the next mode still compiles, and the compile gate of the cells' GPU
+    lock is held until the precompile ends (no cell may take its timings meanwhile)."""
+    import fcntl
+    import threading
+
+    from gate_residual_matrix.contract import gpu_lock
+    from gate_residual_matrix.runner.cell import precompile
+
+    monkeypatch.delenv(gpu_lock.ENV, raising=False)
+    plain_started = threading.Event()
+    order: list = []
+    gate_held: list = []
+
+    def precompile_modes(path, *, target, modes, workers, timeout_s, cases, say, on_mode):
+        order.append(("compiled", modes[0]))
+        on_mode(modes[0])
+        assert plain_started.wait(20), "the first mode's cell never started"
+        fd = os.open(str(tmp_path / "build" / "gpu.lock.compiling"), os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            gate_held.append(False)
+        except BlockingIOError:
+            gate_held.append(True)
+        finally:
+            os.close(fd)
+        for m in modes[1:]:
+            order.append(("compiled", m))
+            on_mode(m)
+        return {m: "compiled" for m in modes}
+
+    monkeypatch.setattr(precompile, "precompile_modes", precompile_modes)
+    from gate_residual_matrix.runner.gpu_host import cell_queue
+
+    real_spawn = cell_queue.spawn
+
+    def spawn(run, command, env, running):
+        mode = command[command.index("--mode") + 1]
+        order.append(("cell", mode))
+        if mode == "plain":
+            plain_started.set()
+        return real_spawn(run, command, env, running)
+
+    monkeypatch.setattr(cell_queue, "spawn", spawn)
+    run = _Run(out=tmp_path / "out", root=tmp_path, matrices=(ROOT / "matrix.yaml",),
+               modes=("plain", "tf32"), jobs=4)
+    assert modes.run_modes(run) == 0
+    assert order == [("compiled", "plain"), ("cell", "plain"), ("compiled", "tf32"),
+                     ("cell", "tf32")]
+    assert gate_held == [True]
+    timeline = json.loads((tmp_path / "out" / modes.TIMELINE).read_text())
+    assert set(timeline["ready_s"]) == {"matrix.yaml plain", "matrix.yaml tf32"}
+    assert "precompile_s" in timeline and "rlbuild_s" in timeline
+
+
+def test_a_unit_not_ready_is_skipped_not_passed_over():
+    """A unit whose mode still compiles does not start, nor count as passed over (which
+    would stop every later unit behind it); it starts once it is ready."""
+    import threading
+
+    from gate_residual_matrix.runner.gpu_host.schedule import Unit, run_queue
+
+    go = threading.Event()
+    order: list = []
+
+    def first():
+        order.append("first")
+        go.set()
+
+    units = [Unit("waits", 1, lambda: order.append("waits"), ready=go.is_set),
+             Unit("first", 1, first), Unit("second", 1, lambda: order.append("second"))]
+    done = run_queue(units, jobs=1, cpus=1)
+    assert order[0] == "first" and sorted(order) == ["first", "second", "waits"]
+    assert all(u.error is None and u.started_s is not None for u in done)

@@ -215,14 +215,16 @@ def leave_stamp(key: str, items: list[dict], record: dict) -> None:
 
 def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
                      workers: int | None = None, say=None, timeout_s: float = TIMEOUT_S,
-                     cases: list[str] | None = None) -> dict:
+                     cases: list[str] | None = None, on_mode=None) -> dict:
     """Fill the compile caches for the host cells ``modes`` x ``target`` of a matrix in one
     pool of workers (each with its mode's variables over this environment, and its torch
     settings) and leave each mode's stamp; modes whose stamp is there are not compiled again.
     Returns ``{mode: "stamped" | "compiled" | "nothing to compile" | "failed: ..."}``.
     ``say(line)``, when given, hears what is about to be compiled; ``timeout_s`` bounds the
     whole (workers still running then are killed: their modes are ``failed``); ``cases``, the
-    case ids the cells will run (default: every case of the matrix).
+    case ids the cells will run (default: every case of the matrix). ``on_mode(mode)``, when
+    given, hears each mode as soon as its outcome is known (its wave of workers ended, so its
+    cells can start), before the later waves compile.
     Raises :class:`runner.errors.ConfigError` for a bad matrix, an unknown mode or target,
     :class:`runner.errors.BackendError` for target cuda without a GPU."""
     from gate_residual_matrix.runner.cell import catalog as implementations
@@ -249,6 +251,7 @@ def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
     for mode in modes:
         if not matrix.modes[mode].runs_on(target):
             outcome[mode] = f"not on target {target}"
+            _tell(on_mode, mode)
             continue
         selected = [c for c in matrix.cases if cases is None or c.id in cases]
         items = cell_plan(matrix, Cell("host", mode, target), selected)
@@ -260,6 +263,8 @@ def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
             outcome[mode] = "nothing to compile"
         elif stamped(key, items):
             outcome[mode] = "stamped"
+        if mode in outcome:
+            _tell(on_mode, mode)
         else:
             groups.append((items, torch_settings, {**os.environ, **spec.env}))
             keys[len(groups) - 1] = (mode, key)
@@ -287,8 +292,14 @@ def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
                 else:
                     leave_stamp(key, groups[gi][0], record)
                     outcome[mode] = "compiled"
+                _tell(on_mode, mode)
         outcome["seconds"] = round(time.perf_counter() - started, 3)
     return outcome
+
+
+def _tell(on_mode, mode: str) -> None:
+    if on_mode is not None:
+        on_mode(mode)
 
 
 def _positive(text: str) -> int:

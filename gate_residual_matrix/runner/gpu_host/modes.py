@@ -5,25 +5,27 @@ In this order, within the run's deadline:
 1. **Resume.** Reports carried in ``.carry/resume/`` (a stopped run's ``OUT/reports``) are
    copied into ``OUT/reports`` where it has none of that cell: a finished cell of the same
    fingerprint is not run again, a partial one runs only its missing cases.
-2. **Compile ahead.** One :func:`runner.cell.precompile.precompile_modes` per matrix file,
-   all at once, the workers shared out among them by how many graph calls each has to
-   compile, each filling the compile caches for every selected mode and leaving its stamps,
-   in at most :data:`PRECOMPILE_SHARE` of the time left; a mode whose cells already have an
-   ``ok`` report is left out. RL-Kernel's extension builds beside them (target cuda).
-3. **The cells.** With ``--jobs 1``, one after another in this process, mode by mode (every
-   file's cell of the first mode, then the next mode). Otherwise from one queue
-   (:func:`runner.gpu_host.schedule.run_queue`), each cell its own runner process
-   (:mod:`runner.gpu_host.cell_queue`): at most ``jobs`` at once, each taking
-   :data:`CPUS_PER_SHARD` CPUs per shard and its estimated GPU memory
-   (:mod:`runner.gpu_host.footprint`), the cells with the most shards first; every cell
-   process under one GPU lock file (each case's timing loops alone on the GPU). Each cell
-   runs on the host backend with the time left as its timeout: a cell stopped at the deadline
-   keeps its finished cases as a ``partial`` report, and a cell whose turn comes with less
-   than :data:`MIN_CELL_S` left is not started.
+2. **Compile ahead, beside the cells** (:mod:`runner.gpu_host.ahead`): one
+   :func:`runner.cell.precompile.precompile_modes` per matrix file, all at once, each filling
+   the compile caches for every selected mode (a mode whose cells already have an ``ok``
+   report is left out) and leaving each mode's stamp as its wave ends; RL-Kernel's extension
+   builds beside them (target cuda). A cell starts once its mode is compiled; no cell takes
+   its timings while the workers run (the GPU lock's compile gate).
+3. **The cells.** With ``--jobs 1``, after the compile-ahead, one after another in this
+   process, mode by mode (every file's cell of the first mode, then the next mode).
+   Otherwise from one queue (:func:`runner.gpu_host.schedule.run_queue`), each cell its own
+   runner process (:mod:`runner.gpu_host.cell_queue`) that starts once its mode is compiled
+   (step 2): at most ``jobs`` at once, each taking :data:`CPUS_PER_SHARD` CPUs per shard and
+   its estimated GPU memory (:mod:`runner.gpu_host.footprint`), the cells with the most
+   shards first; every cell process under one GPU lock file (each cell process's timing
+   loops alone on the GPU). Each cell runs on the host backend with the time left as its
+   timeout: a cell stopped at the deadline keeps its finished cases as a ``partial`` report,
+   and a cell whose turn comes with less than :data:`MIN_CELL_S` left is not started.
 4. **Summary**: one line per report in ``OUT/reports``, and ``OUT/modes-timeline.json``:
-   each part's seconds since the step began (the precompile, RL-Kernel's build, every cell's
-   start and end with its CPUs and status), the most cells that ran at once, and the most
-   GPU memory in use while the cells ran (``nvidia-smi``, sampled; null without it).
+   each part's seconds since the step began (the precompile, RL-Kernel's build, when each
+   file's mode was compiled, every cell's start and end with its CPUs and status), the most
+   cells that ran at once, and the most GPU memory in use while the cells ran
+   (``nvidia-smi``, sampled; null without it).
 
 The step fails when a cell did not end ``ok``, one was not started, or a file could not run.
 """
@@ -32,21 +34,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
-import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
 from pathlib import Path
 
 from gate_residual_matrix.runner.gpu_host.steps import HostRun
 
 MIN_CELL_S = 30.0
 """A cell started with less time left than this would end before its first case."""
-PRECOMPILE_SHARE = 0.5
-"""At most this share of the time left goes to compiling ahead, so that a run with a deadline
-always gets to its cells (what the workers compiled before they were stopped is in the
-caches; a cell compiles the rest itself)."""
 RESUME = Path(".carry") / "resume"
 
 
@@ -115,75 +110,17 @@ def _calls(matrix, modes: Sequence[str], run: HostRun) -> int:
     return sum(len(cell_plan(matrix, Cell("host", m, run.target), selected)) for m in modes)
 
 
-def workers_by_calls(calls: dict, total: int) -> dict:
-    """``total`` workers shared out in proportion to each key's ``calls``, at least one each
-    (so the shares add up to more than ``total`` when there are more keys than workers).
-
-    >>> workers_by_calls({"a": 1260, "b": 570, "c": 0}, 14)
-    {'a': 10, 'b': 4, 'c': 1}
-    """
-    whole = sum(calls.values()) or 1
-    return {k: max(1, round(total * n / whole)) for k, n in calls.items()}
-
-
-def precompile(run: HostRun, loaded: dict, reports: Path) -> None:
-    """Fill the compile caches of every file's unfinished modes, all files at once, within
-    the time left; prints one line per file."""
-    from gate_residual_matrix.runner.cell import precompile as ahead
-    from gate_residual_matrix.runner.cell.environment import available_cpus
+def compile_ahead(run: HostRun, loaded: dict, reports: Path, lock: str | None):
+    """The started :class:`runner.gpu_host.ahead.Ahead` of every file's modes that have no
+    finished report (``lock``: the cells' GPU lock file, for its compile gate)."""
+    from gate_residual_matrix.runner.gpu_host.ahead import Ahead
 
     todo = {p: [m for m in runnable(mx, run.modes, run.target)
                 if not finished(reports, mx, m, run.target)] for p, mx in loaded.items()
             if cases_of(mx, run.cases) != []}
-    todo = {p: ms for p, ms in todo.items() if ms}
-    if not todo:
-        print("precompile: nothing left to compile")
-        return
-    shares = workers_by_calls({p: _calls(loaded[p], ms, run) for p, ms in todo.items()},
-                              max(2, (available_cpus() or 2) - 2))
-    started = time.monotonic()
-    left = run.left()
-    timeout_s = ahead.TIMEOUT_S if left is None else \
-        max(min(left * PRECOMPILE_SHARE, ahead.TIMEOUT_S), 1.0)
-
-    def one(path: Path, modes: list[str]) -> str:
-        try:
-            done = ahead.precompile_modes(
-                path, target=run.target, modes=modes, workers=shares[path], timeout_s=timeout_s,
-                cases=cases_of(loaded[path], run.cases),
-                say=lambda s: print(f"precompile {path.name}: {s}", flush=True))
-        except Exception as err:  # costs time only: the cells compile what is missing
-            done = f"{type(err).__name__}: {err}"
-        return f"precompile {path.name}: {done} after {time.monotonic() - started:.0f} s"
-
-    import torch  # noqa: F401  (imported once here, not by every thread at once)
-    for line in _in_threads([(one, (p, ms)) for p, ms in todo.items()]):
-        print(line, flush=True)
-
-
-def _in_threads(calls: list[tuple], jobs: int | None = None) -> list:
-    """Each ``(function, args)`` of ``calls`` in daemon threads, ``jobs`` at a time (default:
-    all); their results in order. Daemon threads: an interrupted run exits without waiting
-    for them (their child processes die with it)."""
-    jobs = jobs or len(calls)
-    futures: list[Future] = [Future() for _ in calls]
-    queue = list(enumerate(calls))
-    lock = threading.Lock()
-
-    def worker() -> None:
-        while True:
-            with lock:
-                if not queue:
-                    return
-                i, (fn, args) = queue.pop(0)
-            try:
-                futures[i].set_result(fn(*args))
-            except BaseException as err:
-                futures[i].set_exception(err)
-
-    for _ in range(min(jobs, len(calls))):
-        threading.Thread(target=worker, daemon=True).start()
-    return [f.result() for f in futures]
+    return Ahead(run, todo=todo, calls={p: _calls(loaded[p], ms, run) for p, ms in todo.items()},
+                 cases={p: cases_of(mx, run.cases) for p, mx in loaded.items()},
+                 lock=lock).start()
 
 
 def _time_for(run: HostRun, path: Path, mode: str) -> tuple[float | None, str | None]:
@@ -235,13 +172,14 @@ def jobs_for(run: HostRun) -> int:
     return max(1, available_cpus() or 1) if run.target == "cuda" else 1
 
 
-def units(run: HostRun, loaded: dict, reports: Path, running=None) -> list:
+def units(run: HostRun, loaded: dict, reports: Path, running=None, ready=None) -> list:
     """The queue's units (:class:`runner.gpu_host.schedule.Unit`): one per file and mode
     that has a host cell on the target, each a runner process
     (:mod:`runner.gpu_host.cell_queue`) taking :data:`CPUS_PER_SHARD` CPUs per shard of its
     cell and its estimated GPU memory (:func:`runner.gpu_host.footprint.cell_mib`, target
     cuda), those with the most shards first (in mode order, then file order, among equals).
-    ``running``: the :class:`~runner.gpu_host.cell_queue.Running` they register with."""
+    ``running``: the :class:`~runner.gpu_host.cell_queue.Running` they register with;
+    ``ready(path, mode)``: whether a unit may start yet (:meth:`.ahead.Ahead.ready`)."""
     from gate_residual_matrix.runner.backends import shards
     from gate_residual_matrix.runner.cell.environment import available_cpus
     from gate_residual_matrix.runner.gpu_host import footprint
@@ -265,7 +203,9 @@ def units(run: HostRun, loaded: dict, reports: Path, running=None) -> list:
                             lambda p=path, m=matrix, md=mode: _queued(run, p, m, reports, md,
                                                                       env, running),
                             memory=footprint.cell_mib(matrix, selected, need)
-                            if run.target == "cuda" else 0))
+                            if run.target == "cuda" else 0,
+                            ready=None if ready is None else
+                            (lambda p=path, md=mode: ready(p, md))))
     return sorted(out, key=lambda u: -u.cpus)
 
 
@@ -342,41 +282,40 @@ def run_modes(run: HostRun) -> int:
 
     timeline: dict = {"jobs": jobs_for(run), "cpus": available_cpus(),
                       "gpu_memory_mib": capacity_mib() if run.target == "cuda" else None}
-    build = None
-    if run.target == "cuda":
-        build = run.start([sys.executable, "-m", "gate_residual_matrix.runner.gpu_host.probes",
-                           "rlbuild"])
-    try:
-        precompile(run, loaded, reports)
-        timeline["precompile_s"] = round(time.monotonic() - started, 1)
-    finally:
-        if build is not None:
-            rc = run.finish(build)
-            timeline["rlbuild_s"] = round(time.monotonic() - started, 1)
-            print(f"[modes] rlbuild: exit {rc} after {time.monotonic() - started:.0f} s",
-                  flush=True)
     jobs = timeline["jobs"]
-    cells_began = time.monotonic()
+    from gate_residual_matrix.contract import gpu_lock
     from gate_residual_matrix.runner.gpu_host import cell_queue
     from gate_residual_matrix.runner.gpu_host.cell_queue import THREADS, Running
     from gate_residual_matrix.runner.gpu_host.gpu_memory import PeakMemory
 
+    lock = cell_queue.environment(run)[gpu_lock.ENV] if jobs > 1 else None
     with PeakMemory() as memory:
-        if jobs > 1:
-            room = timeline["gpu_memory_mib"]
-            print(f"[modes] cells from one queue: at most {jobs} at once, {CPUS_PER_SHARD} "
-                  f"CPU(s) per shard ({timeline['cpus']} in all), "
-                  f"{'GPU memory not counted' if room is None else f'{room} MiB of GPU memory'}"
-                  f", {THREADS} threads per process, one GPU lock", flush=True)
-            running = Running()
-            try:
-                done = run_queue(units(run, loaded, reports, running), jobs=jobs,
-                                 cpus=timeline["cpus"] or 1, memory=timeline["gpu_memory_mib"])
-            except BaseException:  # Ctrl-C, SIGTERM: the running cells write what they did
-                running.interrupt()
-                raise
-        else:
-            done = _one_by_one(run, loaded, reports)
+        ahead = compile_ahead(run, loaded, reports, lock)
+        try:
+            if jobs > 1:
+                room = timeline["gpu_memory_mib"]
+                room = "GPU memory not counted" if room is None else f"{room} MiB of GPU memory"
+                print(f"[modes] cells from one queue, each once its mode is compiled: at most "
+                      f"{jobs} at once, {CPUS_PER_SHARD} CPU(s) per shard ({timeline['cpus']} in "
+                      f"all), {room}, {THREADS} threads per process, one GPU lock", flush=True)
+                running = Running()
+                cells_began = time.monotonic()
+                try:
+                    done = run_queue(units(run, loaded, reports, running, ready=ahead.ready),
+                                     jobs=jobs, cpus=timeline["cpus"] or 1,
+                                     memory=timeline["gpu_memory_mib"])
+                except BaseException:  # Ctrl-C, SIGTERM: the running cells write what they did
+                    running.interrupt()
+                    raise
+            else:
+                ahead.wait()
+                cells_began = time.monotonic()
+                done = _one_by_one(run, loaded, reports)
+            ahead.wait()
+        except BaseException:
+            ahead.stop()
+            raise
+        timeline.update(ahead.times)
         results = [u.result if u.error is None else ([], [f"{u.name}: {one_line(u.error)}"])
                    for u in done]
         timeline["cells"] = cell_queue.timeline_entries(done, cells_began - started)

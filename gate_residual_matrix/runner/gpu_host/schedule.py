@@ -11,8 +11,9 @@ that lists the largest cells first gets longest-processing-time-first scheduling
 the last cells from running on an otherwise idle host, and small cells fill in beside a
 large one. A unit that smaller ones have passed :data:`MAX_PASSED` times goes next: no other
 starts before it (without that, two small cells at a time beside one large cell could keep
-the memory of another large one from ever coming free). Nothing here knows what a cell is: a
-:class:`Unit` is a name, a CPU count, a memory figure and a function.
+the memory of another large one from ever coming free). A unit that is not ready yet (its
+mode still compiling) is skipped until it is. Nothing here knows what a cell is: a
+:class:`Unit` is a name, a CPU count, a memory figure, a readiness test and a function.
 
 Each unit's start and end are recorded (seconds since :func:`run_queue` began), for the run's
 timeline. Example::
@@ -31,15 +32,19 @@ from dataclasses import dataclass, field
 
 MAX_PASSED = 2
 """How many units may start ahead of one that does not fit yet."""
+POLL_S = 0.5
+"""How often the queue asks the units that were not ready whether they are now."""
 
 
 @dataclass
 class Unit:
     """One cell's turn: ``name`` (for the timeline), ``cpus`` it takes (>= 1), ``memory`` (its
     estimated GPU memory, MiB; 0: not counted) and ``run``, called without arguments in a
-    thread of its own. After :func:`run_queue`: ``result``
-    (what ``run`` returned), ``error`` (what it raised, or None), ``started_s`` and
-    ``ended_s`` (seconds since the queue began; None for a unit that never started)."""
+    thread of its own; ``ready`` (None: always), whether it may start yet (its compiled
+    graphs are there): a unit not ready is skipped, neither started nor passed over. After
+    :func:`run_queue`: ``result`` (what ``run`` returned), ``error`` (what it raised, or
+    None), ``started_s`` and ``ended_s`` (seconds since the queue began; None for a unit that
+    never started)."""
 
     name: str
     cpus: int
@@ -50,6 +55,7 @@ class Unit:
     ended_s: float | None = None
     extra: dict = field(default_factory=dict)
     memory: int = 0
+    ready: Callable[[], bool] | None = None
 
 
 def run_queue(units: Sequence[Unit], *, jobs: int, cpus: int,
@@ -86,8 +92,13 @@ def run_queue(units: Sequence[Unit], *, jobs: int, cpus: int,
 
     passed = {id(u): 0 for u in units}
 
+    def ready(unit: Unit) -> bool:
+        return unit.ready is None or unit.ready()
+
     def next_unit() -> Unit | None:
         for u in pending:
+            if not ready(u):
+                continue
             if fits(u):
                 return u
             if passed[id(u)] >= MAX_PASSED:
@@ -97,11 +108,12 @@ def run_queue(units: Sequence[Unit], *, jobs: int, cpus: int,
     with changed:
         while pending or running:
             started = next_unit()
-            if started is None:
-                changed.wait()
+            if started is None:  # a unit may become ready without a unit ending
+                changed.wait(timeout=POLL_S if any(u.ready for u in pending) else None)
                 continue
             for u in pending[:pending.index(started)]:
-                passed[id(u)] += 1
+                if ready(u):
+                    passed[id(u)] += 1
             pending.remove(started)
             running.append(started)
             started.started_s = round(time.monotonic() - began, 3)

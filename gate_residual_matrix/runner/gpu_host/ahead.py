@@ -1,0 +1,197 @@
+"""Compiling ahead for the ``modes`` step, beside its cells.
+
+:class:`Ahead` runs in a thread of its own, from the step's start:
+
+* RL-Kernel's extension build (target cuda), in a child process;
+* one :func:`runner.cell.precompile.precompile_modes` per matrix file, all at once, the
+  workers shared out among them by how many graph calls each has to compile
+  (:func:`workers_by_calls`), in at most :data:`PRECOMPILE_SHARE` of the time left. Each
+  file compiles its first mode alone, then the others (their graphs mostly reuse the first
+  mode's Triton kernels).
+
+A file's mode is **ready** (:meth:`Ahead.ready`) once its graphs are in the caches (its wave
+ended and left its stamp; or failed, or the time ran out: its cell then compiles what is
+missing itself) and the build has ended. The queue starts a cell only when it is ready, so
+the first mode's cells run their checks while the other modes compile.
+
+While the workers run, the step holds the GPU lock's compile gate
+(:func:`contract.gpu_lock.compiling`): the workers load every CPU and run kernels on the GPU
+(their calls, inductor's autotuning) outside the lock, so no cell takes its timings until
+they are done; a cell whose checks end sooner waits for the gate with its timings
+(``phases.gpu_lock_wait.exclusive``).
+
+Example::
+
+    ahead = Ahead(run, todo={Path("matrix.yaml"): ["plain", "tf32"]}, calls=..., cases=...)
+    ahead.start()
+    ahead.ready(Path("matrix.yaml"), "plain")  # False until plain's graphs are compiled
+    ahead.wait()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+
+from gate_residual_matrix.runner.gpu_host.steps import HostRun
+
+PRECOMPILE_SHARE = 0.5
+"""At most this share of the time left goes to compiling ahead, so that a run with a deadline
+always gets to its cells (what the workers compiled before they were stopped is in the
+caches; a cell compiles the rest itself)."""
+
+
+def workers_by_calls(calls: dict, total: int) -> dict:
+    """``total`` workers shared out in proportion to each key's ``calls``, at least one each
+    (so the shares add up to more than ``total`` when there are more keys than workers).
+
+    >>> workers_by_calls({"a": 1260, "b": 570, "c": 0}, 14)
+    {'a': 10, 'b': 4, 'c': 1}
+    """
+    whole = sum(calls.values()) or 1
+    return {k: max(1, round(total * n / whole)) for k, n in calls.items()}
+
+
+class Ahead:
+    """The compile-ahead of one ``modes`` step (see the module docstring).
+
+    ``todo``: per matrix file, the modes to compile (those without a finished report);
+    ``calls``: per file, its graph calls (for the workers' shares); ``cases``: per file, the
+    case ids its cells run (None: all); ``lock``: the GPU lock file the cells share (None: no
+    gate). After :meth:`wait`, :attr:`times` holds ``precompile_s`` and ``rlbuild_s`` (seconds
+    since :meth:`start`) and ``ready_s`` (each ``"<file> <mode>"``'s)."""
+
+    def __init__(self, run: HostRun, *, todo: dict[Path, list[str]], calls: dict[Path, int],
+                 cases: dict[Path, list[str] | None], lock: str | None = None) -> None:
+        self.run, self.todo, self.calls, self.cases, self.lock = run, todo, calls, cases, lock
+        self.times: dict = {"ready_s": {}}
+        self._ready: dict[tuple[Path, str], threading.Event] = {
+            (p, m): threading.Event() for p, ms in todo.items() for m in ms}
+        self._built, self._done = threading.Event(), threading.Event()
+        self._began = time.monotonic()
+        self._threads: list[threading.Thread] = []
+        self._build_proc = None
+
+    def start(self) -> Ahead:
+        """Start the build and the precompile (daemon threads: an interrupted run does not
+        wait for them; their child processes die with it)."""
+        self._began = time.monotonic()
+        for body in (self._build, self._compile):
+            thread = threading.Thread(target=body, daemon=True, name=f"ahead {body.__name__}")
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def ready(self, path: Path, mode: str) -> bool:
+        """Whether the cell of ``path`` and ``mode`` may start (see the module docstring)."""
+        if not self._built.is_set():
+            return False
+        event = self._ready.get((Path(path), mode))
+        return self._done.is_set() or event is None or event.is_set()
+
+    def wait(self) -> None:
+        """Until the build and the precompile have ended (each bounded by the deadline)."""
+        for thread in self._threads:
+            thread.join()
+
+    def stop(self) -> None:
+        """Stop the build's process group, if it still runs (an interrupted step: the
+        precompile's workers die with this process)."""
+        from gate_residual_matrix.runner.gpu_host.steps import _signal_group
+
+        proc = self._build_proc
+        if proc is not None and proc.poll() is None:
+            _signal_group(proc, signal.SIGKILL)
+
+    def _since(self) -> float:
+        return round(time.monotonic() - self._began, 1)
+
+    def _build(self) -> None:
+        try:
+            if self.run.target == "cuda":
+                proc = self._build_proc = self.run.start(
+                    [sys.executable, "-m", "gate_residual_matrix.runner.gpu_host.probes",
+                     "rlbuild"])
+                rc = self.run.finish(proc)
+                print(f"[modes] rlbuild: exit {rc} after {self._since():.0f} s", flush=True)
+                self.times["rlbuild_s"] = self._since()
+        finally:
+            self._built.set()
+
+    def _mode_done(self, path: Path, mode: str) -> None:
+        self.times["ready_s"][f"{path.name} {mode}"] = self._since()
+        event = self._ready.get((path, mode))
+        if event is not None:
+            event.set()
+
+    def _compile(self) -> None:
+        from gate_residual_matrix.contract import gpu_lock
+
+        try:
+            with gpu_lock.compiling(self.lock) if self.lock else contextlib.nullcontext():
+                self._precompile()
+        finally:
+            self.times["precompile_s"] = self._since()
+            self._done.set()
+
+    def _precompile(self) -> None:
+        """Fill the compile caches of every file's modes in :attr:`todo`, all files at once,
+        within the time left; prints one line per file."""
+        from gate_residual_matrix.runner.cell import precompile as cell_precompile
+        from gate_residual_matrix.runner.cell.environment import available_cpus
+
+        todo = {p: ms for p, ms in self.todo.items() if ms}
+        if not todo:
+            print("precompile: nothing left to compile", flush=True)
+            return
+        shares = workers_by_calls({p: self.calls.get(p, 0) for p in todo},
+                                  max(2, (available_cpus() or 2) - 2))
+        left = self.run.left()
+        timeout_s = cell_precompile.TIMEOUT_S if left is None else \
+            max(min(left * PRECOMPILE_SHARE, cell_precompile.TIMEOUT_S), 1.0)
+
+        def one(path: Path, modes: list[str]) -> str:
+            try:
+                done = cell_precompile.precompile_modes(
+                    path, target=self.run.target, modes=modes, workers=shares[path],
+                    timeout_s=timeout_s, cases=self.cases.get(path),
+                    say=lambda s: print(f"precompile {path.name}: {s}", flush=True),
+                    on_mode=lambda mode: self._mode_done(path, mode))
+            except Exception as err:  # costs time only: the cells compile what is missing
+                done = f"{type(err).__name__}: {err}"
+            return f"precompile {path.name}: {done} after {self._since():.0f} s"
+
+        import torch  # noqa: F401  (imported once here, not by every thread at once)
+        for line in in_threads([(one, (p, ms)) for p, ms in todo.items()]):
+            print(line, flush=True)
+
+
+def in_threads(calls: list[tuple[Callable, tuple]], jobs: int | None = None) -> list:
+    """Each ``(function, args)`` of ``calls`` in daemon threads, ``jobs`` at a time (default:
+    all); their results in order (the first error raised again). Daemon threads: an
+    interrupted run exits without waiting for them (their child processes die with it)."""
+    jobs = jobs or len(calls)
+    futures: list[Future] = [Future() for _ in calls]
+    queue = list(enumerate(calls))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                i, (fn, args) = queue.pop(0)
+            try:
+                futures[i].set_result(fn(*args))
+            except BaseException as err:
+                futures[i].set_exception(err)
+
+    for _ in range(min(jobs, len(calls))):
+        threading.Thread(target=worker, daemon=True).start()
+    return [f.result() for f in futures]
