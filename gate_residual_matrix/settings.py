@@ -166,7 +166,7 @@ _ALL = (
             _path_or_off, "a path or off",
             shown_default="`$XDG_CACHE_HOME/gate-residual/cubin`"),
     Setting("GATE_RESIDUAL_GPU_LOCK", Kind.USER, "path", None,
-            "Lock file that the cell processes on one GPU share, so that each case's timing "
+            "Lock file that the cell processes on one GPU share, so that their timing "
             "loops run with the GPU to themselves (a sharded cell sets one in its reports "
             "folder).", expected=PATH, shown_default="none"),
     Setting("GATE_RESIDUAL_WHEELHOUSE", Kind.USER, "path", None,
@@ -226,6 +226,11 @@ _ALL = (
     Setting("GATE_RESIDUAL_CELL_DEADLINE", Kind.INTERNAL, "seconds since the epoch", None,
             "A cell process exits by itself (code 124) after this time; a bad value is "
             "ignored.", _python(float), "seconds since the epoch", shown_default="none"),
+    Setting("GATE_RESIDUAL_GPU_BUDGET_MIB", Kind.INTERNAL, "MiB", None,
+            "The GPU memory the cell processes sharing `GATE_RESIDUAL_GPU_LOCK` may hold "
+            "together, shared out case by case in a ledger beside the lock (set by the GPU "
+            "host's queue).", _whole(1, 9), "a whole number of MiB >= 1",
+            shown_default="none"),
     Setting("GATE_RESIDUAL_PARENT_PID", Kind.INTERNAL, "process id", None,
             "The runner's pid: a cell process exits (code 129) once its parent is another "
             "process; a bad value is ignored.", _python(int), "a process id",

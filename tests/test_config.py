@@ -41,7 +41,7 @@ def test_shipped_matrix_loads() -> None:
     assert m.implementations[:3] == ("eager", "numba", "fp64")
     assert set(m.implementations) == set(KNOWN_IMPLEMENTATIONS)  # every one
     assert (m.baseline, m.accuracy_reference, m.repeats) == ("eager", "fp64", 3)
-    assert (m.timing.warmup, m.timing.iters) == (3, 20)
+    assert (m.timing.warmup, m.timing.iters) == (2, 10)
     assert m.batch_invariance is not None
     assert list(m.modes) == ["plain", "deterministic", "tf32", "inference",
                              "vllm_batch_invariant", "sglang_ieee"]

@@ -648,3 +648,12 @@ def test_a_unit_not_ready_is_skipped_not_passed_over():
     done = run_queue(units, jobs=1, cpus=1)
     assert order[0] == "first" and sorted(order) == ["first", "second", "waits"]
     assert all(u.error is None and u.started_s is not None for u in done)
+
+
+def test_cells_get_the_gpu_memory_budget_only_where_it_is_known(tmp_path):
+    from gate_residual_matrix.contract import gpu_budget
+    from gate_residual_matrix.runner.gpu_host import cell_queue
+
+    run = HostRun(out=tmp_path, root=tmp_path)
+    assert cell_queue.environment(run, 130000)[gpu_budget.ENV] == "130000"
+    assert gpu_budget.ENV not in cell_queue.environment(run)

@@ -40,6 +40,7 @@ def run_cell_process(matrix_path: Path, reports_dir: Path, *, stacks: Sequence[s
         ConfigError: the selection is not exactly one cell, or its target is ``cuda`` and
             torch sees no GPU (nothing is written then).
     """
+    from gate_residual_matrix.contract import gpu_budget
     from gate_residual_matrix.runner.backends import lifetime
     from gate_residual_matrix.runner.cell import heartbeat
     from gate_residual_matrix.runner.cell import modes as mode_setup
@@ -78,11 +79,13 @@ def run_cell_process(matrix_path: Path, reports_dir: Path, *, stacks: Sequence[s
         heartbeat.said()
 
     def run() -> dict[str, Any]:
-        return run_cell(matrix, cell, select_cases(matrix, cases), run_id=run_id,
-                        timings=timings,
-                        mode_environment=mode_setup.mode_environment(cell.mode, mode, start,
-                                                                applied),
-                        on_case=checkpoint, expected=_case_seconds(reports_dir, cell.id))
+        # on a GPU host's shared GPU: this process's base share of its memory, for its life
+        with gpu_budget.reserve(gpu_budget.BASE_MIB if cell.target == "cuda" else 0, "base"):
+            return run_cell(matrix, cell, select_cases(matrix, cases), run_id=run_id,
+                            timings=timings,
+                            mode_environment=mode_setup.mode_environment(cell.mode, mode,
+                                                                         start, applied),
+                            on_case=checkpoint, expected=_case_seconds(reports_dir, cell.id))
 
     profile_dir = settings.get("GATE_RESIDUAL_CPROFILE")
     if profile_dir:  # where the cell's own time goes, beyond its phases (docs/performance.md)

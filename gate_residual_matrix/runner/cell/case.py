@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gate_residual_matrix.contract import compare, gpu_lock
+from gate_residual_matrix.contract import compare, gpu_budget, gpu_lock
 from gate_residual_matrix.contract.base import Implementation
 from gate_residual_matrix.contract.row_blocks import RowBlocks
 from gate_residual_matrix.runner.cell import batch_invariance, timing_pass
@@ -241,9 +241,12 @@ def _time_all(ctx: CaseContext, ran: list, x, on_device: dict, key: str) -> None
 def time_pending(ctx: CaseContext, cases: list) -> None:
     """:func:`runner.cell.timing_pass.take` of ``cases`` (:class:`~runner.cell.timing_pass.
     Pending`) into the cell's results, a failing implementation recorded as a failing run."""
-    timing_pass.take(cases, results=ctx.results, device=ctx.device, matrix=ctx.matrix,
-                     inference=ctx.inference, clock=ctx.clock,
-                     on_error=lambda entry, key, err: _failed(ctx, entry, key, err))
+    mib = gpu_budget.mib_of([t for c in cases for t in c.x.tensors.values()],
+                            gpu_budget.TIMING_COPIES) if ctx.device == "cuda" else 0
+    with gpu_budget.reserve(mib, "timings"):  # the inputs go back to the device
+        timing_pass.take(cases, results=ctx.results, device=ctx.device, matrix=ctx.matrix,
+                         inference=ctx.inference, clock=ctx.clock,
+                         on_error=lambda entry, key, err: _failed(ctx, entry, key, err))
 
 
 def _same_bits(cmp_entry: dict, name: str) -> bool:

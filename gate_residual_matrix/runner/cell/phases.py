@@ -33,8 +33,10 @@ its own timing loops, while other processes timed or finished their stretch (a p
 ``timings``). A hashing thread's wait may overlap the main thread's work, so the figures
 are an upper bound on the time the cell stood still. ``gpu_exclusive`` is the time it held
 the GPU alone for its timing loops (:func:`contract.gpu_lock.held_s`, a part of
-``timings``): what every other process on the host waited for. ``other`` is the cell's
-wall time not in any phase.
+``timings``): what every other process on the host waited for. ``gpu_memory_wait`` is the
+time it waited for its share of the GPU's memory before a case or its timing pass
+(:mod:`contract.gpu_budget`, a part of ``other``). ``other`` is the cell's wall time not in
+any phase.
 
 Example::
 
@@ -91,6 +93,7 @@ class PhaseClock:
         self._compile0 = torch_compile_seconds() + kernel_compile_seconds()
         self._waited0 = _lock_waits()
         self._held0 = _lock_held()
+        self._memory0 = _memory_waited()
 
     def _now(self) -> float:
         if self.sync:
@@ -132,8 +135,8 @@ class PhaseClock:
 
     def as_report(self, *, total_s: float) -> dict:
         """The report's ``phases``: every phase of :data:`PHASES` in seconds (rounded to ms),
-        ``runs`` per implementation, ``compilation``, ``gpu_lock_wait``, ``gpu_exclusive``
-        and ``other`` (``total_s`` minus the phases)."""
+        ``runs`` per implementation, ``compilation``, ``gpu_lock_wait``, ``gpu_exclusive``,
+        ``gpu_memory_wait`` and ``other`` (``total_s`` minus the phases)."""
         out: dict = {p: round(self.seconds.get(p, 0.0), 3) for p in PHASES if p != "runs"}
         out["runs"] = {k: round(v, 3) for k, v in self.runs.items()}
         spent = sum(self.seconds.values()) + sum(self.runs.values())
@@ -141,9 +144,17 @@ class PhaseClock:
         now = _lock_waits()
         out["gpu_lock_wait"] = {k: round(max(now[k] - self._waited0[k], 0.0), 3) for k in now}
         out["gpu_exclusive"] = round(max(_lock_held() - self._held0, 0.0), 3)
+        out["gpu_memory_wait"] = round(max(_memory_waited() - self._memory0, 0.0), 3)
         out["other"] = round(max(total_s - spent, 0.0), 3)
         return {k: out[k] for k in (*PHASES, "compilation", "gpu_lock_wait", "gpu_exclusive",
-                                    "other")}
+                                    "gpu_memory_wait", "other")}
+
+
+def _memory_waited() -> float:
+    """Seconds this process has waited for its share of the GPU's memory (0.0 when the
+    ledger never loaded)."""
+    budget = sys.modules.get("gate_residual_matrix.contract.gpu_budget")
+    return budget.waited_s() if budget is not None else 0.0
 
 
 def _lock_held() -> float:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 
 from gate_residual_matrix import ops
-from gate_residual_matrix.contract import compare, gpu_lock
+from gate_residual_matrix.contract import compare, gpu_budget, gpu_lock
 from gate_residual_matrix.contract.base import Implementation
 from gate_residual_matrix.contract.inputs import build
 from gate_residual_matrix.runner.cell import case as cases_of_cell
@@ -328,7 +328,10 @@ def _run_one_case(ctx: CaseContext, report: dict, case) -> str:
                                  "sha256": None,
                                  **({"index_counts": x.index_counts(p.sizes[spec.groups])}
                                     if spec.groups else {})}
-    run_case(ctx, case, x, key, dtype)
+    # on a GPU host's shared GPU: the case's share of the memory, waited for outside the lock
+    with gpu_budget.reserve(gpu_budget.mib_of(x.tensors.values(), gpu_budget.COPIES)
+                            if ctx.device == "cuda" else 0, "case"):
+        run_case(ctx, case, x, key, dtype)
     with clock("hashing"):
         report["inputs"][key]["sha256"] = {k: f.result() for k, f in input_hashes.items()}
     return key

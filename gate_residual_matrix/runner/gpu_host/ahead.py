@@ -64,12 +64,17 @@ class Ahead:
     ``todo``: per matrix file, the modes to compile (those without a finished report);
     ``calls``: per file, its graph calls (for the workers' shares); ``cases``: per file, the
     case ids its cells run (None: all); ``lock``: the GPU lock file the cells share (None: no
-    gate). After :meth:`wait`, :attr:`times` holds ``precompile_s`` and ``rlbuild_s`` (seconds
-    since :meth:`start`) and ``ready_s`` (each ``"<file> <mode>"``'s)."""
+    gate); ``budget``: the GPU memory the cells share case by case
+    (:mod:`contract.gpu_budget`), of which the workers hold
+    :data:`runner.gpu_host.footprint.PRECOMPILE_WORKER_MIB` each while they run. After
+    :meth:`wait`, :attr:`times` holds ``precompile_s`` and ``rlbuild_s`` (seconds since
+    :meth:`start`) and ``ready_s`` (each ``"<file> <mode>"``'s)."""
 
     def __init__(self, run: HostRun, *, todo: dict[Path, list[str]], calls: dict[Path, int],
-                 cases: dict[Path, list[str] | None], lock: str | None = None) -> None:
+                 cases: dict[Path, list[str] | None], lock: str | None = None,
+                 budget: int | None = None) -> None:
         self.run, self.todo, self.calls, self.cases, self.lock = run, todo, calls, cases, lock
+        self.budget = budget
         self.times: dict = {"ready_s": {}}
         self._ready: dict[tuple[Path, str], threading.Event] = {
             (p, m): threading.Event() for p, ms in todo.items() for m in ms}
@@ -109,6 +114,15 @@ class Ahead:
         if proc is not None and proc.poll() is None:
             _signal_group(proc, signal.SIGKILL)
 
+    def workers(self) -> int:
+        """The compile workers of all files together: the CPUs less two, at least two (0
+        with nothing to compile)."""
+        from gate_residual_matrix.runner.cell.environment import available_cpus
+
+        if not any(self.todo.values()):
+            return 0
+        return max(2, (available_cpus() or 2) - 2)
+
     def _since(self) -> float:
         return round(time.monotonic() - self._began, 1)
 
@@ -131,10 +145,13 @@ class Ahead:
             event.set()
 
     def _compile(self) -> None:
-        from gate_residual_matrix.contract import gpu_lock
+        from gate_residual_matrix.contract import gpu_budget, gpu_lock
+        from gate_residual_matrix.runner.gpu_host.footprint import PRECOMPILE_WORKER_MIB
 
         try:
-            with gpu_lock.compiling(self.lock) if self.lock else contextlib.nullcontext():
+            with gpu_lock.compiling(self.lock) if self.lock else contextlib.nullcontext(), \
+                    gpu_budget.reserve(self.workers() * PRECOMPILE_WORKER_MIB, "precompile",
+                                       lock=self.lock, budget=self.budget):
                 self._precompile()
         finally:
             self.times["precompile_s"] = self._since()
@@ -144,14 +161,12 @@ class Ahead:
         """Fill the compile caches of every file's modes in :attr:`todo`, all files at once,
         within the time left; prints one line per file."""
         from gate_residual_matrix.runner.cell import precompile as cell_precompile
-        from gate_residual_matrix.runner.cell.environment import available_cpus
 
         todo = {p: ms for p, ms in self.todo.items() if ms}
         if not todo:
             print("precompile: nothing left to compile", flush=True)
             return
-        shares = workers_by_calls({p: self.calls.get(p, 0) for p in todo},
-                                  max(2, (available_cpus() or 2) - 2))
+        shares = workers_by_calls({p: self.calls.get(p, 0) for p in todo}, self.workers())
         left = self.run.left()
         timeout_s = cell_precompile.TIMEOUT_S if left is None else \
             max(min(left * PRECOMPILE_SHARE, cell_precompile.TIMEOUT_S), 1.0)

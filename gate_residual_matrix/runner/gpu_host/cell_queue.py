@@ -115,15 +115,17 @@ def outcome(reports: Path, cell: str, rc: int):
     return CellOutcome(cell, status, data.get("reason"), path)
 
 
-def environment(run: HostRun) -> dict:
+def environment(run: HostRun, budget_mib: int | None = None) -> dict:
     """What every cell process gets over the step's environment: the GPU lock file (under
-    the project's ``build/`` unless one is set) and :data:`THREADS` threads."""
-    from gate_residual_matrix.contract import gpu_lock
+    the project's ``build/`` unless one is set), :data:`THREADS` threads and, with
+    ``budget_mib``, the GPU memory the cells share case by case (:mod:`contract.gpu_budget`)."""
+    from gate_residual_matrix.contract import gpu_budget, gpu_lock
 
     lock = Path(os.environ.get(gpu_lock.ENV) or run.root / "build" / "gpu.lock").resolve()
     lock.parent.mkdir(parents=True, exist_ok=True)
     return {gpu_lock.ENV: str(lock), "OMP_NUM_THREADS": str(THREADS),
-            "NUMBA_NUM_THREADS": str(THREADS)}
+            "NUMBA_NUM_THREADS": str(THREADS),
+            **({gpu_budget.ENV: str(budget_mib)} if budget_mib else {})}
 
 
 def timeline_entries(done: list, offset: float) -> list[dict]:

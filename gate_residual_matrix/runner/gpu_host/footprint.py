@@ -1,14 +1,13 @@
-"""How much GPU memory a cell takes, roughly: so that the ``modes`` step starts no cell that
-would not fit beside the cells already running on the GPU.
+"""How much GPU memory a cell takes, roughly: its peak, which the ``modes`` step records in
+its timeline (the cells share the memory case by case: :mod:`contract.gpu_budget`), and the
+budget the cells of the step share.
 
 A cell runs as one process per shard (:mod:`runner.backends.shards`). At its fullest a shard
 holds its largest case's inputs and, beside them, the outputs and gradients of every
 implementation that it keeps for hashing, comparisons and pairs, and the clones each call
 takes: about :data:`COPIES` times that case's input bytes. Every CUDA process keeps besides
 its context, the caching allocator's slack and the libraries' workspaces: :data:`SHARD_BASE_MIB`.
-Both figures were set from the cells' GPU memory peaks on an H200 (docs/performance.md, "Cells
-side by side"), rounded up: an estimate too low would let a cell's implementation run out of
-memory (an ``oom`` row), one too high only runs cells one after another.
+Both figures are :mod:`contract.gpu_budget`'s, which shares the memory out case by case.
 
 Example::
 
@@ -22,10 +21,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-SHARD_BASE_MIB = 4096
+from gate_residual_matrix.contract import gpu_budget
+
+SHARD_BASE_MIB = gpu_budget.BASE_MIB
 """What a shard process takes on the GPU whatever its cases (MiB)."""
-COPIES = 10
+COPIES = gpu_budget.COPIES
 """A shard's peak in multiples of its largest case's input bytes."""
+PRECOMPILE_WORKER_MIB = 4096
+"""What a compile-ahead worker holds on the GPU at most (MiB): its context and one graph
+call's inputs and outputs at the largest case's size."""
 USABLE = 0.95
 """The share of the GPU's memory the running cells' estimates may add up to."""
 

@@ -110,9 +110,11 @@ def _calls(matrix, modes: Sequence[str], run: HostRun) -> int:
     return sum(len(cell_plan(matrix, Cell("host", m, run.target), selected)) for m in modes)
 
 
-def compile_ahead(run: HostRun, loaded: dict, reports: Path, lock: str | None):
+def compile_ahead(run: HostRun, loaded: dict, reports: Path, lock: str | None,
+                  budget: int | None = None):
     """The started :class:`runner.gpu_host.ahead.Ahead` of every file's modes that have no
-    finished report (``lock``: the cells' GPU lock file, for its compile gate)."""
+    finished report (``lock``: the cells' GPU lock file, for its compile gate; ``budget``:
+    the GPU memory the cells share, of which the workers hold their part)."""
     from gate_residual_matrix.runner.gpu_host.ahead import Ahead
 
     todo = {p: [m for m in runnable(mx, run.modes, run.target)
@@ -120,7 +122,7 @@ def compile_ahead(run: HostRun, loaded: dict, reports: Path, lock: str | None):
             if cases_of(mx, run.cases) != []}
     return Ahead(run, todo=todo, calls={p: _calls(loaded[p], ms, run) for p, ms in todo.items()},
                  cases={p: cases_of(mx, run.cases) for p, mx in loaded.items()},
-                 lock=lock).start()
+                 lock=lock, budget=budget).start()
 
 
 def _time_for(run: HostRun, path: Path, mode: str) -> tuple[float | None, str | None]:
@@ -172,14 +174,17 @@ def jobs_for(run: HostRun) -> int:
     return max(1, available_cpus() or 1) if run.target == "cuda" else 1
 
 
-def units(run: HostRun, loaded: dict, reports: Path, running=None, ready=None) -> list:
+def units(run: HostRun, loaded: dict, reports: Path, running=None, ready=None,
+          budget: int | None = None) -> list:
     """The queue's units (:class:`runner.gpu_host.schedule.Unit`): one per file and mode
     that has a host cell on the target, each a runner process
     (:mod:`runner.gpu_host.cell_queue`) taking :data:`CPUS_PER_SHARD` CPUs per shard of its
     cell and its estimated GPU memory (:func:`runner.gpu_host.footprint.cell_mib`, target
     cuda), those with the most shards first (in mode order, then file order, among equals).
     ``running``: the :class:`~runner.gpu_host.cell_queue.Running` they register with;
-    ``ready(path, mode)``: whether a unit may start yet (:meth:`.ahead.Ahead.ready`)."""
+    ``ready(path, mode)``: whether a unit may start yet (:meth:`.ahead.Ahead.ready`);
+    ``budget``: the GPU memory (MiB) the cells share case by case (:mod:`contract.gpu_budget`;
+    each unit's ``memory`` is then its cell's estimated peak, for the timeline)."""
     from gate_residual_matrix.runner.backends import shards
     from gate_residual_matrix.runner.cell.environment import available_cpus
     from gate_residual_matrix.runner.gpu_host import footprint
@@ -189,7 +194,7 @@ def units(run: HostRun, loaded: dict, reports: Path, running=None, ready=None) -
 
     cpus = available_cpus()
     running = running if running is not None else Running()
-    env = environment(run)
+    env = environment(run, budget)
     out = []
     for mode in run.modes:
         for path, matrix in loaded.items():
@@ -289,21 +294,23 @@ def run_modes(run: HostRun) -> int:
     from gate_residual_matrix.runner.gpu_host.gpu_memory import PeakMemory
 
     lock = cell_queue.environment(run)[gpu_lock.ENV] if jobs > 1 else None
+    budget = timeline["gpu_memory_mib"] if jobs > 1 else None
+    timeline["gpu_budget_mib"] = budget
     with PeakMemory() as memory:
-        ahead = compile_ahead(run, loaded, reports, lock)
+        ahead = compile_ahead(run, loaded, reports, lock, budget)
         try:
             if jobs > 1:
-                room = timeline["gpu_memory_mib"]
-                room = "GPU memory not counted" if room is None else f"{room} MiB of GPU memory"
+                room = ("GPU memory not counted" if budget is None else
+                        f"{budget} MiB of GPU memory shared case by case")
                 print(f"[modes] cells from one queue, each once its mode is compiled: at most "
                       f"{jobs} at once, {CPUS_PER_SHARD} CPU(s) per shard ({timeline['cpus']} in "
                       f"all), {room}, {THREADS} threads per process, one GPU lock", flush=True)
                 running = Running()
                 cells_began = time.monotonic()
                 try:
-                    done = run_queue(units(run, loaded, reports, running, ready=ahead.ready),
-                                     jobs=jobs, cpus=timeline["cpus"] or 1,
-                                     memory=timeline["gpu_memory_mib"])
+                    done = run_queue(units(run, loaded, reports, running, ready=ahead.ready,
+                                           budget=budget),
+                                     jobs=jobs, cpus=timeline["cpus"] or 1)
                 except BaseException:  # Ctrl-C, SIGTERM: the running cells write what they did
                     running.interrupt()
                     raise

@@ -58,8 +58,8 @@ def _commit(cell: CellReport) -> str:
 def time_spent(data: dict, top: int = 3) -> str:
     """``"98 s: compile 41, batch inv. 20, inputs 9"``: a report's wall time and its
     largest phases in seconds (``phases``, runner/cell/phases.py); the total alone without them,
-    ``—`` without either. ``compile`` and ``GPU wait`` are parts of the others (compiling,
-    waiting for the GPU lock)."""
+    ``—`` without either. ``compile``, ``GPU wait`` and ``memory wait`` are parts of the others
+    (compiling, waiting for the GPU lock, waiting for GPU memory)."""
     total = data.get("duration_s")
     if not isinstance(total, (int, float)):
         return ABSENT
@@ -73,7 +73,8 @@ def time_spent(data: dict, top: int = 3) -> str:
         if isinstance(values, dict):
             spent[part] = sum(v for v in values.values() if isinstance(v, (int, float)))
     names = {"compilation": "compile", "batch_invariance": "batch inv.",
-             "comparisons": "compare", "gpu_lock_wait": "GPU wait"}
+             "comparisons": "compare", "gpu_lock_wait": "GPU wait",
+             "gpu_memory_wait": "memory wait"}
     biggest = sorted(spent.items(), key=lambda kv: -kv[1])[:top]
     return f"{total:.0f} s: " + ", ".join(f"{names.get(k, k)} {v:.0f}" for k, v in biggest)
 
@@ -92,9 +93,9 @@ def cells_table(cells: Sequence[CellReport], relative_to: Path | None = None) ->
                       "project's report (the reference layout), read where it can be. "
                       "`dtypes`: the storage dtypes of the cell's cases. `time`: the cell's "
                       "wall time and its three largest phases in seconds (report `phases`; "
-                      "`compile` and `GPU wait` are the parts of the others spent "
-                      "compiling and waiting for other cells' GPU work, `runs` the "
-                      "implementations' repeated calls).",
+                      "`compile`, `GPU wait` and `memory wait` are the parts of the others "
+                      "spent compiling, waiting for other cells' GPU work and waiting for "
+                      "GPU memory, `runs` the implementations' repeated calls).",
                  empty="No reports.")
 
 
