@@ -15,12 +15,13 @@ In this order, within the run's deadline:
    process, mode by mode (every file's cell of the first mode, then the next mode).
    Otherwise from one queue (:func:`runner.gpu_host.schedule.run_queue`), each cell its own
    runner process (:mod:`runner.gpu_host.cell_queue`) that starts once its mode is compiled
-   (step 2): at most ``jobs`` at once, each taking :data:`CPUS_PER_SHARD` CPUs per shard and
-   its estimated GPU memory (:mod:`runner.gpu_host.footprint`), the cells with the most
-   shards first; every cell process under one GPU lock file (each cell process's timing
-   loops alone on the GPU). Each cell runs on the host backend with the time left as its
-   timeout: a cell stopped at the deadline keeps its finished cases as a ``partial`` report,
-   and a cell whose turn comes with less than :data:`MIN_CELL_S` left is not started.
+   (step 2): at most ``jobs`` at once, each taking :data:`CPUS_PER_SHARD` CPUs per shard
+   (:data:`OVERSUBSCRIBE` shard processes per CPU on target cuda), the cells with the most
+   shards first, their cases sharing the GPU's memory (:mod:`contract.gpu_budget`); every
+   cell process under one GPU lock file (each cell process's timing loops alone on the GPU).
+   Each cell runs on the host backend with the time left as its timeout: a cell stopped at
+   the deadline keeps its finished cases as a ``partial`` report, and a cell whose turn
+   comes with less than :data:`MIN_CELL_S` left is not started.
 4. **Summary**: one line per report in ``OUT/reports``, and ``OUT/modes-timeline.json``:
    each part's seconds since the step began (the precompile, RL-Kernel's build, when each
    file's mode was compiled, every cell's start and end with its CPUs and status), the most
@@ -230,10 +231,13 @@ def _queued(run: HostRun, path: Path, matrix, reports: Path, mode: str, env: dic
 
 
 CPUS_PER_SHARD = 1
-"""CPUs a cell process is counted for: its Python thread. A cell's processes spend much of
-their time waiting for each other's timing loops (the GPU lock), not computing, and the host's
-CPUs were mostly idle with one cell at a time (docs/performance.md, "Cells side by side");
-what keeps two large cells apart is the GPU's memory (:mod:`runner.gpu_host.footprint`)."""
+"""CPUs a cell process is counted for: its Python thread."""
+OVERSUBSCRIBE = 1.5
+"""Shard processes per CPU of the host that the queue lets run at once (on target cuda). A
+cell process spends much of its life waiting, not computing: for the GPU lock, for its share
+of the GPU's memory (:mod:`contract.gpu_budget`), for the compile-ahead to end before its
+timings; and the host's CPUs were mostly idle with one cell at a time (docs/performance.md,
+"Cells side by side")."""
 TIMELINE = "modes-timeline.json"
 
 
@@ -304,13 +308,16 @@ def run_modes(run: HostRun) -> int:
                         f"{budget} MiB of GPU memory shared case by case")
                 print(f"[modes] cells from one queue, each once its mode is compiled: at most "
                       f"{jobs} at once, {CPUS_PER_SHARD} CPU(s) per shard ({timeline['cpus']} in "
-                      f"all), {room}, {THREADS} threads per process, one GPU lock", flush=True)
+                      f"all, x{OVERSUBSCRIBE if run.target == 'cuda' else 1}), {room}, "
+                      f"{THREADS} threads per process, one GPU lock", flush=True)
                 running = Running()
                 cells_began = time.monotonic()
+                slots = max(1, int((timeline["cpus"] or 1)
+                                   * (OVERSUBSCRIBE if run.target == "cuda" else 1)))
                 try:
                     done = run_queue(units(run, loaded, reports, running, ready=ahead.ready,
                                            budget=budget),
-                                     jobs=jobs, cpus=timeline["cpus"] or 1)
+                                     jobs=jobs, cpus=slots)
                 except BaseException:  # Ctrl-C, SIGTERM: the running cells write what they did
                     running.interrupt()
                     raise
