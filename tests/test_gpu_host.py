@@ -657,3 +657,33 @@ def test_cells_get_the_gpu_memory_budget_only_where_it_is_known(tmp_path):
     run = HostRun(out=tmp_path, root=tmp_path)
     assert cell_queue.environment(run, 130000)[gpu_budget.ENV] == "130000"
     assert gpu_budget.ENV not in cell_queue.environment(run)
+
+
+def test_the_compile_ahead_holds_its_workers_share_of_the_gpu_memory(tmp_path, monkeypatch):
+    """While its workers run, the compile-ahead holds PRECOMPILE_WORKER_MIB per worker in the
+    cells' memory ledger, and the compile gate; neither once it has ended."""
+    from gate_residual_matrix.contract import gpu_budget
+    from gate_residual_matrix.runner.cell import environment, precompile
+    from gate_residual_matrix.runner.gpu_host.footprint import PRECOMPILE_WORKER_MIB
+
+    monkeypatch.setattr(environment, "available_cpus", lambda: 6)
+    lock = str(tmp_path / "gpu.lock")
+    seen = []
+
+    def precompile_modes(path, *, on_mode, modes, **kw):
+        with gpu_budget._book(lock + ".budget") as book:
+            seen.append(sorted((k.split(":")[1], v) for k, v in book["held"].items()))
+        for m in modes:
+            on_mode(m)
+        return {m: "compiled" for m in modes}
+
+    monkeypatch.setattr(precompile, "precompile_modes", precompile_modes)
+    run = _Run(out=tmp_path / "out", root=tmp_path, target="cpu")
+    path = ROOT / "matrix.yaml"
+    compiling = ahead.Ahead(run, todo={path: ["plain"]}, calls={path: 10}, cases={path: None},
+                            lock=lock, budget=100000).start()
+    compiling.wait()
+    assert seen == [[("precompile", 4 * PRECOMPILE_WORKER_MIB)]]
+    assert compiling.ready(path, "plain") and "precompile_s" in compiling.times
+    with gpu_budget._book(lock + ".budget") as book:
+        assert book["held"] == {}
