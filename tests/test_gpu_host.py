@@ -687,3 +687,45 @@ def test_the_compile_ahead_holds_its_workers_share_of_the_gpu_memory(tmp_path, m
     assert compiling.ready(path, "plain") and "precompile_s" in compiling.times
     with gpu_budget._book(lock + ".budget") as book:
         assert book["held"] == {}
+
+
+def test_a_files_later_wave_gets_the_workers_that_files_done_sooner_left(monkeypatch):
+    """precompile_modes with a WorkerPool: each file's first wave gets its share, a later
+    wave its share or every free worker; the workers go back after each wave."""
+    from gate_residual_matrix.runner.cell import precompile
+
+    waves = []
+    monkeypatch.setattr(precompile, "stamped", lambda key, items: False)
+    monkeypatch.setattr(precompile, "leave_stamp", lambda *a: None)
+    monkeypatch.setattr(precompile, "run_groups", lambda groups, workers, **kw: waves.append(
+        (len(groups), workers)) or {"failed": [], "workers": workers})
+    pool = ahead.WorkerPool(14, {"a": 10, "b": 4})
+    heard = []
+    precompile.precompile_modes(ROOT / "matrix.yaml", target="cpu",
+                                modes=["plain", "deterministic"], workers=pool.of("b"),
+                                on_mode=heard.append)
+    assert waves == [(1, 4), (1, 14)] and pool.busy == 0
+    assert heard == ["plain", "deterministic"]
+    pool.take("a", first=True)
+    assert pool.of("b").take(first=False) == 4  # only its share while a holds the rest
+
+
+def test_only_the_files_with_rl_kernels_rows_wait_for_its_build(tmp_path):
+    build_started = []
+
+    class SlowBuild(_Run):
+        def start(self, argv, *, env=None):
+            build_started.append(argv)
+            return None
+
+        def finish(self, proc) -> int:
+            time.sleep(1.0)
+            return 0
+
+    run = SlowBuild(out=tmp_path / "out", root=tmp_path)
+    a, b = ROOT / "matrix.yaml", ROOT / "matrix-rms-norm.yaml"
+    compiling = ahead.Ahead(run, todo={}, calls={}, cases={}, needs_build={a}).start()
+    time.sleep(0.3)
+    assert compiling.ready(b, "plain") and not compiling.ready(a, "plain")
+    compiling.wait()
+    assert compiling.ready(a, "plain") and build_started

@@ -22,9 +22,10 @@ once no case holds memory. Entries of processes that have died are dropped whene
 ledger is read, so a killed cell frees its share. Without the two settings :func:`reserve`
 does nothing. The seconds a process waited are :func:`waited_s` (``phases.gpu_memory_wait``).
 
-The figures were set from the GPU memory peaks of cells on an H200 (docs/performance.md,
-"Cells side by side"), rounded up: a figure too low would let an implementation run out of
-memory (an ``oom`` row), one too high only makes cases wait.
+The figures come from the GPU memory in use while cells ran on an H200 (docs/performance.md,
+"Cells side by side" and "Memory by the case"), with room to spare: a figure too low would
+let an implementation run out of memory (an ``oom`` row), one too high only makes cases
+wait.
 
 Example::
 
@@ -45,7 +46,7 @@ from collections.abc import Iterable, Iterator
 from gate_residual_matrix import settings
 
 ENV = "GATE_RESIDUAL_GPU_BUDGET_MIB"
-BASE_MIB = 3072
+BASE_MIB = 2048
 """What a cell process holds on the GPU whatever its cases (MiB)."""
 COPIES = 10
 """A case's peak in multiples of its input bytes."""

@@ -32,6 +32,8 @@ from gate_residual_matrix import settings
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 ENV_TREE = "GATE_RESIDUAL_RL_KERNEL"
+ROWS = ("rl_kernel_h3",)
+"""The implementations that run on the tree (and so on its extension, once built)."""
 DEFAULT_TREES = (PROJECT_ROOT / ".carry" / "rl-kernel-h3",
                  PROJECT_ROOT.parent / "shared" / "third_party" / "rl-kernel-h3")
 BUILD_DIR = settings.SETTINGS["RLK_BUILD_DIR"].default

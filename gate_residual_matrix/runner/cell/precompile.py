@@ -218,7 +218,9 @@ def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
                      cases: list[str] | None = None, on_mode=None) -> dict:
     """Fill the compile caches for the host cells ``modes`` x ``target`` of a matrix in one
     pool of workers (each with its mode's variables over this environment, and its torch
-    settings) and leave each mode's stamp; modes whose stamp is there are not compiled again.
+    settings; ``workers``: how many, or an object whose ``take(first=...)`` gives each wave
+    its count and ``give(n)`` takes them back, shared with other files) and leave each mode's
+    stamp; modes whose stamp is there are not compiled again.
     Returns ``{mode: "stamped" | "compiled" | "nothing to compile" | "failed: ..."}``.
     ``say(line)``, when given, hears what is about to be compiled; ``timeout_s`` bounds the
     whole (workers still running then are killed: their modes are ``failed``); ``cases``, the
@@ -271,20 +273,27 @@ def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
     if groups:
         from gate_residual_matrix.runner.cell import environment
 
-        n = workers or max(2, (environment.available_cpus() or 2) - 2)
+        pool = workers if hasattr(workers, "take") else None
+        n = (workers if pool is None else 0) or max(2, (environment.available_cpus() or 2) - 2)
         # two waves: the first mode alone, then the rest at once, whose graphs mostly reuse
         # the first's Triton kernels (same kernel source: a cache hit) instead of every mode
         # compiling the same kernels side by side
         started = time.perf_counter()
         if say is not None:
             say(f"compiling {sum(len(g[0]) for g in groups)} calls for "
-                f"{', '.join(m for m, _ in keys.values())} on {target} in {n} workers ...")
+                f"{', '.join(m for m, _ in keys.values())} on {target} in "
+                f"{'workers shared with other files' if pool else f'{n} workers'} ...")
         for wave in ([0], list(range(1, len(groups)))):
             if not wave:
                 continue
             left = max(timeout_s - (time.perf_counter() - started), 1.0)
-            record = run_groups([groups[gi] for gi in wave], op=matrix.op, sizes=p.sizes,
-                                target=target, workers=n, timeout_s=left)
+            n = pool.take(first=wave == [0]) if pool is not None else n
+            try:
+                record = run_groups([groups[gi] for gi in wave], op=matrix.op, sizes=p.sizes,
+                                    target=target, workers=n, timeout_s=left)
+            finally:
+                if pool is not None:
+                    pool.give(n)
             for gi in wave:
                 mode, key = keys[gi]
                 if record["failed"]:

@@ -7,12 +7,14 @@
   workers shared out among them by how many graph calls each has to compile
   (:func:`workers_by_calls`), in at most :data:`PRECOMPILE_SHARE` of the time left. Each
   file compiles its first mode alone, then the others (their graphs mostly reuse the first
-  mode's Triton kernels).
+  mode's Triton kernels), the later wave with the workers that files done sooner left free
+  (:class:`WorkerPool`).
 
 A file's mode is **ready** (:meth:`Ahead.ready`) once its graphs are in the caches (its wave
 ended and left its stamp; or failed, or the time ran out: its cell then compiles what is
-missing itself) and the build has ended. The queue starts a cell only when it is ready, so
-the first mode's cells run their checks while the other modes compile.
+missing itself) and, for a file with RL-Kernel's rows, the build has ended. The queue starts
+a cell only when it is ready, so the first mode's cells run their checks while the other
+modes compile.
 
 While the workers run, the step holds the GPU lock's compile gate
 (:func:`contract.gpu_lock.compiling`): the workers load every CPU and run kernels on the GPU
@@ -58,13 +60,60 @@ def workers_by_calls(calls: dict, total: int) -> dict:
     return {k: max(1, round(total * n / whole)) for k, n in calls.items()}
 
 
+class WorkerPool:
+    """The compile workers of every file, shared out wave by wave: a file's first wave gets
+    its share (:func:`workers_by_calls`), a later wave its share or every worker free at the
+    time, whichever is more, so that the workers of files done early go to the files still
+    compiling. Thread-safe; ``of(key)`` is the view :func:`runner.cell.precompile.
+    precompile_modes` takes as its ``workers``.
+
+    >>> pool = WorkerPool(14, {"a": 10, "b": 4})
+    >>> a, b = pool.of("a"), pool.of("b")
+    >>> a.take(first=True), b.take(first=True)
+    (10, 4)
+    >>> a.give(10); b.take(first=False)
+    10
+    """
+
+    def __init__(self, total: int, shares: dict) -> None:
+        self.total, self.shares, self.busy = total, dict(shares), 0
+        self._lock = threading.Lock()
+
+    def of(self, key) -> _Share:
+        return _Share(self, key)
+
+    def take(self, key, first: bool) -> int:
+        with self._lock:
+            n = self.shares[key] if first else max(self.shares[key], self.total - self.busy)
+            self.busy += n
+            return n
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self.busy -= n
+
+
+class _Share:
+    """One file's view of a :class:`WorkerPool`: ``take(first=...)`` and ``give(n)``."""
+
+    def __init__(self, pool: WorkerPool, key) -> None:
+        self.pool, self.key = pool, key
+
+    def take(self, first: bool) -> int:
+        return self.pool.take(self.key, first)
+
+    def give(self, n: int) -> None:
+        self.pool.give(n)
+
+
 class Ahead:
     """The compile-ahead of one ``modes`` step (see the module docstring).
 
     ``todo``: per matrix file, the modes to compile (those without a finished report);
     ``calls``: per file, its graph calls (for the workers' shares); ``cases``: per file, the
     case ids its cells run (None: all); ``lock``: the GPU lock file the cells share (None: no
-    gate); ``budget``: the GPU memory the cells share case by case
+    gate); ``needs_build``: the files whose cells wait for RL-Kernel's build (None: all);
+    ``budget``: the GPU memory the cells share case by case
     (:mod:`contract.gpu_budget`), of which the workers hold
     :data:`runner.gpu_host.footprint.PRECOMPILE_WORKER_MIB` each while they run. After
     :meth:`wait`, :attr:`times` holds ``precompile_s`` and ``rlbuild_s`` (seconds since
@@ -72,9 +121,10 @@ class Ahead:
 
     def __init__(self, run: HostRun, *, todo: dict[Path, list[str]], calls: dict[Path, int],
                  cases: dict[Path, list[str] | None], lock: str | None = None,
-                 budget: int | None = None) -> None:
+                 budget: int | None = None, needs_build: set[Path] | None = None) -> None:
         self.run, self.todo, self.calls, self.cases, self.lock = run, todo, calls, cases, lock
         self.budget = budget
+        self.needs_build = None if needs_build is None else {Path(p) for p in needs_build}
         self.times: dict = {"ready_s": {}}
         self._ready: dict[tuple[Path, str], threading.Event] = {
             (p, m): threading.Event() for p, ms in todo.items() for m in ms}
@@ -95,7 +145,8 @@ class Ahead:
 
     def ready(self, path: Path, mode: str) -> bool:
         """Whether the cell of ``path`` and ``mode`` may start (see the module docstring)."""
-        if not self._built.is_set():
+        if not self._built.is_set() and (self.needs_build is None
+                                         or Path(path) in self.needs_build):
             return False
         event = self._ready.get((Path(path), mode))
         return self._done.is_set() or event is None or event.is_set()
@@ -166,7 +217,8 @@ class Ahead:
         if not todo:
             print("precompile: nothing left to compile", flush=True)
             return
-        shares = workers_by_calls({p: self.calls.get(p, 0) for p in todo}, self.workers())
+        pool = WorkerPool(self.workers(), workers_by_calls(
+            {p: self.calls.get(p, 0) for p in todo}, self.workers()))
         left = self.run.left()
         timeout_s = cell_precompile.TIMEOUT_S if left is None else \
             max(min(left * PRECOMPILE_SHARE, cell_precompile.TIMEOUT_S), 1.0)
@@ -174,7 +226,7 @@ class Ahead:
         def one(path: Path, modes: list[str]) -> str:
             try:
                 done = cell_precompile.precompile_modes(
-                    path, target=self.run.target, modes=modes, workers=shares[path],
+                    path, target=self.run.target, modes=modes, workers=pool.of(path),
                     timeout_s=timeout_s, cases=self.cases.get(path),
                     say=lambda s: print(f"precompile {path.name}: {s}", flush=True),
                     on_mode=lambda mode: self._mode_done(path, mode))

@@ -116,6 +116,7 @@ def compile_ahead(run: HostRun, loaded: dict, reports: Path, lock: str | None,
     """The started :class:`runner.gpu_host.ahead.Ahead` of every file's modes that have no
     finished report (``lock``: the cells' GPU lock file, for its compile gate; ``budget``:
     the GPU memory the cells share, of which the workers hold their part)."""
+    from gate_residual_matrix.contract import rl_kernel_tree
     from gate_residual_matrix.runner.gpu_host.ahead import Ahead
 
     todo = {p: [m for m in runnable(mx, run.modes, run.target)
@@ -123,7 +124,9 @@ def compile_ahead(run: HostRun, loaded: dict, reports: Path, lock: str | None,
             if cases_of(mx, run.cases) != []}
     return Ahead(run, todo=todo, calls={p: _calls(loaded[p], ms, run) for p, ms in todo.items()},
                  cases={p: cases_of(mx, run.cases) for p, mx in loaded.items()},
-                 lock=lock, budget=budget).start()
+                 lock=lock, budget=budget,
+                 needs_build={p for p, mx in loaded.items()
+                              if set(rl_kernel_tree.ROWS) & set(mx.implementations)}).start()
 
 
 def _time_for(run: HostRun, path: Path, mode: str) -> tuple[float | None, str | None]:
@@ -232,7 +235,7 @@ def _queued(run: HostRun, path: Path, matrix, reports: Path, mode: str, env: dic
 
 CPUS_PER_SHARD = 1
 """CPUs a cell process is counted for: its Python thread."""
-OVERSUBSCRIBE = 1.5
+OVERSUBSCRIBE = 2.0
 """Shard processes per CPU of the host that the queue lets run at once (on target cuda). A
 cell process spends much of its life waiting, not computing: for the GPU lock, for its share
 of the GPU's memory (:mod:`contract.gpu_budget`), for the compile-ahead to end before its
