@@ -46,7 +46,7 @@ from collections.abc import Iterable, Iterator
 from gate_residual_matrix import settings
 
 ENV = "GATE_RESIDUAL_GPU_BUDGET_MIB"
-BASE_MIB = 2048
+BASE_MIB = 3072
 """What a cell process holds on the GPU whatever its cases (MiB)."""
 COPIES = 10
 """A case's peak in multiples of its input bytes."""

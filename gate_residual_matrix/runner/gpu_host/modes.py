@@ -235,7 +235,7 @@ def _queued(run: HostRun, path: Path, matrix, reports: Path, mode: str, env: dic
 
 CPUS_PER_SHARD = 1
 """CPUs a cell process is counted for: its Python thread."""
-OVERSUBSCRIBE = 2.0
+OVERSUBSCRIBE = 1.5
 """Shard processes per CPU of the host that the queue lets run at once (on target cuda). A
 cell process spends much of its life waiting, not computing: for the GPU lock, for its share
 of the GPU's memory (:mod:`contract.gpu_budget`), for the compile-ahead to end before its
