@@ -284,26 +284,37 @@ def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
                 f"{', '.join(m for m, _ in keys.values())} on {target} in "
                 f"{'workers shared with other files' if pool else f'{n} workers'} ...")
         for wave in ([0], list(range(1, len(groups)))):
-            if not wave:
-                continue
-            left = max(timeout_s - (time.perf_counter() - started), 1.0)
-            n = pool.take(first=wave == [0]) if pool is not None else n
-            try:
-                record = run_groups([groups[gi] for gi in wave], op=matrix.op, sizes=p.sizes,
-                                    target=target, workers=n, timeout_s=left)
-            finally:
-                if pool is not None:
-                    pool.give(n)
-            for gi in wave:
-                mode, key = keys[gi]
-                if record["failed"]:
-                    outcome[mode] = "failed: " + "; ".join(record["failed"])[:300]
-                else:
-                    leave_stamp(key, groups[gi][0], record)
-                    outcome[mode] = "compiled"
-                _tell(on_mode, mode)
+            if wave:
+                left = max(timeout_s - (time.perf_counter() - started), 1.0)
+                record = _wave([groups[gi] for gi in wave], pool, n, first=wave == [0],
+                               op=matrix.op, sizes=p.sizes, target=target, timeout_s=left)
+                _record(wave, record, groups, keys, outcome, on_mode)
         outcome["seconds"] = round(time.perf_counter() - started, 3)
     return outcome
+
+
+def _wave(groups: list, pool, n: int, *, first: bool, **kw) -> dict:
+    """One wave of :func:`precompile_modes`: ``groups`` in ``n`` workers, or in the workers
+    ``pool`` gives it (given back after)."""
+    n = pool.take(first=first) if pool is not None else n
+    try:
+        return run_groups(groups, workers=n, **kw)
+    finally:
+        if pool is not None:
+            pool.give(n)
+
+
+def _record(wave: list[int], record: dict, groups: list, keys: dict, outcome: dict,
+            on_mode) -> None:
+    """Each mode of a finished wave: its stamp and outcome, then ``on_mode`` hears it."""
+    for gi in wave:
+        mode, key = keys[gi]
+        if record["failed"]:
+            outcome[mode] = "failed: " + "; ".join(record["failed"])[:300]
+        else:
+            leave_stamp(key, groups[gi][0], record)
+            outcome[mode] = "compiled"
+        _tell(on_mode, mode)
 
 
 def _tell(on_mode, mode: str) -> None:

@@ -269,9 +269,7 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
                 on_case(_snapshot(report, cases, number, elapsed, clock, per_case), progress)
             elif on_case is not None:
                 last_progress = progress
-        if ctx.deferred:  # the GPU is shared: every case's timings in one exclusive pass
-            with Heartbeat(f"{matrix.op} timings of {len(ctx.deferred)} case(s)"):
-                cases_of_cell.time_pending(ctx, ctx.deferred)
+        _time_deferred(ctx)
     _finish_status(report, matrix, ctx.broken if cases else [], ctx.no_baseline if cases else [])
     report["finished_at"] = now_utc()
     report["duration_s"] = round(time.perf_counter() - t0, 3)
@@ -283,6 +281,14 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
     if on_case is not None and cases:
         on_case(report, last_progress)
     return report
+
+
+def _time_deferred(ctx: CaseContext) -> None:
+    """Where the GPU is shared (``ctx.deferred``): every case's timings in one exclusive
+    pass after the last case, with a line at least every heartbeat."""
+    if ctx.deferred:
+        with Heartbeat(f"{ctx.matrix.op} timings of {len(ctx.deferred)} case(s)"):
+            cases_of_cell.time_pending(ctx, ctx.deferred)
 
 
 def _precompile(matrix, cell, cases: list, env: dict, clock: PhaseClock) -> None:
