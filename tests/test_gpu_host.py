@@ -468,6 +468,8 @@ def test_a_cell_outcome_comes_from_its_report(tmp_path):
     none = cell_queue.outcome(tmp_path, "rms_norm-host-plain-cuda", 1)
     assert none.status == "error" and "exited 1" in none.reason
     assert "none was written" in none.reason
+    cut = cell_queue.outcome(tmp_path, "rms_norm-host-plain-cuda", 124)
+    assert cut.status == "error" and "deadline before its first case" in cut.reason
     (tmp_path / "rms_norm-host-plain-cuda.json").write_text("{not json")
     bad = cell_queue.outcome(tmp_path, "rms_norm-host-plain-cuda", 0)
     assert bad.status == "error" and "its report" in bad.reason

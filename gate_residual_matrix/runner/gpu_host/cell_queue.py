@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from gate_residual_matrix.runner.gpu_host.steps import HostRun
+from gate_residual_matrix.runner.gpu_host.steps import TIMEOUT_RC, HostRun
 
 THREADS = 2
 """torch's and numba's threads in each cell process when cells run at once."""
@@ -94,7 +94,8 @@ def spawn(run: HostRun, command: list[str], env: dict, running: Running) -> int:
 
 def outcome(reports: Path, cell: str, rc: int):
     """The :class:`runner.outcome.CellOutcome` of a cell whose runner exited ``rc``, from its
-    report: the report's status and reason; ``error`` when there is no readable report, or
+    report: the report's status and reason; ``error`` when there is no readable report (one
+    stopped at the run's deadline before its first case says so), or
     when the runner failed (not 0, nor 5: a cell that did not end ok) and the report says ok
     (then it is an earlier run's)."""
     from gate_residual_matrix.runner.outcome import CellOutcome, outcome_status
@@ -105,6 +106,10 @@ def outcome(reports: Path, cell: str, rc: int):
     loaded = store.read_report(path) if path.is_file() else None
     data = loaded.data if loaded is not None else None
     if not data or data.get("status") is None:
+        if loaded is None and rc == TIMEOUT_RC:
+            return CellOutcome(cell, Status.ERROR, "stopped at the run's deadline before its "
+                               "first case ended (no report); the next run runs it whole",
+                               path)
         why = loaded.problem if loaded is not None else "none was written"
         return CellOutcome(cell, Status.ERROR, f"the cell's runner exited {rc}; its report: "
                            f"{why}", path)
