@@ -297,7 +297,8 @@ def cells(monkeypatch):
             raise ConfigError("a file that cannot run")
         return [CellOutcome(f"{Path(path).stem}-{modes[0]}", calls["status"], None, reports_dir)]
 
-    def precompile_modes(path, *, target, modes, workers, timeout_s, cases, say, on_mode):
+    def precompile_modes(path, *, target, modes, workers, timeout_s, cases, say, on_mode,
+                         later_lock=None):
         calls["precompile"].append((Path(path).name, tuple(modes), target, cases))
         calls["precompile_s"] = timeout_s
         for m in modes:
@@ -590,7 +591,8 @@ def test_a_cell_starts_once_its_mode_is_compiled_and_none_times_meanwhile(
     order: list = []
     gate_held: list = []
 
-    def precompile_modes(path, *, target, modes, workers, timeout_s, cases, say, on_mode):
+    def precompile_modes(path, *, target, modes, workers, timeout_s, cases, say, on_mode,
+                         later_lock=None):
         order.append(("compiled", modes[0]))
         on_mode(modes[0])
         assert plain_started.wait(20), "the first mode's cell never started"
@@ -731,3 +733,82 @@ def test_only_the_files_with_rl_kernels_rows_wait_for_its_build(tmp_path):
     assert compiling.ready(b, "plain") and not compiling.ready(a, "plain")
     compiling.wait()
     assert compiling.ready(a, "plain") and build_started
+
+
+def test_the_compile_gate_opens_once_every_files_first_wave_is_over(tmp_path, monkeypatch):
+    """The later waves' calls take the shared lock, so the cells may time beside them: the
+    gate is held while any file's first wave runs, and opens when the last one ends (its
+    later wave starting), before the later waves are done; the later waves get the lock."""
+    import fcntl
+    import threading
+
+    from gate_residual_matrix.runner.cell import environment, precompile
+
+    monkeypatch.setattr(environment, "available_cpus", lambda: 6)
+    lock = str(tmp_path / "gpu.lock")
+    a_later = threading.Event()
+    seen: dict = {}
+
+    def gate_held() -> bool:
+        fd = os.open(lock + ".compiling", os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+
+    def precompile_modes(path, *, workers, later_lock, modes, on_mode, **kw):
+        name = Path(path).name
+        n = workers.take(first=True)
+        workers.give(n)
+        if name == "matrix-rms-norm.yaml":
+            assert a_later.wait(20)
+        n = workers.take(first=False)
+        if name == "matrix.yaml":
+            seen["after a's first wave"] = gate_held()
+            a_later.set()
+        else:
+            seen["after both first waves"] = gate_held()
+        workers.give(n)
+        seen[name] = later_lock
+        return {m: "compiled" for m in modes}
+
+    monkeypatch.setattr(precompile, "precompile_modes", precompile_modes)
+    run = _Run(out=tmp_path / "out", root=tmp_path, target="cpu")
+    a, b = ROOT / "matrix.yaml", ROOT / "matrix-rms-norm.yaml"
+    compiling = ahead.Ahead(run, todo={a: ["plain", "tf32"], b: ["plain", "tf32"]},
+                            calls={a: 10, b: 10}, cases={a: None, b: None}, lock=lock).start()
+    compiling.wait()
+    assert seen["after a's first wave"] is True and seen["after both first waves"] is False
+    assert seen["matrix.yaml"] == seen["matrix-rms-norm.yaml"] == lock
+    assert compiling.times["gate_s"] <= compiling.times["precompile_s"]
+
+
+def test_compile_workers_take_the_lock_only_when_their_plan_names_one(tmp_path, monkeypatch):
+    """A worker of a later wave takes the shared lock around each call; one started by a
+    cell's own precompile (which holds the lock for it) takes none, even though the cell's
+    environment names the lock file."""
+    from gate_residual_matrix.contract import gpu_lock
+    from gate_residual_matrix.runner.cell import compile_pool
+
+    call = {"impl": "eager", "dtype": "float32", "index_dtype": "int64", "rows": 2,
+            "grad": "train"}
+    plan = {"torch": {}, "op": "gate_residual", "sizes": {"D": 8, "G": 3}, "target": "cpu",
+            "calls": [call]}
+    taken = []
+    real_shared = gpu_lock.shared
+
+    def shared():
+        taken.append(gpu_lock.path())
+        return real_shared()
+
+    monkeypatch.setattr(gpu_lock, "shared", shared)
+    monkeypatch.setenv(gpu_lock.ENV, str(tmp_path / "cells.lock"))
+    for lock in (None, str(tmp_path / "later.lock")):
+        path = tmp_path / f"plan-{bool(lock)}.json"
+        path.write_text(json.dumps({**plan, "gpu_lock": lock}))
+        assert compile_pool.main([str(path)]) == 0
+    assert taken == [None, str(tmp_path / "later.lock")]
+    assert (tmp_path / "later.lock").exists() and not (tmp_path / "cells.lock").exists()

@@ -41,12 +41,15 @@ def run(items: list[dict], *, torch_settings: dict, op: str, sizes: dict, target
 
 
 def run_groups(groups: list[tuple], *, op: str, sizes: dict, target: str, workers: int,
-               timeout_s: float = TIMEOUT_S, say=None) -> dict:
+               timeout_s: float = TIMEOUT_S, say=None, gpu_lock: str | None = None) -> dict:
     """:func:`run` for several modes at once: ``groups`` is ``[(items, torch_settings, env or
     None), ...]``; the ``workers`` processes are shared out in proportion to the calls (at
     least one per group with calls), so one pool compiles every mode's graphs. ``say(line)``
     hears a line on the calls done at least every :data:`HEARTBEAT_S` (default: a ``[cell]``
-    line on stderr, which the runner shows)."""
+    line on stderr, which the runner shows). ``gpu_lock``: a GPU lock file the workers take
+    shared around each call (:mod:`contract.gpu_lock`: no call during a cell's timings);
+    without it they take none, whatever their environment says (a cell's own precompile
+    holds the lock for them)."""
     started = time.perf_counter()
     procs, plans = [], []
     groups = [grp for grp in groups if grp[0]]
@@ -61,7 +64,8 @@ def run_groups(groups: list[tuple], *, op: str, sizes: dict, target: str, worker
             for w in range(share):
                 path = Path(tmp) / f"plan-{gi}-{w}.json"
                 path.write_text(json.dumps({"torch": torch_settings, "op": op, "sizes": sizes,
-                                            "target": target, "calls": items[w::share]}),
+                                            "target": target, "calls": items[w::share],
+                                            "gpu_lock": gpu_lock}),
                                 encoding="utf-8")
                 plans.append(path)
                 with open(f"{path}.err", "w", encoding="utf-8") as err:
@@ -142,6 +146,12 @@ def _inputs(call: dict, op: str, sizes: dict, device: str) -> dict:
 def main(argv: list[str]) -> int:
     """Worker: apply the mode's torch settings, then make each call of the plan file once."""
     spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    from gate_residual_matrix.contract import gpu_lock
+
+    if spec.get("gpu_lock"):
+        os.environ[gpu_lock.ENV] = spec["gpu_lock"]
+    else:  # inherited from a cell that holds the lock for this pool: waiting would deadlock
+        os.environ.pop(gpu_lock.ENV, None)
     import torch
 
     from gate_residual_matrix.runner.cell import catalog as implementations
@@ -152,13 +162,15 @@ def main(argv: list[str]) -> int:
     device = "cuda" if spec["target"] == "cuda" else "cpu"
     for call in spec["calls"]:
         impl = implementations.get(call["impl"], spec["op"])
-        x = _inputs(call, spec["op"], spec["sizes"], device)
         run = impl.run_dynamic if call.get("graph") == "dynamic" else impl.run
-        if call["grad"] == "inference":
-            with torch.inference_mode():
-                run(x, backward=False)
-        else:
-            run(x, backward=call["grad"] == "train")
+        with gpu_lock.shared():  # a no-op without a lock file
+            x = _inputs(call, spec["op"], spec["sizes"], device)
+            if call["grad"] == "inference":
+                with torch.inference_mode():
+                    run(x, backward=False)
+            else:
+                run(x, backward=call["grad"] == "train")
+            del x
         with open(f"{argv[0]}.done", "a", encoding="utf-8") as done:  # for the heartbeat
             done.write("1\n")
     if device == "cuda":

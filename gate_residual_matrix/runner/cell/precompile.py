@@ -215,7 +215,8 @@ def leave_stamp(key: str, items: list[dict], record: dict) -> None:
 
 def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
                      workers: int | None = None, say=None, timeout_s: float = TIMEOUT_S,
-                     cases: list[str] | None = None, on_mode=None) -> dict:
+                     cases: list[str] | None = None, on_mode=None,
+                     later_lock: str | None = None) -> dict:
     """Fill the compile caches for the host cells ``modes`` x ``target`` of a matrix in one
     pool of workers (each with its mode's variables over this environment, and its torch
     settings; ``workers``: how many, or an object whose ``take(first=...)`` gives each wave
@@ -226,7 +227,9 @@ def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
     whole (workers still running then are killed: their modes are ``failed``); ``cases``, the
     case ids the cells will run (default: every case of the matrix). ``on_mode(mode)``, when
     given, hears each mode as soon as its outcome is known (its wave of workers ended, so its
-    cells can start), before the later waves compile.
+    cells can start), before the later waves compile. ``later_lock``: a GPU lock file the
+    workers of the later wave take shared around each call (their graphs mostly load from
+    the first wave's kernels, so cells beside them may take their timings).
     Raises :class:`runner.errors.ConfigError` for a bad matrix, an unknown mode or target,
     :class:`runner.errors.BackendError` for target cuda without a GPU."""
     from gate_residual_matrix.runner.cell import catalog as implementations
@@ -287,7 +290,8 @@ def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
             if wave:
                 left = max(timeout_s - (time.perf_counter() - started), 1.0)
                 record = _wave([groups[gi] for gi in wave], pool, n, first=wave == [0],
-                               op=matrix.op, sizes=p.sizes, target=target, timeout_s=left)
+                               op=matrix.op, sizes=p.sizes, target=target, timeout_s=left,
+                               gpu_lock=None if wave == [0] else later_lock)
                 _record(wave, record, groups, keys, outcome, on_mode)
         outcome["seconds"] = round(time.perf_counter() - started, 3)
     return outcome

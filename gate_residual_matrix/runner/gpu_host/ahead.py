@@ -16,11 +16,13 @@ missing itself) and, for a file with RL-Kernel's rows, the build has ended. The 
 a cell only when it is ready, so the first mode's cells run their checks while the other
 modes compile.
 
-While the workers run, the step holds the GPU lock's compile gate
-(:func:`contract.gpu_lock.compiling`): the workers load every CPU and run kernels on the GPU
-(their calls, inductor's autotuning) outside the lock, so no cell takes its timings until
-they are done; a cell whose checks end sooner waits for the gate with its timings
-(``phases.gpu_lock_wait.exclusive``).
+While any file's first wave runs, the step holds the GPU lock's compile gate
+(:func:`contract.gpu_lock.compiling`): those workers compile (every CPU busy) and run kernels
+on the GPU (their calls, inductor's autotuning) outside the lock, so no cell takes its
+timings until they are done; a cell whose checks end sooner waits for the gate with its
+timings (``phases.gpu_lock_wait.exclusive``). The later waves' graphs mostly load from the
+first wave's kernels: their workers take the shared lock around each call, as a cell does,
+and cells time beside them.
 
 Example::
 
@@ -64,8 +66,8 @@ class WorkerPool:
     """The compile workers of every file, shared out wave by wave: a file's first wave gets
     its share (:func:`workers_by_calls`), a later wave its share or every worker free at the
     time, whichever is more, so that the workers of files done early go to the files still
-    compiling. Thread-safe; ``of(key)`` is the view :func:`runner.cell.precompile.
-    precompile_modes` takes as its ``workers``.
+    compiling; ``on_later(key)`` hears each later wave start. Thread-safe; ``of(key)`` is the
+    view :func:`runner.cell.precompile.precompile_modes` takes as its ``workers``.
 
     >>> pool = WorkerPool(14, {"a": 10, "b": 4})
     >>> a, b = pool.of("a"), pool.of("b")
@@ -75,14 +77,18 @@ class WorkerPool:
     10
     """
 
-    def __init__(self, total: int, shares: dict) -> None:
+    def __init__(self, total: int, shares: dict, on_later=None) -> None:
         self.total, self.shares, self.busy = total, dict(shares), 0
         self._lock = threading.Lock()
+        self._on_later = on_later
 
     def of(self, key) -> _Share:
         return _Share(self, key)
 
     def take(self, key, first: bool) -> int:
+        """Workers for ``key``'s next wave (``on_later(key)`` hears a later wave start)."""
+        if not first and self._on_later is not None:
+            self._on_later(key)
         with self._lock:
             n = self.shares[key] if first else max(self.shares[key], self.total - self.busy)
             self.busy += n
@@ -116,8 +122,9 @@ class Ahead:
     ``budget``: the GPU memory the cells share case by case
     (:mod:`contract.gpu_budget`), of which the workers hold
     :data:`runner.gpu_host.footprint.PRECOMPILE_WORKER_MIB` each while they run. After
-    :meth:`wait`, :attr:`times` holds ``precompile_s`` and ``rlbuild_s`` (seconds since
-    :meth:`start`) and ``ready_s`` (each ``"<file> <mode>"``'s)."""
+    :meth:`wait`, :attr:`times` holds ``precompile_s``, ``gate_s`` (the compile gate opened)
+    and ``rlbuild_s`` (seconds since :meth:`start`) and ``ready_s`` (each
+    ``"<file> <mode>"``'s)."""
 
     def __init__(self, run: HostRun, *, todo: dict[Path, list[str]], calls: dict[Path, int],
                  cases: dict[Path, list[str] | None], lock: str | None = None,
@@ -132,6 +139,8 @@ class Ahead:
         self._began = time.monotonic()
         self._threads: list[threading.Thread] = []
         self._build_proc = None
+        self._gate, self._gate_lock = contextlib.ExitStack(), threading.Lock()
+        self._first_left: set[Path] = set()
 
     def start(self) -> Ahead:
         """Start the build and the precompile (daemon threads: an interrupted run does not
@@ -199,14 +208,26 @@ class Ahead:
         from gate_residual_matrix.contract import gpu_budget, gpu_lock
         from gate_residual_matrix.runner.gpu_host.footprint import PRECOMPILE_WORKER_MIB
 
+        self._first_left = {p for p, ms in self.todo.items() if ms}
+        if self.lock:
+            self._gate.enter_context(gpu_lock.compiling(self.lock))
         try:
-            with gpu_lock.compiling(self.lock) if self.lock else contextlib.nullcontext(), \
-                    gpu_budget.reserve(self.workers() * PRECOMPILE_WORKER_MIB, "precompile",
-                                       lock=self.lock, budget=self.budget):
+            with gpu_budget.reserve(self.workers() * PRECOMPILE_WORKER_MIB, "precompile",
+                                    lock=self.lock, budget=self.budget):
                 self._precompile()
         finally:
+            self._first_wave_over(None)
             self.times["precompile_s"] = self._since()
             self._done.set()
+
+    def _first_wave_over(self, path: Path | None) -> None:
+        """``path``'s first wave has ended (None: every file's): once no file is left in
+        its first wave, the compile gate opens (the later waves' calls take the shared lock)."""
+        with self._gate_lock:
+            self._first_left.discard(path) if path is not None else self._first_left.clear()
+            if not self._first_left and "gate_s" not in self.times:
+                self._gate.close()
+                self.times["gate_s"] = self._since()
 
     def _precompile(self) -> None:
         """Fill the compile caches of every file's modes in :attr:`todo`, all files at once,
@@ -218,7 +239,8 @@ class Ahead:
             print("precompile: nothing left to compile", flush=True)
             return
         pool = WorkerPool(self.workers(), workers_by_calls(
-            {p: self.calls.get(p, 0) for p in todo}, self.workers()))
+            {p: self.calls.get(p, 0) for p in todo}, self.workers()),
+            on_later=self._first_wave_over)
         left = self.run.left()
         timeout_s = cell_precompile.TIMEOUT_S if left is None else \
             max(min(left * PRECOMPILE_SHARE, cell_precompile.TIMEOUT_S), 1.0)
@@ -229,9 +251,11 @@ class Ahead:
                     path, target=self.run.target, modes=modes, workers=pool.of(path),
                     timeout_s=timeout_s, cases=self.cases.get(path),
                     say=lambda s: print(f"precompile {path.name}: {s}", flush=True),
-                    on_mode=lambda mode: self._mode_done(path, mode))
+                    on_mode=lambda mode: self._mode_done(path, mode), later_lock=self.lock)
             except Exception as err:  # costs time only: the cells compile what is missing
                 done = f"{type(err).__name__}: {err}"
+            finally:
+                self._first_wave_over(path)
             return f"precompile {path.name}: {done} after {self._since():.0f} s"
 
         import torch  # noqa: F401  (imported once here, not by every thread at once)
