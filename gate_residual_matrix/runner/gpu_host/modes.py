@@ -10,7 +10,7 @@ In this order, within the run's deadline:
    the compile caches for every selected mode (a mode whose cells already have an ``ok``
    report is left out) and leaving each mode's stamp as its wave ends; RL-Kernel's extension
    builds beside them (target cuda). A cell starts once its mode is compiled; no cell takes
-   its timings while the workers run (the GPU lock's compile gate).
+   its timings while any file's first wave compiles (the GPU lock's compile gate).
 3. **The cells.** With ``--jobs 1``, after the compile-ahead, one after another in this
    process, mode by mode (every file's cell of the first mode, then the next mode).
    Otherwise from one queue (:func:`runner.gpu_host.schedule.run_queue`), each cell its own
