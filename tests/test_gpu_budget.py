@@ -205,3 +205,13 @@ def test_a_cuda_case_and_its_timing_pass_hold_their_shares(ledger, monkeypatch):
     case_mod.time_pending(ctx, [timing_pass.Pending([], seen["x"], None, "k")])
     assert seen["timings"] == [("timings", -(-gpu_budget.TIMING_COPIES * nbytes // 2**20))]
     assert held() == []
+
+
+def test_the_ledger_is_written_whole_and_can_be_cleared(ledger):
+    """Every write replaces the ledger with a whole JSON file (a process stopped halfway
+    leaves the old one, never a truncated one); clear() forgets every entry."""
+    with gpu_budget.reserve(30, "case"):
+        assert json.loads(ledger.read_text())["held"]
+        gpu_budget.clear(str(ledger)[:-len(".budget")])
+        assert json.loads(ledger.read_text()) == {"held": {}, "waiting": {}}
+    assert not [p for p in ledger.parent.iterdir() if p.name.endswith(".tmp")]

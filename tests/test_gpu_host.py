@@ -812,3 +812,45 @@ def test_compile_workers_take_the_lock_only_when_their_plan_names_one(tmp_path, 
         assert compile_pool.main([str(path)]) == 0
     assert taken == [None, str(tmp_path / "later.lock")]
     assert (tmp_path / "later.lock").exists() and not (tmp_path / "cells.lock").exists()
+
+
+def test_the_compile_gate_waits_for_rl_kernels_build_and_the_share_is_at_most_half(
+        tmp_path, monkeypatch):
+    """A build still running keeps the gate closed after the compile waves (it loads the
+    CPUs); the workers' memory share is capped at half the budget."""
+    import fcntl
+
+    from gate_residual_matrix.contract import gpu_budget
+    from gate_residual_matrix.runner.cell import environment, precompile
+
+    monkeypatch.setattr(environment, "available_cpus", lambda: 16)
+    lock = str(tmp_path / "gpu.lock")
+    shares = []
+
+    def precompile_modes(path, *, modes, on_mode, **kw):
+        with gpu_budget._book(lock + ".budget") as book:
+            shares.append(sorted(book["held"].values()))
+        return {m: "compiled" for m in modes}
+
+    monkeypatch.setattr(precompile, "precompile_modes", precompile_modes)
+
+    class SlowBuild(_Run):
+        def start(self, argv, *, env=None):
+            return None
+
+        def finish(self, proc) -> int:
+            time.sleep(1.5)
+            return 0
+
+    run = SlowBuild(out=tmp_path / "out", root=tmp_path)
+    path = ROOT / "matrix.yaml"
+    compiling = ahead.Ahead(run, todo={path: ["plain"]}, calls={path: 1}, cases={path: None},
+                            lock=lock, budget=10000).start()
+    compiling._threads[1].join(20)  # the precompile is done, the build is not
+    fd = os.open(lock + ".compiling", os.O_RDWR)
+    with pytest.raises(BlockingIOError):
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    compiling.wait()
+    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    os.close(fd)
+    assert shares == [[5000]] and compiling.times["gate_s"] >= compiling.times["precompile_s"]

@@ -48,6 +48,9 @@ from gate_residual_matrix import settings
 ENV = "GATE_RESIDUAL_GPU_BUDGET_MIB"
 BASE_MIB = 3072
 """What a cell process holds on the GPU whatever its cases (MiB)."""
+WORKER_MIB = 3584
+"""What a compile worker holds on the GPU at most (MiB): its context and one graph call's
+inputs and outputs at the largest case's size."""
 COPIES = 10
 """A case's peak in multiples of its input bytes."""
 TIMING_COPIES = 4
@@ -115,9 +118,10 @@ def _acquire(ledger: str, key: str, mib: int, budget: int) -> None:
                     book["held"][key] = mib
                     return
             time.sleep(POLL_S)
-    except BaseException:  # interrupted while waiting: leave the queue
+    except BaseException:  # interrupted while waiting, or as it was granted: leave both
         with _book(ledger) as book:
             book["waiting"].pop(key, None)
+            book["held"].pop(key, None)
         raise
     finally:
         _WAITED[0] += time.perf_counter() - started
@@ -126,26 +130,36 @@ def _acquire(ledger: str, key: str, mib: int, budget: int) -> None:
 @contextlib.contextmanager
 def _book(ledger: str) -> Iterator[dict]:
     """The ledger ``{"held": {key: mib}, "waiting": {key: [asked, mib]}}`` under an
-    exclusive ``flock``, the entries of dead processes dropped; written back at the end."""
-    fd = os.open(ledger, os.O_RDWR | os.O_CREAT, 0o666)
+    exclusive ``flock`` of ``<ledger>.lock``, the entries of dead processes dropped; written
+    back at the end when it changed, whole (a temporary file renamed over it), so a process
+    stopped halfway never leaves a truncated ledger."""
+    fd = os.open(ledger + ".lock", os.O_RDWR | os.O_CREAT, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        raw = b""
-        while chunk := os.read(fd, 1 << 16):
-            raw += chunk
         try:
-            book = json.loads(raw) if raw.strip() else {}
-        except ValueError:
-            book = {}
-        book = {part: {k: v for k, v in (book.get(part) or {}).items() if _alive(k)}
+            with open(ledger, encoding="utf-8") as f:
+                raw = json.load(f)
+        except (OSError, ValueError):
+            raw = {}
+        book = {part: {k: v for k, v in (raw.get(part) or {}).items() if _alive(k)}
                 for part in ("held", "waiting")}
+        before = json.dumps(raw, sort_keys=True)
         yield book
-        data = json.dumps(book).encode()
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.ftruncate(fd, 0)
-        os.write(fd, data)
+        if json.dumps(book, sort_keys=True) != before:
+            tmp = f"{ledger}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(book, f)
+            os.replace(tmp, ledger)
     finally:
         os.close(fd)  # closing drops the flock
+
+
+def clear(lock: str) -> None:
+    """Forget every entry of the ledger beside ``lock`` (the GPU host's step owns it: an
+    earlier run's entries, of processes whose ids came back, must not hold memory)."""
+    with _book(lock + ".budget") as book:
+        book["held"].clear()
+        book["waiting"].clear()
 
 
 def _alive(key: str) -> bool:

@@ -309,7 +309,8 @@ def _precompile(matrix, cell, cases: list, env: dict, clock: PhaseClock) -> None
                              "failed": [], "stamp": stamp}
         precompile.load_only()
     else:  # their compiling may time kernels on the GPU (autotuning): shared lock
-        with clock("precompile"), gpu_lock.shared():
+        share = gpu_budget.WORKER_MIB * workers if cell.target == "cuda" else 0
+        with clock("precompile"), gpu_budget.reserve(share, "precompile"), gpu_lock.shared():
             env["precompile"] = precompile.run(
                 calls, torch_settings=mode.torch.model_dump(), op=matrix.op,
                 sizes=p.sizes, target=cell.target, workers=workers)

@@ -81,27 +81,39 @@ def take(cases: list[Pending], *, results: dict, device: str, matrix, inference:
     if not cases:
         return
     with clock("timings"):
-        ready = []
-        for case in cases:
-            if case.on_device is None:
-                with gpu_lock.shared():
-                    case.on_device = {k: v.to(device) for k, v in case.x.tensors.items()}
-            impls = [impl for impl in case.impls
-                     if _first_forward(impl, case, results, inference, on_error)]
-            if impls:
-                ready.append((case, impls))
-        if not ready:
-            return
-        with gpu_lock.exclusive():
-            for case, impls in ready:
-                for impl in impls:
-                    entry = results[impl.name]
-                    try:
-                        entry["timings"][case.key] = timings(
-                            impl, inputs_for(impl, case.x, case.on_device), device, matrix,
-                            inference)
-                    except Exception as err:  # as a failing run: the others go on
-                        on_error(entry, case.key, err)
+        try:
+            _take(cases, results=results, device=device, matrix=matrix, inference=inference,
+                  on_error=on_error)
+        finally:  # the device copies go before the caller gives its memory share back
+            for case in cases:
+                case.on_device = None
+            if device == "cuda":
+                torch.cuda.empty_cache()
+
+
+def _take(cases: list[Pending], *, results: dict, device: str, matrix, inference: bool,
+          on_error) -> None:
+    ready = []
+    for case in cases:
+        if case.on_device is None:
+            with gpu_lock.shared():
+                case.on_device = {k: v.to(device) for k, v in case.x.tensors.items()}
+        impls = [impl for impl in case.impls
+                 if _first_forward(impl, case, results, inference, on_error)]
+        if impls:
+            ready.append((case, impls))
+    if not ready:
+        return
+    with gpu_lock.exclusive():
+        for case, impls in ready:
+            for impl in impls:
+                entry = results[impl.name]
+                try:
+                    entry["timings"][case.key] = timings(
+                        impl, inputs_for(impl, case.x, case.on_device), device, matrix,
+                        inference)
+                except Exception as err:  # as a failing run: the others go on
+                    on_error(entry, case.key, err)
 
 
 def _first_forward(impl: Implementation, case: Pending, results: dict, inference: bool,

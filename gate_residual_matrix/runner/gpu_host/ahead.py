@@ -16,9 +16,9 @@ missing itself) and, for a file with RL-Kernel's rows, the build has ended. The 
 a cell only when it is ready, so the first mode's cells run their checks while the other
 modes compile.
 
-While any file's first wave runs, the step holds the GPU lock's compile gate
-(:func:`contract.gpu_lock.compiling`): those workers compile (every CPU busy) and run kernels
-on the GPU (their calls, inductor's autotuning) outside the lock, so no cell takes its
+While any file's first wave or RL-Kernel's build runs, the step holds the GPU lock's compile
+gate (:func:`contract.gpu_lock.compiling`): those workers compile (every CPU busy) and run
+kernels on the GPU (their calls, inductor's autotuning) outside the lock, so no cell takes its
 timings until they are done; a cell whose checks end sooner waits for the gate with its
 timings (``phases.gpu_lock_wait.exclusive``). The later waves' graphs mostly load from the
 first wave's kernels: their workers take the shared lock around each call, as a cell does,
@@ -121,7 +121,7 @@ class Ahead:
     gate); ``needs_build``: the files whose cells wait for RL-Kernel's build (None: all);
     ``budget``: the GPU memory the cells share case by case
     (:mod:`contract.gpu_budget`), of which the workers hold
-    :data:`runner.gpu_host.footprint.PRECOMPILE_WORKER_MIB` each while they run. After
+    :data:`contract.gpu_budget.WORKER_MIB` each (at most half of it) while they run. After
     :meth:`wait`, :attr:`times` holds ``precompile_s``, ``gate_s`` (the compile gate opened)
     and ``rlbuild_s`` (seconds since :meth:`start`) and ``ready_s`` (each
     ``"<file> <mode>"``'s)."""
@@ -140,12 +140,25 @@ class Ahead:
         self._threads: list[threading.Thread] = []
         self._build_proc = None
         self._gate, self._gate_lock = contextlib.ExitStack(), threading.Lock()
+        self._held = contextlib.ExitStack()
         self._first_left: set[Path] = set()
 
     def start(self) -> Ahead:
-        """Start the build and the precompile (daemon threads: an interrupted run does not
-        wait for them; their child processes die with it)."""
+        """Take the workers' share of the GPU's memory, then the compile gate (in this
+        order, as a cell takes memory before the lock), and start the build and the
+        precompile (daemon threads: an interrupted run does not wait for them; their child
+        processes die with it)."""
+        from gate_residual_matrix.contract import gpu_budget, gpu_lock
+
         self._began = time.monotonic()
+        self._first_left = {p for p, ms in self.todo.items() if ms}
+        share = self.workers() * gpu_budget.WORKER_MIB
+        if self.budget:
+            share = min(share, self.budget // 2)  # the cells keep half, whatever the host
+        self._held.enter_context(gpu_budget.reserve(share, "precompile", lock=self.lock,
+                                                    budget=self.budget))
+        if self.lock:
+            self._gate.enter_context(gpu_lock.compiling(self.lock))
         for body in (self._build, self._compile):
             thread = threading.Thread(target=body, daemon=True, name=f"ahead {body.__name__}")
             thread.start()
@@ -183,6 +196,8 @@ class Ahead:
             return 0
         return max(2, (available_cpus() or 2) - 2)
 
+    _NO_FILE = Path("\0")  # what the build's end reports to _first_wave_over
+
     def _since(self) -> float:
         return round(time.monotonic() - self._began, 1)
 
@@ -197,6 +212,7 @@ class Ahead:
                 self.times["rlbuild_s"] = self._since()
         finally:
             self._built.set()
+            self._first_wave_over(self._NO_FILE)
 
     def _mode_done(self, path: Path, mode: str) -> None:
         self.times["ready_s"][f"{path.name} {mode}"] = self._since()
@@ -205,27 +221,21 @@ class Ahead:
             event.set()
 
     def _compile(self) -> None:
-        from gate_residual_matrix.contract import gpu_budget, gpu_lock
-        from gate_residual_matrix.runner.gpu_host.footprint import PRECOMPILE_WORKER_MIB
-
-        self._first_left = {p for p, ms in self.todo.items() if ms}
-        if self.lock:
-            self._gate.enter_context(gpu_lock.compiling(self.lock))
         try:
-            with gpu_budget.reserve(self.workers() * PRECOMPILE_WORKER_MIB, "precompile",
-                                    lock=self.lock, budget=self.budget):
-                self._precompile()
+            self._precompile()
         finally:
             self._first_wave_over(None)
+            self._held.close()  # the workers' memory share
             self.times["precompile_s"] = self._since()
             self._done.set()
 
     def _first_wave_over(self, path: Path | None) -> None:
         """``path``'s first wave has ended (None: every file's): once no file is left in
-        its first wave, the compile gate opens (the later waves' calls take the shared lock)."""
+        its first wave and RL-Kernel's build (which loads the CPUs) has ended, the compile
+        gate opens (the later waves' calls take the shared lock)."""
         with self._gate_lock:
             self._first_left.discard(path) if path is not None else self._first_left.clear()
-            if not self._first_left and "gate_s" not in self.times:
+            if not self._first_left and self._built.is_set() and "gate_s" not in self.times:
                 self._gate.close()
                 self.times["gate_s"] = self._since()
 

@@ -27,9 +27,8 @@ SHARD_BASE_MIB = gpu_budget.BASE_MIB
 """What a shard process takes on the GPU whatever its cases (MiB)."""
 COPIES = gpu_budget.COPIES
 """A shard's peak in multiples of its largest case's input bytes."""
-PRECOMPILE_WORKER_MIB = 3584
-"""What a compile-ahead worker holds on the GPU at most (MiB): its context and one graph
-call's inputs and outputs at the largest case's size."""
+PRECOMPILE_WORKER_MIB = gpu_budget.WORKER_MIB
+"""What a compile-ahead worker holds on the GPU at most (MiB)."""
 USABLE = 0.95
 """The share of the GPU's memory the running cells' estimates may add up to."""
 

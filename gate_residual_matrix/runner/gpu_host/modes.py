@@ -303,6 +303,10 @@ def run_modes(run: HostRun) -> int:
     lock = cell_queue.environment(run)[gpu_lock.ENV] if jobs > 1 else None
     budget = timeline["gpu_memory_mib"] if jobs > 1 else None
     timeline["gpu_budget_mib"] = budget
+    if lock is not None:
+        from gate_residual_matrix.contract import gpu_budget
+
+        gpu_budget.clear(lock)  # this step owns the ledger: an earlier run's entries go
     with PeakMemory() as memory:
         ahead = compile_ahead(run, loaded, reports, lock, budget)
         try:
