@@ -234,23 +234,10 @@ def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
     :class:`runner.errors.BackendError` for target cuda without a GPU."""
     from gate_residual_matrix.runner.cell import catalog as implementations
     from gate_residual_matrix.runner.config.matrix import load_matrix
-    from gate_residual_matrix.runner.errors import BackendError, ConfigError
     from gate_residual_matrix.runner.plan.cells import Cell
 
     matrix = load_matrix(matrix_path, known_implementations=implementations.known)
-    unknown = [m for m in modes if m not in matrix.modes]
-    if unknown:
-        raise ConfigError(f"unknown mode(s) {', '.join(unknown)}: the matrix has "
-                          f"{', '.join(matrix.modes)}")
-    if target not in matrix.targets:
-        raise ConfigError(f"unknown target {target!r}: the matrix has "
-                          f"{', '.join(matrix.targets)}")
-    if target == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise BackendError("target cuda needs a GPU: torch.cuda.is_available() is False "
-                               "here (use --target cpu)")
+    _check(matrix, modes, target)
     p, groups, keys = matrix.problem, [], {}
     outcome: dict[str, str | float] = {}
     for mode in modes:
@@ -295,6 +282,26 @@ def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
                 _record(wave, record, groups, keys, outcome, on_mode)
         outcome["seconds"] = round(time.perf_counter() - started, 3)
     return outcome
+
+
+def _check(matrix, modes: list[str], target: str) -> None:
+    """Raise :class:`runner.errors.ConfigError` for an unknown mode or target,
+    :class:`runner.errors.BackendError` for target cuda without a GPU."""
+    from gate_residual_matrix.runner.errors import BackendError, ConfigError
+
+    unknown = [m for m in modes if m not in matrix.modes]
+    if unknown:
+        raise ConfigError(f"unknown mode(s) {', '.join(unknown)}: the matrix has "
+                          f"{', '.join(matrix.modes)}")
+    if target not in matrix.targets:
+        raise ConfigError(f"unknown target {target!r}: the matrix has "
+                          f"{', '.join(matrix.targets)}")
+    if target == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise BackendError("target cuda needs a GPU: torch.cuda.is_available() is False "
+                               "here (use --target cpu)")
 
 
 def _wave(groups: list, pool, n: int, *, first: bool, **kw) -> dict:

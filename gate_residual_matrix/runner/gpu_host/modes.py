@@ -114,10 +114,14 @@ def _calls(matrix, modes: Sequence[str], run: HostRun) -> int:
 def compile_ahead(run: HostRun, loaded: dict, reports: Path, lock: str | None,
                   budget: int | None = None):
     """The started :class:`runner.gpu_host.ahead.Ahead` of every file's modes that have no
-    finished report (``lock``: the cells' GPU lock file, for its compile gate; ``budget``:
-    the GPU memory the cells share, of which the workers hold their part)."""
-    from gate_residual_matrix.contract import rl_kernel_tree
+    finished report (``lock``: the cells' GPU lock file, for its compile gate, whose memory
+    ledger is cleared first; ``budget``: the GPU memory the cells share, of which the workers
+    hold their part)."""
+    from gate_residual_matrix.contract import gpu_budget, rl_kernel_tree
     from gate_residual_matrix.runner.gpu_host.ahead import Ahead
+
+    if lock is not None:  # this step owns the ledger: an earlier run's entries go
+        gpu_budget.clear(lock)
 
     todo = {p: [m for m in runnable(mx, run.modes, run.target)
                 if not finished(reports, mx, m, run.target)] for p, mx in loaded.items()
@@ -303,10 +307,6 @@ def run_modes(run: HostRun) -> int:
     lock = cell_queue.environment(run)[gpu_lock.ENV] if jobs > 1 else None
     budget = timeline["gpu_memory_mib"] if jobs > 1 else None
     timeline["gpu_budget_mib"] = budget
-    if lock is not None:
-        from gate_residual_matrix.contract import gpu_budget
-
-        gpu_budget.clear(lock)  # this step owns the ledger: an earlier run's entries go
     with PeakMemory() as memory:
         ahead = compile_ahead(run, loaded, reports, lock, budget)
         try:
