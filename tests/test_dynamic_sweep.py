@@ -183,6 +183,24 @@ def test_an_inference_cells_timings_run_under_inference_mode():
     assert {s[0] for s in seen} == {False} and (False, True) in seen
 
 
+class _TwoCalls:
+    """A matrix stand-in whose timing loops make one warm-up call and two timed ones."""
+
+    class timing:  # Matrix.timing's name
+        warmup, iters = 1, 2
+
+
+def _eager_as(name: str, note, fails, message: str) -> Implementation:
+    """eager's computation named ``name``: each call first ``note(x, backward)``, then raises
+    ``RuntimeError(message)`` where ``fails(x)``."""
+    def run(x, *, backward: bool):
+        note(x, backward)
+        if fails(x):
+            raise RuntimeError(message)
+        return eager.EAGER.run(x, backward=backward)
+    return dataclasses.replace(eager.EAGER, name=name, run=run)
+
+
 def test_the_first_forward_call_is_made_before_the_gpu_is_taken(monkeypatch, tmp_path):
     """Where cells share the GPU, a timing loop's first call of its kind (a compiled row's
     forward graph without autograd) is made under the shared lock, before the exclusive one:
@@ -219,19 +237,10 @@ def test_the_first_forward_call_is_made_before_the_gpu_is_taken(monkeypatch, tmp
     calls = []
 
     def recording(name, fail=False):
-        def run(x, *, backward: bool):
-            calls.append((name, bool(held), backward))
-            if fail:
-                raise RuntimeError("no kernel for this")
-            return eager.EAGER.run(x, backward=backward)
-        return dataclasses.replace(eager.EAGER, name=name, run=run)
+        return _eager_as(name, lambda x, backward: calls.append((name, bool(held), backward)),
+                         lambda x: fail, "no kernel for this")
 
-    class Timing:
-        warmup, iters = 1, 2
-
-    class M:
-        timing = Timing()
-
+    M = _TwoCalls
     good, bad = recording("good"), recording("bad", fail=True)
     results = {n: {"timings": {}, "status": "ok"} for n in ("good", "bad")}
     ctx = case.CaseContext(spec=SPEC, matrix=M(), target="cpu", device="cpu",
@@ -279,19 +288,11 @@ def test_a_shared_gpu_times_every_case_in_one_pass_at_the_end(monkeypatch, tmp_p
     seen = []
 
     def recording(name, fail_on=None):
-        def run(x, *, backward: bool):
-            seen.append((name, x["index"].shape[0], len(taken)))
-            if x["index"].shape[0] == fail_on:
-                raise RuntimeError("no kernel at this size")
-            return eager.EAGER.run(x, backward=backward)
-        return dataclasses.replace(eager.EAGER, name=name, run=run)
+        return _eager_as(name, lambda x, backward: seen.append(
+            (name, x["index"].shape[0], len(taken))),
+            lambda x: x["index"].shape[0] == fail_on, "no kernel at this size")
 
-    class Timing:
-        warmup, iters = 1, 2
-
-    class M:
-        timing = Timing()
-
+    M = _TwoCalls
     good, flaky = recording("good"), recording("flaky", fail_on=7)
     results = {n: {"timings": {}, "status": "ok"} for n in ("good", "flaky")}
     ctx = case.CaseContext(spec=SPEC, matrix=M(), target="cpu", device="cpu",
