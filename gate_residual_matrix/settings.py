@@ -229,7 +229,8 @@ _ALL = (
     Setting("GATE_RESIDUAL_GPU_BUDGET_MIB", Kind.INTERNAL, "MiB", None,
             "The GPU memory the cell processes sharing `GATE_RESIDUAL_GPU_LOCK` may hold "
             "together, shared out case by case in a ledger beside the lock (set by the GPU "
-            "host's queue).", _whole(1, 9), "a whole number of MiB >= 1",
+            "host's queue); a bad value is ignored (no ledger).", _whole(1, 9),
+            "a whole number of MiB >= 1",
             shown_default="none"),
     Setting("GATE_RESIDUAL_PARENT_PID", Kind.INTERNAL, "process id", None,
             "The runner's pid: a cell process exits (code 129) once its parent is another "
