@@ -280,16 +280,48 @@ class _Run(HostRun):
         return 0
 
 
+def fake_queue(monkeypatch, between=None, seen=None):
+    """The compile-ahead with its plans and its queue faked: ``mode_plans`` gives each mode
+    one call (recorded in ``seen["plans"]``), ``run_jobs`` hears every first-wave part, calls
+    ``between(kw)`` (its keyword arguments), says the first wave is over, then hears the
+    later parts; ``seen["timeout_s"]``, ``seen["gpu_lock"]`` as given."""
+    from gate_residual_matrix.runner.cell import precompile
+    from gate_residual_matrix.runner.gpu_host import compile_queue
+
+    seen = {"plans": []} if seen is None else seen
+
+    def mode_plans(path, *, target, modes, cases=None):
+        seen["plans"].append((Path(path).name, tuple(modes), target, cases))
+        return {}, [precompile.ModePlan(m, [{"impl": "x"}], {}, {}, "k", "op", {})
+                    for m in modes]
+
+    def run_jobs(jobs, *, workers, timeout_s, gpu_lock=None, on_part=None,
+                 on_first_over=None, say=None):
+        seen.update(timeout_s=timeout_s, gpu_lock=gpu_lock, workers=workers)
+        for first in (True, False):
+            for job in (j for j in jobs if j.first == first):
+                for path, _ in job.parts:
+                    on_part(path, job.mode, "compiled")
+            if first:
+                if between is not None:
+                    between(locals() | {"workers": workers})
+                on_first_over()
+        return {"workers": workers, "calls": 0, "seconds": 0.0, "failed": []}
+
+    monkeypatch.setattr(precompile, "mode_plans", mode_plans)
+    monkeypatch.setattr(compile_queue, "run_jobs", run_jobs)
+    return seen
+
+
 @pytest.fixture
 def cells(monkeypatch):
     """run_matrix and the precompile faked: the calls, in order; ``fail`` names the
     (file, mode) whose run raises a ConfigError."""
     from gate_residual_matrix.runner import pipeline
-    from gate_residual_matrix.runner.cell import precompile
     from gate_residual_matrix.runner.errors import ConfigError
     from gate_residual_matrix.runner.outcome import CellOutcome
 
-    calls: dict = {"cells": [], "precompile": [], "fail": set(), "status": "ok"}
+    calls: dict = {"cells": [], "plans": [], "fail": set(), "status": "ok"}
 
     def run_matrix(path, *, reports_dir, modes, targets, cases, timeout_s, **kw):
         calls["cells"].append((Path(path).name, modes[0], targets[0], cases, kw["backend"]))
@@ -297,16 +329,8 @@ def cells(monkeypatch):
             raise ConfigError("a file that cannot run")
         return [CellOutcome(f"{Path(path).stem}-{modes[0]}", calls["status"], None, reports_dir)]
 
-    def precompile_modes(path, *, target, modes, workers, timeout_s, cases, say, on_mode,
-                         later_lock=None):
-        calls["precompile"].append((Path(path).name, tuple(modes), target, cases))
-        calls["precompile_s"] = timeout_s
-        for m in modes:
-            on_mode(m)
-        return {m: "compiled" for m in modes}
-
     monkeypatch.setattr(pipeline, "run_matrix", run_matrix)
-    monkeypatch.setattr(precompile, "precompile_modes", precompile_modes)
+    fake_queue(monkeypatch, seen=calls)
     return calls
 
 
@@ -316,7 +340,7 @@ FILES = (ROOT / "matrix-rms-norm.yaml", ROOT / "matrix-scale-shift.yaml")
 def test_modes_run_mode_by_mode_after_one_precompile_per_file(tmp_path, cells):
     run = _Run(out=tmp_path / "out", root=tmp_path, matrices=FILES, modes=("tf32", "plain"))
     assert modes.run_modes(run) == 0
-    assert sorted(cells["precompile"]) == [
+    assert sorted(cells["plans"]) == [
         ("matrix-rms-norm.yaml", ("tf32", "plain"), "cuda", None),
         ("matrix-scale-shift.yaml", ("tf32", "plain"), "cuda", None)]
     assert cells["cells"] == [
@@ -333,7 +357,7 @@ def test_modes_keep_to_the_target_and_the_cases_each_file_has(tmp_path, cells):
     assert modes.run_modes(run) == 0
     # tf32 has no cpu cell; case "255" is rms_norm's only
     assert cells["cells"] == [("matrix-rms-norm.yaml", "plain", "cpu", ["255"], "host")]
-    assert cells["precompile"] == [("matrix-rms-norm.yaml", ("plain",), "cpu", ["255"])]
+    assert cells["plans"] == [("matrix-rms-norm.yaml", ("plain",), "cpu", ["255"])]
     assert not getattr(run, "started", [])
 
 
@@ -356,7 +380,7 @@ def test_no_cell_starts_without_the_time_for_one(tmp_path, cells, capsys):
     assert modes.run_modes(run) == 1
     assert cells["cells"] == []
     assert "matrix-rms-norm.yaml plain: not started" in capsys.readouterr().out
-    assert cells["precompile_s"] <= modes.MIN_CELL_S / 2 * ahead.PRECOMPILE_SHARE
+    assert cells["timeout_s"] <= modes.MIN_CELL_S / 2 * ahead.PRECOMPILE_SHARE
 
 
 def test_jobs_auto_is_zero_and_the_default(tmp_path, fake_steps):
@@ -375,22 +399,18 @@ def test_auto_jobs_is_the_cpus_on_cuda_and_one_on_cpu(monkeypatch):
     assert modes.jobs_for(HostRun(out=Path("x"), jobs=3)) == 3
 
 
-def test_precompile_workers_follow_each_files_calls():
-    assert ahead.workers_by_calls({"a": 1260, "b": 570, "c": 0}, 14) == {"a": 10, "b": 4, "c": 1}
-    assert ahead.workers_by_calls({"a": 0}, 14) == {"a": 1}
-
-
-def test_cells_of_every_file_and_mode_queue_most_shards_first(tmp_path, cells, monkeypatch):
+def test_cells_of_every_file_and_mode_queue_longest_first(tmp_path, cells, monkeypatch):
     from gate_residual_matrix.runner.cell import environment
 
     monkeypatch.setattr(environment, "available_cpus", lambda: 16)
     run = _Run(out=tmp_path / "out", root=tmp_path, matrices=FILES, modes=("plain", "tf32"))
     queue = modes.units(run, modes.load(FILES), tmp_path / "reports")
-    # indexed_scale_shift: 6 dtype groups, one shard each; rms_norm: 3
+    # indexed_scale_shift: 6 dtype groups, one shard each; rms_norm: 3 groups, its bfloat16
+    # group of seven cases halved (shards.UNEVEN)
     per = modes.CPUS_PER_SHARD
     assert [(u.name, u.cpus) for u in queue] == [
         ("matrix-scale-shift.yaml plain", 6 * per), ("matrix-scale-shift.yaml tf32", 6 * per),
-        ("matrix-rms-norm.yaml plain", 3 * per), ("matrix-rms-norm.yaml tf32", 3 * per)]
+        ("matrix-rms-norm.yaml plain", 4 * per), ("matrix-rms-norm.yaml tf32", 4 * per)]
 
 
 @pytest.fixture
@@ -519,16 +539,6 @@ def _handler_set(pid: int) -> bool:
     return False
 
 
-def test_in_threads_keeps_the_order_and_hands_on_an_error():
-    def slow(i):
-        time.sleep(0.05 * (3 - i))
-        return i
-
-    assert ahead.in_threads([(slow, (i,)) for i in range(3)], jobs=2) == [0, 1, 2]
-    with pytest.raises(ZeroDivisionError):
-        ahead.in_threads([(slow, (0,)), (lambda: 1 / 0, ())])
-
-
 def test_env_step_names_only_declared_settings():
     """The env step prints each of its variables through settings.raw, which refuses an
     undeclared name: every name it lists must be declared."""
@@ -579,22 +589,19 @@ def test_a_cell_starts_once_its_mode_is_compiled_and_none_times_meanwhile(
         tmp_path, cells, spawned, monkeypatch):
     """The compile-ahead runs beside the queue: the first mode's cells start when its wave
     has ended, while the next mode still compiles, and the compile gate of the cells' GPU
-    lock is held until the precompile ends (no cell may take its timings meanwhile)."""
+    lock is held until the first wave is over (no cell may take its timings meanwhile)."""
     import fcntl
     import threading
 
     from gate_residual_matrix.contract import gpu_lock
-    from gate_residual_matrix.runner.cell import precompile
 
     monkeypatch.delenv(gpu_lock.ENV, raising=False)
     plain_started = threading.Event()
     order: list = []
     gate_held: list = []
 
-    def precompile_modes(path, *, target, modes, workers, timeout_s, cases, say, on_mode,
-                         later_lock=None):
-        order.append(("compiled", modes[0]))
-        on_mode(modes[0])
+    def between(kw):
+        order.append(("compiled", "plain"))
         assert plain_started.wait(20), "the first mode's cell never started"
         fd = os.open(str(tmp_path / "build" / "gpu.lock.compiling"), os.O_RDWR | os.O_CREAT)
         try:
@@ -604,12 +611,9 @@ def test_a_cell_starts_once_its_mode_is_compiled_and_none_times_meanwhile(
             gate_held.append(True)
         finally:
             os.close(fd)
-        for m in modes[1:]:
-            order.append(("compiled", m))
-            on_mode(m)
-        return {m: "compiled" for m in modes}
+        order.append(("compiled", "tf32"))
 
-    monkeypatch.setattr(precompile, "precompile_modes", precompile_modes)
+    fake_queue(monkeypatch, between)
     from gate_residual_matrix.runner.gpu_host import cell_queue
 
     real_spawn = cell_queue.spawn
@@ -630,7 +634,7 @@ def test_a_cell_starts_once_its_mode_is_compiled_and_none_times_meanwhile(
     assert gate_held == [True]
     timeline = json.loads((tmp_path / "out" / modes.TIMELINE).read_text())
     assert set(timeline["ready_s"]) == {"matrix.yaml plain", "matrix.yaml tf32"}
-    assert "precompile_s" in timeline and "rlbuild_s" in timeline
+    assert "precompile_s" in timeline and "rlbuild_s" in timeline and "gate_s" in timeline
 
 
 def test_a_unit_not_ready_is_skipped_not_passed_over():
@@ -667,24 +671,21 @@ def test_the_compile_ahead_holds_its_workers_share_of_the_gpu_memory(tmp_path, m
     """While its workers run, the compile-ahead holds PRECOMPILE_WORKER_MIB per worker in the
     cells' memory ledger, and the compile gate; neither once it has ended."""
     from gate_residual_matrix.contract import gpu_budget
-    from gate_residual_matrix.runner.cell import environment, precompile
+    from gate_residual_matrix.runner.cell import environment
     from gate_residual_matrix.runner.gpu_host.footprint import PRECOMPILE_WORKER_MIB
 
     monkeypatch.setattr(environment, "available_cpus", lambda: 6)
     lock = str(tmp_path / "gpu.lock")
     seen = []
 
-    def precompile_modes(path, *, on_mode, modes, **kw):
+    def between(kw):
         with gpu_budget._book(lock + ".budget") as book:
             seen.append(sorted((k.split(":")[1], v) for k, v in book["held"].items()))
-        for m in modes:
-            on_mode(m)
-        return {m: "compiled" for m in modes}
 
-    monkeypatch.setattr(precompile, "precompile_modes", precompile_modes)
+    fake_queue(monkeypatch, between)
     run = _Run(out=tmp_path / "out", root=tmp_path, target="cpu")
     path = ROOT / "matrix.yaml"
-    compiling = ahead.Ahead(run, todo={path: ["plain"]}, calls={path: 10}, cases={path: None},
+    compiling = ahead.Ahead(run, todo={path: ["plain"]}, cases={path: None},
                             lock=lock, budget=100000).start()
     compiling.wait()
     assert seen == [[("precompile", 4 * PRECOMPILE_WORKER_MIB)]]
@@ -693,25 +694,27 @@ def test_the_compile_ahead_holds_its_workers_share_of_the_gpu_memory(tmp_path, m
         assert book["held"] == {}
 
 
-def test_a_files_later_wave_gets_the_workers_that_files_done_sooner_left(monkeypatch):
-    """precompile_modes with a WorkerPool: each file's first wave gets its share, a later
-    wave its share or every free worker; the workers go back after each wave."""
-    from gate_residual_matrix.runner.cell import precompile
+def test_the_files_with_the_longest_cells_compile_first(tmp_path, monkeypatch):
+    """The compile-ahead gets the files in order of their cells' expected work (the
+    heaviest shard's case weights times the implementation rows)."""
+    from gate_residual_matrix.runner.cell import environment
 
-    waves = []
-    monkeypatch.setattr(precompile, "stamped", lambda key, items: False)
-    monkeypatch.setattr(precompile, "leave_stamp", lambda *a: None)
-    monkeypatch.setattr(precompile, "run_groups", lambda groups, workers, **kw: waves.append(
-        (len(groups), workers)) or {"failed": [], "workers": workers})
-    pool = ahead.WorkerPool(14, {"a": 10, "b": 4})
-    heard = []
-    precompile.precompile_modes(ROOT / "matrix.yaml", target="cpu",
-                                modes=["plain", "deterministic"], workers=pool.of("b"),
-                                on_mode=heard.append)
-    assert waves == [(1, 4), (1, 14)] and pool.busy == 0
-    assert heard == ["plain", "deterministic"]
-    pool.take("a", first=True)
-    assert pool.of("b").take(first=False) == 4  # only its share while a holds the rest
+    monkeypatch.setattr(environment, "available_cpus", lambda: 16)
+    seen = fake_queue(monkeypatch)
+    names = ("matrix-add-rms-norm.yaml", "matrix.yaml", "matrix-rms-norm-scale-shift.yaml")
+    run = _Run(out=tmp_path / "out", root=tmp_path, matrices=tuple(ROOT / n for n in names),
+               modes=("plain",))
+    loaded = modes.load(run.matrices)
+    modes.compile_ahead(run, loaded, tmp_path / "reports", None).wait()
+    assert [p[0] for p in seen["plans"]] == [
+        "matrix.yaml", "matrix-rms-norm-scale-shift.yaml", "matrix-add-rms-norm.yaml"]
+    work = {p.name: modes.expected_work(m, modes._selected(m, run), "cuda", 16)
+            for p, m in loaded.items()}
+    assert work["matrix.yaml"] > work["matrix-rms-norm-scale-shift.yaml"] > \
+        work["matrix-add-rms-norm.yaml"] > 0
+    units = modes.units(run, loaded, tmp_path / "reports")
+    assert [u.name for u in units] == [f"{n} plain" for n in (
+        "matrix.yaml", "matrix-rms-norm-scale-shift.yaml", "matrix-add-rms-norm.yaml")]
 
 
 def test_only_the_files_with_rl_kernels_rows_wait_for_its_build(tmp_path):
@@ -728,26 +731,23 @@ def test_only_the_files_with_rl_kernels_rows_wait_for_its_build(tmp_path):
 
     run = SlowBuild(out=tmp_path / "out", root=tmp_path)
     a, b = ROOT / "matrix.yaml", ROOT / "matrix-rms-norm.yaml"
-    compiling = ahead.Ahead(run, todo={}, calls={}, cases={}, needs_build={a}).start()
+    compiling = ahead.Ahead(run, todo={}, cases={}, needs_build={a}).start()
     time.sleep(0.3)
     assert compiling.ready(b, "plain") and not compiling.ready(a, "plain")
     compiling.wait()
     assert compiling.ready(a, "plain") and build_started
 
 
-def test_the_compile_gate_opens_once_every_files_first_wave_is_over(tmp_path, monkeypatch):
+def test_the_compile_gate_opens_once_the_first_wave_is_over(tmp_path, monkeypatch):
     """The later waves' calls take the shared lock, so the cells may time beside them: the
-    gate is held while any file's first wave runs, and opens when the last one ends (its
-    later wave starting), before the later waves are done; the later waves get the lock."""
+    gate is held while the first wave runs and opens when it is over, before the later
+    waves are done; the queue gets the lock for them."""
     import fcntl
-    import threading
 
-    from gate_residual_matrix.runner.cell import environment, precompile
+    from gate_residual_matrix.runner.cell import environment
 
     monkeypatch.setattr(environment, "available_cpus", lambda: 6)
     lock = str(tmp_path / "gpu.lock")
-    a_later = threading.Event()
-    seen: dict = {}
 
     def gate_held() -> bool:
         fd = os.open(lock + ".compiling", os.O_RDWR | os.O_CREAT)
@@ -759,30 +759,23 @@ def test_the_compile_gate_opens_once_every_files_first_wave_is_over(tmp_path, mo
         finally:
             os.close(fd)
 
-    def precompile_modes(path, *, workers, later_lock, modes, on_mode, **kw):
-        name = Path(path).name
-        n = workers.take(first=True)
-        workers.give(n)
-        if name == "matrix-rms-norm.yaml":
-            assert a_later.wait(20)
-        n = workers.take(first=False)
-        if name == "matrix.yaml":
-            seen["after a's first wave"] = gate_held()
-            a_later.set()
-        else:
-            seen["after both first waves"] = gate_held()
-        workers.give(n)
-        seen[name] = later_lock
-        return {m: "compiled" for m in modes}
+    held: list = []
+    after: list = []  # the gate once the first wave is over (and the build, when it ends)
+    seen = fake_queue(monkeypatch, lambda kw: held.append(gate_held()))
+    real_open = ahead.Ahead._open_gate
 
-    monkeypatch.setattr(precompile, "precompile_modes", precompile_modes)
+    def open_gate(self):
+        real_open(self)
+        if self._first_over.is_set():
+            after.append(gate_held())
+
+    monkeypatch.setattr(ahead.Ahead, "_open_gate", open_gate)
     run = _Run(out=tmp_path / "out", root=tmp_path, target="cpu")
     a, b = ROOT / "matrix.yaml", ROOT / "matrix-rms-norm.yaml"
     compiling = ahead.Ahead(run, todo={a: ["plain", "tf32"], b: ["plain", "tf32"]},
-                            calls={a: 10, b: 10}, cases={a: None, b: None}, lock=lock).start()
+                            cases={a: None, b: None}, lock=lock).start()
     compiling.wait()
-    assert seen["after a's first wave"] is True and seen["after both first waves"] is False
-    assert seen["matrix.yaml"] == seen["matrix-rms-norm.yaml"] == lock
+    assert held == [True] and after[-1] is False and seen["gpu_lock"] == lock
     assert compiling.times["gate_s"] <= compiling.times["precompile_s"]
 
 
@@ -821,18 +814,17 @@ def test_the_compile_gate_waits_for_rl_kernels_build_and_the_share_is_at_most_ha
     import fcntl
 
     from gate_residual_matrix.contract import gpu_budget
-    from gate_residual_matrix.runner.cell import environment, precompile
+    from gate_residual_matrix.runner.cell import environment
 
     monkeypatch.setattr(environment, "available_cpus", lambda: 16)
     lock = str(tmp_path / "gpu.lock")
     shares = []
 
-    def precompile_modes(path, *, modes, on_mode, **kw):
+    def between(kw):
         with gpu_budget._book(lock + ".budget") as book:
             shares.append(sorted(book["held"].values()))
-        return {m: "compiled" for m in modes}
 
-    monkeypatch.setattr(precompile, "precompile_modes", precompile_modes)
+    fake_queue(monkeypatch, between)
 
     class SlowBuild(_Run):
         def start(self, argv, *, env=None):
@@ -844,7 +836,7 @@ def test_the_compile_gate_waits_for_rl_kernels_build_and_the_share_is_at_most_ha
 
     run = SlowBuild(out=tmp_path / "out", root=tmp_path)
     path = ROOT / "matrix.yaml"
-    compiling = ahead.Ahead(run, todo={path: ["plain"]}, calls={path: 1}, cases={path: None},
+    compiling = ahead.Ahead(run, todo={path: ["plain"]}, cases={path: None},
                             lock=lock, budget=10000).start()
     compiling._threads[1].join(20)  # the precompile is done, the build is not
     fd = os.open(lock + ".compiling", os.O_RDWR)
@@ -854,3 +846,4 @@ def test_the_compile_gate_waits_for_rl_kernels_build_and_the_share_is_at_most_ha
     fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     os.close(fd)
     assert shares == [[5000]] and compiling.times["gate_s"] >= compiling.times["precompile_s"]
+

@@ -143,8 +143,38 @@ def _inputs(call: dict, op: str, sizes: dict, device: str) -> dict:
     return x
 
 
+def claim(path: str | Path) -> int:
+    """The next call index of a shared plan, taken from its claims file (a counter under
+    ``flock``): each index goes to exactly one of the workers that share the plan."""
+    import fcntl
+
+    with open(path, "a+b") as counter:
+        fcntl.flock(counter, fcntl.LOCK_EX)  # dropped when the file is closed
+        counter.seek(0)
+        text = counter.read().strip()
+        index = int(text) if text else 0
+        counter.seek(0)
+        counter.truncate()
+        counter.write(b"%d" % (index + 1))
+        counter.flush()
+    return index
+
+
+def _calls(spec: dict):
+    """``(index, call)`` of a plan: all of them in order, or, for a shared plan (its
+    ``claims`` file), those this worker claims (:func:`claim`), until none is left."""
+    calls = spec["calls"]
+    if not spec.get("claims"):
+        yield from enumerate(calls)
+        return
+    while (index := claim(spec["claims"])) < len(calls):
+        yield index, calls[index]
+
+
 def main(argv: list[str]) -> int:
-    """Worker: apply the mode's torch settings, then make each call of the plan file once."""
+    """Worker: apply the mode's torch settings, then make each call of the plan file once
+    (a call's own ``op`` and ``sizes``, where it has them, over the plan's); each call done
+    is one line (its index) in ``PLAN.done``."""
     spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     from gate_residual_matrix.contract import gpu_lock
 
@@ -160,24 +190,23 @@ def main(argv: list[str]) -> int:
 
     modes.apply_torch_settings(TorchSettings(**spec["torch"]))
     device = "cuda" if spec["target"] == "cuda" else "cpu"
-    for call in spec["calls"]:
-        impl = implementations.get(call["impl"], spec["op"])
+    for index, call in _calls(spec):
+        op, sizes = call.get("op", spec.get("op")), call.get("sizes", spec.get("sizes"))
+        impl = implementations.get(call["impl"], op)
         run = impl.run_dynamic if call.get("graph") == "dynamic" else impl.run
         with gpu_lock.shared():  # a no-op without a lock file
-            x = _inputs(call, spec["op"], spec["sizes"], device)
+            x = _inputs(call, op, sizes, device)
             if call["grad"] == "inference":
                 with torch.inference_mode():
                     run(x, backward=False)
             else:
                 run(x, backward=call["grad"] == "train")
             del x
-        with open(f"{argv[0]}.done", "a", encoding="utf-8") as done:  # for the heartbeat
-            done.write("1\n")
+        with open(f"{argv[0]}.done", "a", encoding="utf-8") as done:  # progress, and which
+            done.write(f"{index}\n")
     if device == "cuda":
         torch.cuda.synchronize()
     return 0
-
-
 
 
 if __name__ == "__main__":

@@ -51,15 +51,16 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from gate_residual_matrix import settings
 from gate_residual_matrix.runner.cell.batch_invariance import checked_row_counts, sweep_row_counts
 from gate_residual_matrix.runner.cell.compile_pool import TIMEOUT_S, run, run_groups
 
-__all__ = ["MAX_WORKERS", "TIMEOUT_S", "cell_plan", "leave_stamp", "load_only", "plan",
-           "precompile_modes", "run", "run_groups", "stamp_key", "stamp_path", "stamped",
-           "workers_for"]
+__all__ = ["MAX_WORKERS", "TIMEOUT_S", "ModePlan", "cell_plan", "leave_stamp", "load_only",
+           "mode_plans", "plan", "precompile_modes", "run", "run_groups", "stamp_key",
+           "stamp_path", "stamped", "workers_for"]
 
 MAX_WORKERS = 12
 
@@ -213,37 +214,38 @@ def leave_stamp(key: str, items: list[dict], record: dict) -> None:
         pass
 
 
-def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
-                     workers: int | None = None, say=None, timeout_s: float = TIMEOUT_S,
-                     cases: list[str] | None = None, on_mode=None,
-                     later_lock: str | None = None) -> dict:
-    """Fill the compile caches for the host cells ``modes`` x ``target`` of a matrix in one
-    pool of workers (each with its mode's variables over this environment, and its torch
-    settings; ``workers``: how many, or an object whose ``take(first=...)`` gives each wave
-    its count and ``give(n)`` takes them back, shared with other files) and leave each mode's
-    stamp; modes whose stamp is there are not compiled again.
-    Returns ``{mode: "stamped" | "compiled" | "nothing to compile" | "failed: ..."}``.
-    ``say(line)``, when given, hears what is about to be compiled; ``timeout_s`` bounds the
-    whole (workers still running then are killed: their modes are ``failed``); ``cases``, the
-    case ids the cells will run (default: every case of the matrix). ``on_mode(mode)``, when
-    given, hears each mode as soon as its outcome is known (its wave of workers ended, so its
-    cells can start), before the later waves compile. ``later_lock``: a GPU lock file the
-    workers of the later wave take shared around each call (their graphs mostly load from
-    the first wave's kernels, so cells beside them may take their timings).
-    Raises :class:`runner.errors.ConfigError` for a bad matrix, an unknown mode or target,
-    :class:`runner.errors.BackendError` for target cuda without a GPU."""
+@dataclass
+class ModePlan:
+    """What one mode of a matrix file compiles: its calls (:func:`cell_plan`), the mode's
+    torch settings and variables, the stamp key (:func:`stamp_key`), the op and its sizes."""
+
+    mode: str
+    items: list[dict]
+    torch_settings: dict
+    env: dict
+    key: str
+    op: str
+    sizes: dict
+
+
+def mode_plans(matrix_path: Path, *, target: str, modes: list[str],
+               cases: list[str] | None = None) -> tuple[dict[str, str], list[ModePlan]]:
+    """The modes of a matrix file that have graphs to compile on ``target`` (``cases``: the
+    case ids the cells will run, default all), as :class:`ModePlan` in ``modes``' order, and
+    the outcome of the others: ``{mode: "not on target ..." | "nothing to compile" |
+    "stamped"}``. Raises :class:`runner.errors.ConfigError` for a bad matrix, an unknown mode
+    or target, :class:`runner.errors.BackendError` for target cuda without a GPU."""
     from gate_residual_matrix.runner.cell import catalog as implementations
     from gate_residual_matrix.runner.config.matrix import load_matrix
     from gate_residual_matrix.runner.plan.cells import Cell
 
     matrix = load_matrix(matrix_path, known_implementations=implementations.known)
     _check(matrix, modes, target)
-    p, groups, keys = matrix.problem, [], {}
-    outcome: dict[str, str | float] = {}
+    p, plans = matrix.problem, []
+    outcome: dict[str, str] = {}
     for mode in modes:
         if not matrix.modes[mode].runs_on(target):
             outcome[mode] = f"not on target {target}"
-            _tell(on_mode, mode)
             continue
         selected = [c for c in matrix.cases if cases is None or c.id in cases]
         items = cell_plan(matrix, Cell("host", mode, target), selected)
@@ -255,32 +257,51 @@ def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
             outcome[mode] = "nothing to compile"
         elif stamped(key, items):
             outcome[mode] = "stamped"
-        if mode in outcome:
-            _tell(on_mode, mode)
         else:
-            groups.append((items, torch_settings, {**os.environ, **spec.env}))
-            keys[len(groups) - 1] = (mode, key)
-    if groups:
-        from gate_residual_matrix.runner.cell import environment
+            plans.append(ModePlan(mode, items, torch_settings, dict(spec.env), key,
+                                  matrix.op, dict(p.sizes)))
+    return outcome, plans
 
-        pool = workers if hasattr(workers, "take") else None
-        n = (workers if pool is None else 0) or max(2, (environment.available_cpus() or 2) - 2)
-        # two waves: the first mode alone, then the rest at once, whose graphs mostly reuse
-        # the first's Triton kernels (same kernel source: a cache hit) instead of every mode
-        # compiling the same kernels side by side
-        started = time.perf_counter()
-        if say is not None:
-            say(f"compiling {sum(len(g[0]) for g in groups)} calls for "
-                f"{', '.join(m for m, _ in keys.values())} on {target} in "
-                f"{'workers shared with other files' if pool else f'{n} workers'} ...")
-        for wave in ([0], list(range(1, len(groups)))):
-            if wave:
-                left = max(timeout_s - (time.perf_counter() - started), 1.0)
-                record = _wave([groups[gi] for gi in wave], pool, n, first=wave == [0],
-                               op=matrix.op, sizes=p.sizes, target=target, timeout_s=left,
-                               gpu_lock=None if wave == [0] else later_lock)
-                _record(wave, record, groups, keys, outcome, on_mode)
-        outcome["seconds"] = round(time.perf_counter() - started, 3)
+
+def precompile_modes(matrix_path: Path, *, target: str, modes: list[str],
+                     workers: int | None = None, say=None, timeout_s: float = TIMEOUT_S,
+                     cases: list[str] | None = None) -> dict:
+    """Fill the compile caches for the host cells ``modes`` x ``target`` of a matrix in one
+    pool of ``workers`` processes (default: the CPUs less two; each with its mode's variables
+    over this environment, and its torch settings) and leave each mode's stamp; modes whose
+    stamp is there are not compiled again (:func:`mode_plans`). Two waves: the first mode
+    alone, then the rest at once, whose graphs mostly reuse the first's Triton kernels (the
+    same kernel source: a cache hit) instead of every mode compiling the same kernels side
+    by side. Returns ``{mode: "stamped" | "compiled" | "nothing to compile" | "failed: ..."}``
+    and ``"seconds"``. ``say(line)``, when given, hears what is about to be compiled;
+    ``timeout_s`` bounds the whole (workers still running then are killed: their modes are
+    ``failed``); ``cases``, the case ids the cells will run (default: every case).
+    Raises as :func:`mode_plans`."""
+    outcome: dict[str, str | float] = {}
+    done, plans = mode_plans(matrix_path, target=target, modes=modes, cases=cases)
+    outcome.update(done)
+    if not plans:
+        return outcome
+    from gate_residual_matrix.runner.cell import environment
+
+    n = workers or max(2, (environment.available_cpus() or 2) - 2)
+    started = time.perf_counter()
+    if say is not None:
+        say(f"compiling {sum(len(pl.items) for pl in plans)} calls for "
+            f"{', '.join(pl.mode for pl in plans)} on {target} in {n} workers ...")
+    for wave in (plans[:1], plans[1:]):
+        if wave:
+            left = max(timeout_s - (time.perf_counter() - started), 1.0)
+            record = run_groups([(pl.items, pl.torch_settings, {**os.environ, **pl.env})
+                                 for pl in wave], workers=n, op=wave[0].op,
+                                sizes=wave[0].sizes, target=target, timeout_s=left)
+            for pl in wave:
+                if record["failed"]:
+                    outcome[pl.mode] = "failed: " + "; ".join(record["failed"])[:300]
+                else:
+                    leave_stamp(pl.key, pl.items, record)
+                    outcome[pl.mode] = "compiled"
+    outcome["seconds"] = round(time.perf_counter() - started, 3)
     return outcome
 
 
@@ -302,35 +323,6 @@ def _check(matrix, modes: list[str], target: str) -> None:
         if not torch.cuda.is_available():
             raise BackendError("target cuda needs a GPU: torch.cuda.is_available() is False "
                                "here (use --target cpu)")
-
-
-def _wave(groups: list, pool, n: int, *, first: bool, **kw) -> dict:
-    """One wave of :func:`precompile_modes`: ``groups`` in ``n`` workers, or in the workers
-    ``pool`` gives it (given back after)."""
-    n = pool.take(first=first) if pool is not None else n
-    try:
-        return run_groups(groups, workers=n, **kw)
-    finally:
-        if pool is not None:
-            pool.give(n)
-
-
-def _record(wave: list[int], record: dict, groups: list, keys: dict, outcome: dict,
-            on_mode) -> None:
-    """Each mode of a finished wave: its stamp and outcome, then ``on_mode`` hears it."""
-    for gi in wave:
-        mode, key = keys[gi]
-        if record["failed"]:
-            outcome[mode] = "failed: " + "; ".join(record["failed"])[:300]
-        else:
-            leave_stamp(key, groups[gi][0], record)
-            outcome[mode] = "compiled"
-        _tell(on_mode, mode)
-
-
-def _tell(on_mode, mode: str) -> None:
-    if on_mode is not None:
-        on_mode(mode)
 
 
 def _positive(text: str) -> int:

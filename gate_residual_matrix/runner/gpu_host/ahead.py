@@ -1,32 +1,32 @@
 """Compiling ahead for the ``modes`` step, beside its cells.
 
-:class:`Ahead` runs in a thread of its own, from the step's start:
+:class:`Ahead` runs in threads of its own, from the step's start:
 
 * RL-Kernel's extension build (target cuda), in a child process;
-* one :func:`runner.cell.precompile.precompile_modes` per matrix file, all at once, the
-  workers shared out among them by how many graph calls each has to compile
-  (:func:`workers_by_calls`), in at most :data:`PRECOMPILE_SHARE` of the time left. Each
-  file compiles its first mode alone, then the others (their graphs mostly reuse the first
-  mode's Triton kernels), the later wave with the workers that files done sooner left free
-  (:class:`WorkerPool`).
+* every file's graphs in one queue of compile workers (:mod:`runner.gpu_host.compile_queue`):
+  one job per mode over every file, the files in the order given (the step gives the files
+  with the longest cells first), in at most :data:`PRECOMPILE_SHARE` of the time left. The
+  first mode (``plain``, the only one that really compiles: the other modes' graphs mostly
+  reuse its Triton kernels) gets every worker first; the later modes' jobs get the workers
+  it frees.
 
-A file's mode is **ready** (:meth:`Ahead.ready`) once its graphs are in the caches (its wave
-ended and left its stamp; or failed, or the time ran out: its cell then compiles what is
+A file's mode is **ready** (:meth:`Ahead.ready`) once its graphs are in the caches (its calls
+made and its stamp left; or failed, or the time ran out: its cell then compiles what is
 missing itself) and, for a file with RL-Kernel's rows, the build has ended. The queue starts
-a cell only when it is ready, so the first mode's cells run their checks while the other
-modes compile.
+a cell only when it is ready, so the first files' cells run their checks while the others
+compile.
 
-While any file's first wave or RL-Kernel's build runs, the step holds the GPU lock's compile
+While the first mode's job or RL-Kernel's build runs, the step holds the GPU lock's compile
 gate (:func:`contract.gpu_lock.compiling`): those workers compile (every CPU busy) and run
 kernels on the GPU (their calls, inductor's autotuning) outside the lock, so no cell takes its
 timings until they are done; a cell whose checks end sooner waits for the gate with its
-timings (``phases.gpu_lock_wait.exclusive``). The later waves' graphs mostly load from the
-first wave's kernels: their workers take the shared lock around each call, as a cell does,
+timings (``phases.gpu_lock_wait.exclusive``). The later modes' graphs mostly load from the
+first mode's kernels: their workers take the shared lock around each call, as a cell does,
 and cells time beside them.
 
 Example::
 
-    ahead = Ahead(run, todo={Path("matrix.yaml"): ["plain", "tf32"]}, calls=..., cases=...)
+    ahead = Ahead(run, todo={Path("matrix.yaml"): ["plain", "tf32"]}, cases=...)
     ahead.start()
     ahead.ready(Path("matrix.yaml"), "plain")  # False until plain's graphs are compiled
     ahead.wait()
@@ -39,8 +39,6 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
 
 from gate_residual_matrix.runner.gpu_host.steps import HostRun
@@ -51,74 +49,13 @@ always gets to its cells (what the workers compiled before they were stopped is 
 caches; a cell compiles the rest itself)."""
 
 
-def workers_by_calls(calls: dict, total: int) -> dict:
-    """``total`` workers shared out in proportion to each key's ``calls``, at least one each
-    (so the shares add up to more than ``total`` when there are more keys than workers).
-
-    >>> workers_by_calls({"a": 1260, "b": 570, "c": 0}, 14)
-    {'a': 10, 'b': 4, 'c': 1}
-    """
-    whole = sum(calls.values()) or 1
-    return {k: max(1, round(total * n / whole)) for k, n in calls.items()}
-
-
-class WorkerPool:
-    """The compile workers of every file, shared out wave by wave: a file's first wave gets
-    its share (:func:`workers_by_calls`), a later wave its share or every worker free at the
-    time, whichever is more, so that the workers of files done early go to the files still
-    compiling; ``on_later(key)`` hears each later wave start. Thread-safe; ``of(key)`` is the
-    view :func:`runner.cell.precompile.precompile_modes` takes as its ``workers``.
-
-    >>> pool = WorkerPool(14, {"a": 10, "b": 4})
-    >>> a, b = pool.of("a"), pool.of("b")
-    >>> a.take(first=True), b.take(first=True)
-    (10, 4)
-    >>> a.give(10); b.take(first=False)
-    10
-    """
-
-    def __init__(self, total: int, shares: dict, on_later=None) -> None:
-        self.total, self.shares, self.busy = total, dict(shares), 0
-        self._lock = threading.Lock()
-        self._on_later = on_later
-
-    def of(self, key) -> _Share:
-        return _Share(self, key)
-
-    def take(self, key, first: bool) -> int:
-        """Workers for ``key``'s next wave (``on_later(key)`` hears a later wave start)."""
-        if not first and self._on_later is not None:
-            self._on_later(key)
-        with self._lock:
-            n = self.shares[key] if first else max(self.shares[key], self.total - self.busy)
-            self.busy += n
-            return n
-
-    def give(self, n: int) -> None:
-        with self._lock:
-            self.busy -= n
-
-
-class _Share:
-    """One file's view of a :class:`WorkerPool`: ``take(first=...)`` and ``give(n)``."""
-
-    def __init__(self, pool: WorkerPool, key) -> None:
-        self.pool, self.key = pool, key
-
-    def take(self, first: bool) -> int:
-        return self.pool.take(self.key, first)
-
-    def give(self, n: int) -> None:
-        self.pool.give(n)
-
-
 class Ahead:
     """The compile-ahead of one ``modes`` step (see the module docstring).
 
-    ``todo``: per matrix file, the modes to compile (those without a finished report);
-    ``calls``: per file, its graph calls (for the workers' shares); ``cases``: per file, the
-    case ids its cells run (None: all); ``lock``: the GPU lock file the cells share (None: no
-    gate); ``needs_build``: the files whose cells wait for RL-Kernel's build (None: all);
+    ``todo``: per matrix file, the modes to compile (those without a finished report), the
+    files in the order their graphs are compiled; ``cases``: per file, the case ids its
+    cells run (None: all); ``lock``: the GPU lock file the cells share (None: no gate);
+    ``needs_build``: the files whose cells wait for RL-Kernel's build (None: all);
     ``budget``: the GPU memory the cells share case by case
     (:mod:`contract.gpu_budget`), of which the workers hold
     :data:`contract.gpu_budget.WORKER_MIB` each (at most half of it) while they run. After
@@ -126,10 +63,10 @@ class Ahead:
     and ``rlbuild_s`` (seconds since :meth:`start`) and ``ready_s`` (each
     ``"<file> <mode>"``'s)."""
 
-    def __init__(self, run: HostRun, *, todo: dict[Path, list[str]], calls: dict[Path, int],
+    def __init__(self, run: HostRun, *, todo: dict[Path, list[str]],
                  cases: dict[Path, list[str] | None], lock: str | None = None,
                  budget: int | None = None, needs_build: set[Path] | None = None) -> None:
-        self.run, self.todo, self.calls, self.cases, self.lock = run, todo, calls, cases, lock
+        self.run, self.todo, self.cases, self.lock = run, todo, cases, lock
         self.budget = budget
         self.needs_build = None if needs_build is None else {Path(p) for p in needs_build}
         self.times: dict = {"ready_s": {}}
@@ -141,7 +78,7 @@ class Ahead:
         self._build_proc = None
         self._gate, self._gate_lock = contextlib.ExitStack(), threading.Lock()
         self._held = contextlib.ExitStack()
-        self._first_left: set[Path] = set()
+        self._first_over = threading.Event()
 
     def start(self) -> Ahead:
         """Take the workers' share of the GPU's memory, then the compile gate (in this
@@ -151,7 +88,6 @@ class Ahead:
         from gate_residual_matrix.contract import gpu_budget, gpu_lock
 
         self._began = time.monotonic()
-        self._first_left = {p for p, ms in self.todo.items() if ms}
         share = self.workers() * gpu_budget.WORKER_MIB
         if self.budget:
             share = min(share, self.budget // 2)  # the cells keep half, whatever the host
@@ -196,8 +132,6 @@ class Ahead:
             return 0
         return max(2, (available_cpus() or 2) - 2)
 
-    _NO_FILE = Path("\0")  # what the build's end reports to _first_wave_over
-
     def _since(self) -> float:
         return round(time.monotonic() - self._began, 1)
 
@@ -212,7 +146,7 @@ class Ahead:
                 self.times["rlbuild_s"] = self._since()
         finally:
             self._built.set()
-            self._first_wave_over(self._NO_FILE)
+            self._open_gate()
 
     def _mode_done(self, path: Path, mode: str) -> None:
         self.times["ready_s"][f"{path.name} {mode}"] = self._since()
@@ -224,75 +158,76 @@ class Ahead:
         try:
             self._precompile()
         finally:
-            self._first_wave_over(None)
+            self._first_wave_over()
             self._held.close()  # the workers' memory share
             self.times["precompile_s"] = self._since()
             self._done.set()
 
-    def _first_wave_over(self, path: Path | None) -> None:
-        """``path``'s first wave has ended (None: every file's): once no file is left in
-        its first wave and RL-Kernel's build (which loads the CPUs) has ended, the compile
-        gate opens (the later waves' calls take the shared lock)."""
+    def _first_wave_over(self) -> None:
+        self._first_over.set()
+        self._open_gate()
+
+    def _open_gate(self) -> None:
+        """Once the first mode's job and RL-Kernel's build (which loads the CPUs) have both
+        ended, the compile gate opens (the later modes' calls take the shared lock)."""
         with self._gate_lock:
-            self._first_left.discard(path) if path is not None else self._first_left.clear()
-            if not self._first_left and self._built.is_set() and "gate_s" not in self.times:
+            if self._first_over.is_set() and self._built.is_set() \
+                    and "gate_s" not in self.times:
                 self._gate.close()
                 self.times["gate_s"] = self._since()
 
-    def _precompile(self) -> None:
-        """Fill the compile caches of every file's modes in :attr:`todo`, all files at once,
-        within the time left; prints one line per file."""
-        from gate_residual_matrix.runner.cell import precompile as cell_precompile
+    def _plans(self) -> list[tuple[Path, list]]:
+        """Each file's :class:`runner.cell.precompile.ModePlan` (in :attr:`todo`'s order);
+        the modes with nothing to compile (stamped, none, not on the target, a file that
+        cannot be read) are ready at once, with a line."""
+        from gate_residual_matrix.runner.cell import precompile
 
-        todo = {p: ms for p, ms in self.todo.items() if ms}
-        if not todo:
+        files = []
+        for path, modes in self.todo.items():
+            if not modes:
+                continue
+            try:
+                outcome, plans = precompile.mode_plans(path, target=self.run.target,
+                                                       modes=modes, cases=self.cases.get(path))
+            except Exception as err:  # costs time only: the cells compile what is missing
+                outcome, plans = {m: f"{type(err).__name__}: {err}" for m in modes}, []
+            for mode, what in outcome.items():
+                print(f"precompile {path.name} {mode}: {what}", flush=True)
+                self._mode_done(path, mode)
+            if plans:
+                files.append((path, plans))
+        return files
+
+    def _precompile(self) -> None:
+        """Fill the compile caches of every file's modes in :attr:`todo` in one queue of
+        workers (:mod:`runner.gpu_host.compile_queue`), within the time left; one line per
+        file's mode as it ends."""
+        from gate_residual_matrix.runner.cell import precompile as cell_precompile
+        from gate_residual_matrix.runner.gpu_host import compile_queue
+
+        files = self._plans()
+        if not files:
             print("precompile: nothing left to compile", flush=True)
             return
-        pool = WorkerPool(self.workers(), workers_by_calls(
-            {p: self.calls.get(p, 0) for p in todo}, self.workers()),
-            on_later=self._first_wave_over)
+        jobs = compile_queue.make_jobs(files, target=self.run.target)
         left = self.run.left()
         timeout_s = cell_precompile.TIMEOUT_S if left is None else \
             max(min(left * PRECOMPILE_SHARE, cell_precompile.TIMEOUT_S), 1.0)
+        calls = sum(len(job.calls) for job in jobs)
+        print(f"precompile: {calls} calls of {len(files)} file(s) in {self.workers()} workers, "
+              f"first {', '.join(p.name for p, _ in files)}; "
+              f"{', '.join(f'{j.mode} ({len(j.calls)})' for j in jobs)}", flush=True)
 
-        def one(path: Path, modes: list[str]) -> str:
-            try:
-                done = cell_precompile.precompile_modes(
-                    path, target=self.run.target, modes=modes, workers=pool.of(path),
-                    timeout_s=timeout_s, cases=self.cases.get(path),
-                    say=lambda s: print(f"precompile {path.name}: {s}", flush=True),
-                    on_mode=lambda mode: self._mode_done(path, mode), later_lock=self.lock)
-            except Exception as err:  # costs time only: the cells compile what is missing
-                done = f"{type(err).__name__}: {err}"
-            finally:
-                self._first_wave_over(path)
-            return f"precompile {path.name}: {done} after {self._since():.0f} s"
+        def part(path: Path, mode: str, outcome: str) -> None:
+            print(f"precompile {path.name} {mode}: {outcome} after {self._since():.0f} s",
+                  flush=True)
+            self._mode_done(path, mode)
 
-        import torch  # noqa: F401  (imported once here, not by every thread at once)
-        for line in in_threads([(one, (p, ms)) for p, ms in todo.items()]):
-            print(line, flush=True)
-
-
-def in_threads(calls: list[tuple[Callable, tuple]], jobs: int | None = None) -> list:
-    """Each ``(function, args)`` of ``calls`` in daemon threads, ``jobs`` at a time (default:
-    all); their results in order (the first error raised again). Daemon threads: an
-    interrupted run exits without waiting for them (their child processes die with it)."""
-    jobs = jobs or len(calls)
-    futures: list[Future] = [Future() for _ in calls]
-    queue = list(enumerate(calls))
-    lock = threading.Lock()
-
-    def worker() -> None:
-        while True:
-            with lock:
-                if not queue:
-                    return
-                i, (fn, args) = queue.pop(0)
-            try:
-                futures[i].set_result(fn(*args))
-            except BaseException as err:
-                futures[i].set_exception(err)
-
-    for _ in range(min(jobs, len(calls))):
-        threading.Thread(target=worker, daemon=True).start()
-    return [f.result() for f in futures]
+        record = compile_queue.run_jobs(
+            jobs, workers=self.workers(), timeout_s=timeout_s, gpu_lock=self.lock,
+            on_part=part, on_first_over=self._first_wave_over,
+            say=lambda line: print(f"precompile: {line}", flush=True))
+        print(f"precompile: {record['calls']} calls in {record['seconds']:.0f} s, "
+              f"{record['workers']} worker processes"
+              + (f"; failed: {'; '.join(record['failed'])[:300]}" if record["failed"] else ""),
+              flush=True)

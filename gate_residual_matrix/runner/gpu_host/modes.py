@@ -5,19 +5,19 @@ In this order, within the run's deadline:
 1. **Resume.** Reports carried in ``.carry/resume/`` (a stopped run's ``OUT/reports``) are
    copied into ``OUT/reports`` where it has none of that cell: a finished cell of the same
    fingerprint is not run again, a partial one runs only its missing cases.
-2. **Compile ahead, beside the cells** (:mod:`runner.gpu_host.ahead`): one
-   :func:`runner.cell.precompile.precompile_modes` per matrix file, all at once, each filling
-   the compile caches for every selected mode (a mode whose cells already have an ``ok``
-   report is left out) and leaving each mode's stamp as its wave ends; RL-Kernel's extension
+2. **Compile ahead, beside the cells** (:mod:`runner.gpu_host.ahead`): one queue of compile
+   workers fills the compile caches for every file's selected modes (a mode whose cells
+   already have an ``ok`` report is left out), the files with the longest cells first, and
+   leaves each file's mode's stamp as soon as its calls are made; RL-Kernel's extension
    builds beside them (target cuda). A cell starts once its mode is compiled; no cell takes
-   its timings while any file's first wave compiles (the GPU lock's compile gate).
+   its timings while the first mode compiles (the GPU lock's compile gate).
 3. **The cells.** With ``--jobs 1``, after the compile-ahead, one after another in this
    process, mode by mode (every file's cell of the first mode, then the next mode).
    Otherwise from one queue (:func:`runner.gpu_host.schedule.run_queue`), each cell its own
    runner process (:mod:`runner.gpu_host.cell_queue`) that starts once its mode is compiled
    (step 2): at most ``jobs`` at once, each taking :data:`CPUS_PER_SHARD` CPUs per shard
-   (:data:`OVERSUBSCRIBE` shard processes per CPU on target cuda), the cells with the most
-   shards first, their cases sharing the GPU's memory (:mod:`contract.gpu_budget`); every
+   (:data:`OVERSUBSCRIBE` shard processes per CPU on target cuda), the longest cells first
+   (:func:`expected_work`), their cases sharing the GPU's memory (:mod:`contract.gpu_budget`); every
    cell process under one GPU lock file (each cell process's timing loops alone on the GPU).
    Each cell runs on the host backend with the time left as its timeout: a cell stopped at
    the deadline keeps its finished cases as a ``partial`` report, and a cell whose turn
@@ -100,34 +100,54 @@ def cases_of(matrix, cases: Sequence[str] | None) -> list[str] | None:
     return None if cases is None else [c for c in cases if c in {k.id for k in matrix.cases}]
 
 
-def _calls(matrix, modes: Sequence[str], run: HostRun) -> int:
-    """How many graph calls the precompile of ``modes`` of ``matrix`` makes (at most: a
-    mode already stamped makes none)."""
-    from gate_residual_matrix.runner.cell.precompile import cell_plan
-    from gate_residual_matrix.runner.plan.cells import Cell
+def _selected(matrix, run: HostRun) -> list:
+    """The cases of ``matrix`` that its cells run on the target (``run.cases`` of them)."""
+    from gate_residual_matrix.runner.plan.cells import cases_on
 
     ids = cases_of(matrix, run.cases)
-    selected = [c for c in matrix.cases if ids is None or c.id in ids]
-    return sum(len(cell_plan(matrix, Cell("host", m, run.target), selected)) for m in modes)
+    return cases_on([c for c in matrix.cases if ids is None or c.id in ids], run.target)
+
+
+def expected_work(matrix, cases: Sequence, target: str, cpus: int | None) -> float:
+    """How long a cell of ``cases`` is expected to run, in arbitrary units, for ordering:
+    its heaviest shard's case weights (:func:`runner.cell.run.case_weight`, as
+    :func:`runner.backends.shards.split` parts them) times its implementation rows. A cell
+    lasts about as long as its heaviest shard, and a shard's time goes mostly into calling
+    each implementation on each case and checking it (docs/performance.md, "Cell time")."""
+    from gate_residual_matrix.runner.backends import shards
+    from gate_residual_matrix.runner.cell import catalog
+    from gate_residual_matrix.runner.cell.run import case_weight
+
+    if not cases:
+        return 0.0
+    n = shards.count(matrix, cases, target, cpus)
+    parts = shards.split(matrix, list(cases), n, target) if n > 1 else [list(cases)]
+    heaviest = max(sum(case_weight(matrix, c, target) for c in p) for p in parts)
+    return heaviest * len(catalog.rows(matrix))
 
 
 def compile_ahead(run: HostRun, loaded: dict, reports: Path, lock: str | None,
                   budget: int | None = None):
     """The started :class:`runner.gpu_host.ahead.Ahead` of every file's modes that have no
-    finished report (``lock``: the cells' GPU lock file, for its compile gate, whose memory
-    ledger is cleared first; ``budget``: the GPU memory the cells share, of which the workers
-    hold their part)."""
+    finished report, the files with the longest cells (:func:`expected_work`) first.
+    ``lock``: the cells' GPU lock file, for its compile gate, whose memory ledger is cleared
+    first; ``budget``: the GPU memory the cells share, of which the workers hold their
+    part."""
     from gate_residual_matrix.contract import gpu_budget, rl_kernel_tree
     from gate_residual_matrix.runner.gpu_host.ahead import Ahead
 
     if lock is not None:  # this step owns the ledger: an earlier run's entries go
         gpu_budget.clear(lock)
 
-    todo = {p: [m for m in runnable(mx, run.modes, run.target)
-                if not finished(reports, mx, m, run.target)] for p, mx in loaded.items()
-            if cases_of(mx, run.cases) != []}
-    return Ahead(run, todo=todo, calls={p: _calls(loaded[p], ms, run) for p, ms in todo.items()},
-                 cases={p: cases_of(mx, run.cases) for p, mx in loaded.items()},
+    from gate_residual_matrix.runner.cell.environment import available_cpus
+
+    cpus = available_cpus()
+    longest_first = sorted(loaded, key=lambda p: -expected_work(
+        loaded[p], _selected(loaded[p], run), run.target, cpus))
+    todo = {p: [m for m in runnable(loaded[p], run.modes, run.target)
+                if not finished(reports, loaded[p], m, run.target)] for p in longest_first
+            if cases_of(loaded[p], run.cases) != []}
+    return Ahead(run, todo=todo, cases={p: cases_of(mx, run.cases) for p, mx in loaded.items()},
                  lock=lock, budget=budget,
                  needs_build={p for p, mx in loaded.items()
                               if set(rl_kernel_tree.ROWS) & set(mx.implementations)}).start()
@@ -188,7 +208,8 @@ def units(run: HostRun, loaded: dict, reports: Path, running=None, ready=None,
     that has a host cell on the target, each a runner process
     (:mod:`runner.gpu_host.cell_queue`) taking :data:`CPUS_PER_SHARD` CPUs per shard of its
     cell and its estimated GPU memory (:func:`runner.gpu_host.footprint.cell_mib`, target
-    cuda), those with the most shards first (in mode order, then file order, among equals).
+    cuda), the longest first (:func:`expected_work`; in mode order, then file order, among
+    equals): longest processing time first, so that the last cells are short ones.
     ``running``: the :class:`~runner.gpu_host.cell_queue.Running` they register with;
     ``ready(path, mode)``: whether a unit may start yet (:meth:`.ahead.Ahead.ready`);
     ``budget``: the GPU memory (MiB) the cells share case by case (:mod:`contract.gpu_budget`;
@@ -198,28 +219,25 @@ def units(run: HostRun, loaded: dict, reports: Path, running=None, ready=None,
     from gate_residual_matrix.runner.gpu_host import footprint
     from gate_residual_matrix.runner.gpu_host.cell_queue import Running, environment
     from gate_residual_matrix.runner.gpu_host.schedule import Unit
-    from gate_residual_matrix.runner.plan.cells import cases_on
-
     cpus = available_cpus()
     running = running if running is not None else Running()
     env = environment(run, budget)
     out = []
     for mode in run.modes:
         for path, matrix in loaded.items():
-            ids = cases_of(matrix, run.cases)
-            if mode not in runnable(matrix, [mode], run.target) or ids == []:
+            if mode not in runnable(matrix, [mode], run.target) \
+                    or cases_of(matrix, run.cases) == []:
                 continue
-            selected = cases_on([c for c in matrix.cases if ids is None or c.id in ids],
-                                run.target)
+            selected = _selected(matrix, run)
             need = shards.count(matrix, selected, run.target, cpus)
-            out.append(Unit(f"{path.name} {mode}", need * CPUS_PER_SHARD,
-                            lambda p=path, m=matrix, md=mode: _queued(run, p, m, reports, md,
-                                                                      env, running),
-                            memory=footprint.cell_mib(matrix, selected, need)
-                            if run.target == "cuda" else 0,
-                            ready=None if ready is None else
-                            (lambda p=path, md=mode: ready(p, md))))
-    return sorted(out, key=lambda u: -u.cpus)
+            work = expected_work(matrix, selected, run.target, cpus)
+            out.append((work, Unit(
+                f"{path.name} {mode}", need * CPUS_PER_SHARD,
+                lambda p=path, m=matrix, md=mode: _queued(run, p, m, reports, md, env, running),
+                memory=footprint.cell_mib(matrix, selected, need, run.target)
+                if run.target == "cuda" else 0,
+                ready=None if ready is None else (lambda p=path, md=mode: ready(p, md)))))
+    return [unit for _, unit in sorted(out, key=lambda wu: -wu[0])]
 
 
 def _queued(run: HostRun, path: Path, matrix, reports: Path, mode: str, env: dict,
