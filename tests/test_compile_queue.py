@@ -57,7 +57,7 @@ def test_jobs_are_one_per_mode_first_waves_first_files_in_the_order_given():
 def test_free_workers_go_to_the_first_wave_then_to_the_later_job_with_most_left(tmp_path):
     jobs = compile_queue.make_jobs([(Path("a"), [_plan("plain", 3), _plan("tf32", 2),
                                                  _plan("inference", 6)])], target="cpu")
-    running = compile_queue._Running(jobs, tmp_path, gpu_lock=None)
+    running = compile_queue._Running(jobs, tmp_path)
     assert running.next_job() == 0
     claims = [Path(f"{p.with_suffix('')}.claims") for p in running.plans]
     claims[0].write_text("2")

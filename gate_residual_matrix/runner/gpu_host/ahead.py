@@ -16,13 +16,14 @@ missing itself) and, for a file with RL-Kernel's rows, the build has ended. The 
 a cell only when it is ready, so the first files' cells run their checks while the others
 compile.
 
-While the first mode's job or RL-Kernel's build runs, the step holds the GPU lock's compile
-gate (:func:`contract.gpu_lock.compiling`): those workers compile (every CPU busy) and run
-kernels on the GPU (their calls, inductor's autotuning) outside the lock, so no cell takes its
+While any worker or RL-Kernel's build runs, the step holds the GPU lock's compile gate
+(:func:`contract.gpu_lock.compiling`): the workers compile (every CPU busy) and run kernels
+on the GPU (their calls, inductor's autotuning) outside the lock, so no cell takes its
 timings until they are done; a cell whose checks end sooner waits for the gate with its
-timings (``phases.gpu_lock_wait.exclusive``). The later modes' graphs mostly load from the
-first mode's kernels: their workers take the shared lock around each call, as a cell does,
-and cells time beside them.
+timings (``phases.gpu_lock_wait.exclusive``). The gate does not open after the first mode
+with the later modes' workers under the shared lock: measured on the H200, every timing pass
+then waited behind calls that compiled for real while holding it, and every other process
+behind that pass (docs/performance.md, "One compile queue").
 
 Example::
 
@@ -78,7 +79,7 @@ class Ahead:
         self._build_proc = None
         self._gate, self._gate_lock = contextlib.ExitStack(), threading.Lock()
         self._held = contextlib.ExitStack()
-        self._first_over = threading.Event()
+        self._all_compiled = threading.Event()
 
     def start(self) -> Ahead:
         """Take the workers' share of the GPU's memory, then the compile gate (in this
@@ -158,20 +159,20 @@ class Ahead:
         try:
             self._precompile()
         finally:
-            self._first_wave_over()
+            self._all_compiled.set()
+            self._open_gate()
             self._held.close()  # the workers' memory share
             self.times["precompile_s"] = self._since()
             self._done.set()
 
     def _first_wave_over(self) -> None:
-        self._first_over.set()
-        self._open_gate()
+        self.times["first_wave_s"] = self._since()
 
     def _open_gate(self) -> None:
-        """Once the first mode's job and RL-Kernel's build (which loads the CPUs) have both
-        ended, the compile gate opens (the later modes' calls take the shared lock)."""
+        """Once every worker and RL-Kernel's build (which loads the CPUs) have ended, the
+        compile gate opens."""
         with self._gate_lock:
-            if self._first_over.is_set() and self._built.is_set() \
+            if self._all_compiled.is_set() and self._built.is_set() \
                     and "gate_s" not in self.times:
                 self._gate.close()
                 self.times["gate_s"] = self._since()
@@ -224,7 +225,7 @@ class Ahead:
             self._mode_done(path, mode)
 
         record = compile_queue.run_jobs(
-            jobs, workers=self.workers(), timeout_s=timeout_s, gpu_lock=self.lock,
+            jobs, workers=self.workers(), timeout_s=timeout_s,
             on_part=part, on_first_over=self._first_wave_over,
             say=lambda line: print(f"precompile: {line}", flush=True))
         print(f"precompile: {record['calls']} calls in {record['seconds']:.0f} s, "

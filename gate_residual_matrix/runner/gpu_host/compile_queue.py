@@ -10,11 +10,10 @@ the next call (:func:`runner.cell.compile_pool.claim`) until none is left, so no
 idle while another has a long tail, and a job's calls are done in order, file by file.
 
 Two waves, as in :func:`runner.cell.precompile.precompile_modes`: the first mode's job (every
-file's ``plain``, the only one that really compiles: the other modes' graphs mostly load its
-Triton kernels) gets every worker; once nothing of it is left to claim, freed workers go to the
-later modes' jobs, to the one with the most calls left per worker. A later-wave worker takes
-the GPU lock's shared side around each call (cells time beside it); the first wave does not,
-and the compile-ahead holds the compile gate until it is over.
+file's ``plain``, whose Triton kernels the other modes' graphs mostly reuse) gets every
+worker; once nothing of it is left to claim, freed workers go to the later modes' jobs, to the
+one with the most calls left per worker. Workers take no GPU lock: the compile-ahead holds
+the lock's compile gate until they are all done.
 
 A file's mode is done once each of its calls is (each worker writes the index of each call
 it made): its stamp is left (:func:`runner.cell.precompile.leave_stamp`) and ``on_part(path,
@@ -53,7 +52,7 @@ start would otherwise restart them until the deadline)."""
 class Job:
     """One mode's calls over several files (those whose settings for it are the same):
     ``parts`` is ``[(path, ModePlan)]`` in priority order, ``first`` whether it is a first
-    wave (no shared lock; the compile gate is held until it is over). After :func:`run_jobs`,
+    wave. After :func:`run_jobs`,
     ``failed`` holds a line per failed worker."""
 
     mode: str
@@ -98,15 +97,15 @@ def make_jobs(files: list[tuple[Path, list]], *, target: str) -> list[Job]:
 class _Running:
     """The job files and worker processes of one :func:`run_jobs`."""
 
-    def __init__(self, jobs: list[Job], tmp: Path, gpu_lock: str | None) -> None:
+    def __init__(self, jobs: list[Job], tmp: Path) -> None:
         self.jobs, self.procs = jobs, []  # procs: (Popen, job index, stderr path)
         self.plans = []
         for j, job in enumerate(jobs):
             plan = tmp / f"job-{j}.json"
             plan.write_text(json.dumps({
                 "torch": job.torch_settings, "target": job.target, "calls": job.calls,
-                "claims": str(tmp / f"job-{j}.claims"),
-                "gpu_lock": None if job.first else gpu_lock}), encoding="utf-8")
+                "claims": str(tmp / f"job-{j}.claims"), "gpu_lock": None}),
+                encoding="utf-8")
             self.plans.append(plan)
         self.totals = [len(job.calls) for job in jobs]
 
@@ -180,14 +179,13 @@ class _Running:
             proc.wait()
 
 
-def run_jobs(jobs: list[Job], *, workers: int, timeout_s: float, gpu_lock: str | None = None,
-             on_part=None, on_first_over=None, say=None) -> dict:
+def run_jobs(jobs: list[Job], *, workers: int, timeout_s: float, on_part=None,
+             on_first_over=None, say=None) -> dict:
     """Run ``jobs`` (:func:`make_jobs`) in at most ``workers`` worker processes at once, for
     at most ``timeout_s``. ``on_part(path, mode, outcome)`` hears each file's mode as soon as
     it is ``"compiled"`` (its stamp left) or, at the end, ``"failed: ..."``;
     ``on_first_over()``, once every first-wave job is over; ``say(line)``, the calls done at
-    least every :data:`runner.cell.compile_pool.HEARTBEAT_S`. ``gpu_lock``: the lock file
-    the later waves' workers take shared around each call. Returns ``{"workers": started,
+    least every :data:`runner.cell.compile_pool.HEARTBEAT_S`. Returns ``{"workers": started,
     "calls", "seconds", "failed": [lines]}``. Interrupted (Ctrl-C, SIGTERM raised as
     ``KeyboardInterrupt``), it kills its workers and raises again."""
     from gate_residual_matrix.runner.cell.compile_pool import HEARTBEAT_S
@@ -195,7 +193,7 @@ def run_jobs(jobs: list[Job], *, workers: int, timeout_s: float, gpu_lock: str |
 
     started, told, first_told = time.perf_counter(), set(), False
     with tempfile.TemporaryDirectory(prefix="gate-residual-compile-queue-") as tmp:
-        running = _Running(jobs, Path(tmp), gpu_lock)
+        running = _Running(jobs, Path(tmp))
         total = sum(running.totals)
 
         def tell(j: int, final: bool) -> None:
