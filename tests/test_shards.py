@@ -193,19 +193,3 @@ def test_a_dead_runners_shards_are_combined_and_resumed(tmp_path, monkeypatch):
     final = report(reports)
     assert final["status"] == "ok" and not list(reports.glob(".run-*"))
     assert final["environment"]["case_runs"]["5"]["run_id"] != final["run_id"]
-
-
-def test_an_uneven_dtype_group_is_halved_on_cuda():
-    """matrix-rms-norm.yaml's cuda cases: a bfloat16 group of seven beside two of three.
-    Three shards would leave one carrying twice the mean; four are even enough. On the CPU
-    the same cases are one shard."""
-    from gate_residual_matrix.runner.plan.cells import cases_on
-
-    m = load_matrix(ROOT / "matrix-rms-norm.yaml")
-    cases = cases_on(m.cases, "cuda")
-    assert [len(g) for g in shards.groups(m, cases)] == [7, 3, 3]
-    n = shards.count(m, cases, "cuda", 16)
-    parts = shards.split(m, cases, n, "cuda")
-    assert n == 4 and sorted(len(p) for p in parts) == [3, 3, 3, 4]
-    assert shards.count(m, cases, "cuda", 6) == 3  # one per two CPUs at most
-    assert shards.count(m, cases, "cpu", 16) == 1

@@ -109,7 +109,7 @@ class HostBackend:
         on_target = cases_on(cases, cell.target)
         cpus = available_cpus()
         n = shards.count(matrix, on_target, cell.target, cpus) if on_target else 1
-        parts = shards.split(matrix, on_target, n, cell.target) if n > 1 else [list(cases)]
+        parts = shards.split(matrix, on_target, n) if n > 1 else [list(cases)]
         env = {**os.environ, **dict(matrix.modes[cell.mode].env), "PYTHONUNBUFFERED": "1",
                **lifetime.child_environment(timeout_s)}
         env["PYTHONPATH"] = os.pathsep.join(

@@ -19,10 +19,8 @@ over the shards (process seconds: they add up to more than the wall time), and
 ``environment.shards`` records each shard's cases, status and duration.
 
 How many shards (:func:`count`): ``GATE_RESIDUAL_SHARDS`` (``runner matrix --shards``) sets
-it; by default a cuda cell takes one shard per dtype group of its cases, and more while its
-heaviest shard would carry over :data:`UNEVEN` times the mean (a cell lasts as long as its
-heaviest shard), up to one per two CPUs; a cpu cell takes one (its cases compute on those
-CPUs: shards would only share them).
+it; by default a cuda cell takes one shard per dtype group of its cases, up to one per two
+CPUs, and a cpu cell one (its cases compute on those CPUs: shards would only share them).
 
 Example::
 
@@ -48,11 +46,6 @@ ENV = "GATE_RESIDUAL_SHARDS"
 """Shards per cell: a positive integer, or ``auto`` (the default: :func:`count`)."""
 
 MAX_SHARDS = 8
-
-UNEVEN = 1.5
-"""A cuda cell takes one more shard than it has dtype groups while its heaviest shard's
-weight is over this many times the mean (one dtype group of seven cases beside two of
-three: the cell would last as long as that one shard)."""
 
 PLAN_FILE = "shards.json"
 """In a sharded cell's stage: ``{"cell": id, "shards": [[case ids], ...]}`` (so that a run
@@ -84,39 +77,27 @@ def groups(matrix, cases: Sequence) -> list[list]:
 
 def count(matrix, cases: Sequence, target: str, cpus: int | None) -> int:
     """How many shards a cell of ``cases`` on ``target`` runs in: :data:`ENV` when set (at
-    most one per case); else 1 on the cpu target, and on cuda one per dtype group, more
-    while the heaviest shard is uneven (:data:`UNEVEN`), up to ``cpus // 2``,
-    :data:`MAX_SHARDS` and the number of cases."""
+    most one per case); else 1 on the cpu target, and on cuda one per dtype group up to
+    ``cpus // 2`` and :data:`MAX_SHARDS`."""
     asked = requested()
     if asked is not None:
         return max(1, min(asked, len(cases)))
     if target != "cuda":
         return 1
-    cap = max(1, min((cpus or 1) // 2, MAX_SHARDS, len(cases)))
-    n = min(len(groups(matrix, cases)), cap)
-    while n < cap and _uneven(matrix, split(matrix, cases, n, target), target):
-        n += 1
-    return max(1, n)
+    return max(1, min(len(groups(matrix, cases)), (cpus or 1) // 2, MAX_SHARDS))
 
 
-def _uneven(matrix, parts: list[list], target: str) -> bool:
-    from gate_residual_matrix.runner.cell.run import case_weight
-
-    loads = [sum(case_weight(matrix, c, target) for c in p) for p in parts]
-    return bool(loads) and max(loads) > UNEVEN * sum(loads) / len(loads)
-
-
-def split(matrix, cases: Sequence, n: int, target: str = "cpu") -> list[list]:
+def split(matrix, cases: Sequence, n: int) -> list[list]:
     """``cases`` in at most ``n`` non-empty parts, each in the matrix's order.
 
     Whole dtype groups first (:func:`groups`); while there are fewer groups than ``n`` the
     heaviest group is halved (its cases alternately); the groups then go to the parts
     heaviest first, each to the lightest part (longest processing time first). Weights:
-    :func:`runner.cell.run.case_weight` on ``target``.
+    :func:`runner.cell.run.case_weight`.
     """
     from gate_residual_matrix.runner.cell.run import case_weight
 
-    weight = {id(c): case_weight(matrix, c, target) for c in cases}
+    weight = {id(c): case_weight(matrix, c) for c in cases}
     units = groups(matrix, cases)
     while len(units) < n:
         heaviest = max(units, key=lambda u: (sum(weight[id(c)] for c in u), len(u)))

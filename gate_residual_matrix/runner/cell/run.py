@@ -133,23 +133,16 @@ def _run_order(impls: list, matrix) -> list:
     return sorted(impls, key=lambda i: first.index(i.name) if i.name in first else 2)
 
 
-WEIGHT_BYTES = {"cpu": 2**26, "cuda": 2**28}
-"""Bytes of the op's forward output that weigh as much as a case's fixed part, by target: a
-cpu case computes on the host's CPUs, so its size counts; a cuda case is mostly Python (the
-calls, the checks), about as long at N = 257 as at 32768 (docs/performance.md)."""
-
-
-def case_weight(matrix, case, target: str = "cpu") -> float:
-    """A case's expected share of the cell's time, for the time-left estimate and the
-    shards: a fixed part plus one per :data:`WEIGHT_BYTES` of the op's forward output in the
-    case's dtype, on ``target``."""
+def case_weight(matrix, case) -> float:
+    """A case's expected share of the cell's time, for the time-left estimate: a fixed part
+    plus one per 64 MiB of the op's forward output in the case's dtype."""
     dtype, _ = matrix.case_dtypes(case)
     size = {"bfloat16": 2, "float16": 2, "float32": 4}.get(dtype, 4)
     spec = ops.get(matrix.op)
     numel = 1
     for extent in spec.shape(spec.forward, n=case.n, sizes=matrix.problem.sizes):
         numel *= extent
-    return 1.0 + numel * size / WEIGHT_BYTES.get(target, WEIGHT_BYTES["cpu"])
+    return 1.0 + numel * size / 2**26
 
 
 _MAX_REASON = 65536
@@ -264,7 +257,7 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
                           hasher=hasher, inference=bool(mode.torch.inference_mode),
                           with_timings=timings and matrix.timing.runs_on(cell.target),
                           deferred=[] if gpu_lock.path() is not None else None)
-        weights = [case_weight(matrix, c, cell.target) for c in cases]
+        weights = [case_weight(matrix, c) for c in cases]
         for number, case in enumerate(cases, start=1):
             started = time.perf_counter()
             key = _run_one_case(ctx, report, case)

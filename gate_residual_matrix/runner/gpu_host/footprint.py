@@ -48,7 +48,7 @@ def case_bytes(matrix, case) -> int:
                for name in names)
 
 
-def cell_mib(matrix, cases: Sequence, shards: int, target: str = "cuda") -> int:
+def cell_mib(matrix, cases: Sequence, shards: int) -> int:
     """The estimated GPU memory (MiB) of a cell of ``cases`` run in ``shards`` processes (as
     :func:`runner.backends.shards.split` parts them): per shard :data:`SHARD_BASE_MIB` and
     :data:`COPIES` times its largest case's :func:`case_bytes`; 0 without cases."""
@@ -56,7 +56,7 @@ def cell_mib(matrix, cases: Sequence, shards: int, target: str = "cuda") -> int:
 
     if not cases:
         return 0
-    parts = sharding.split(matrix, list(cases), shards, target) if shards > 1 else [list(cases)]
+    parts = sharding.split(matrix, list(cases), shards) if shards > 1 else [list(cases)]
     return sum(SHARD_BASE_MIB + COPIES * max(case_bytes(matrix, c) for c in part) // 2**20
                for part in parts)
 
