@@ -148,8 +148,7 @@ _ALL = (
     # user settings
     Setting("GATE_RESIDUAL_SHARDS", Kind.USER, "positive integer or auto", None,
             "Processes per cell on the host backend (`--shards` sets it); auto: one per "
-            "dtype group of a cuda cell, more while one shard would carry over 1.5 times the "
-            "mean, up to one per two CPUs and 8; one for a cpu cell.",
+            "dtype group of a cuda cell, up to one per two CPUs and 8, one for a cpu cell.",
             _whole(1, digits=6, auto=True), "a positive integer (at most 6 digits) or 'auto'",
             shown_default="auto", empty_is_unset=False),
     Setting("GATE_RESIDUAL_PROGRESS", Kind.USER, "auto, plain or off", "auto",

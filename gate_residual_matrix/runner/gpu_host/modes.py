@@ -121,8 +121,8 @@ def expected_work(matrix, cases: Sequence, target: str, cpus: int | None) -> flo
     if not cases:
         return 0.0
     n = shards.count(matrix, cases, target, cpus)
-    parts = shards.split(matrix, list(cases), n, target) if n > 1 else [list(cases)]
-    heaviest = max(sum(case_weight(matrix, c, target) for c in p) for p in parts)
+    parts = shards.split(matrix, list(cases), n) if n > 1 else [list(cases)]
+    heaviest = max(sum(case_weight(matrix, c) for c in p) for p in parts)
     return heaviest * len(catalog.rows(matrix))
 
 
@@ -234,7 +234,7 @@ def units(run: HostRun, loaded: dict, reports: Path, running=None, ready=None,
             out.append((work, Unit(
                 f"{path.name} {mode}", need * CPUS_PER_SHARD,
                 lambda p=path, m=matrix, md=mode: _queued(run, p, m, reports, md, env, running),
-                memory=footprint.cell_mib(matrix, selected, need, run.target)
+                memory=footprint.cell_mib(matrix, selected, need)
                 if run.target == "cuda" else 0,
                 ready=None if ready is None else (lambda p=path, md=mode: ready(p, md)))))
     return [unit for _, unit in sorted(out, key=lambda wu: -wu[0])]
