@@ -501,6 +501,14 @@ def test_a_cell_outcome_comes_from_its_report(tmp_path):
     assert cell_queue.outcome(tmp_path, "host-plain-cuda", 5).status == "ok"
     stale = cell_queue.outcome(tmp_path, "host-plain-cuda", 2)
     assert stale.status == "error" and "earlier run's" in stale.reason
+    # written by this runner (at or after its start), which the deadline then stopped: the
+    # cell had ended ok; the same report from before the runner started is an earlier run's
+    written = (tmp_path / "host-plain-cuda.json").stat().st_mtime
+    assert cell_queue.outcome(tmp_path, "host-plain-cuda", 124, since=written).status == "ok"
+    late = cell_queue.outcome(tmp_path, "host-plain-cuda", 124, since=written + 60)
+    assert late.status == "error" and "earlier run's" in late.reason
+    failed = cell_queue.outcome(tmp_path, "host-plain-cuda", 1, since=written)
+    assert failed.status == "error" and "after writing this report" in failed.reason
 
 
 def test_an_interruption_lets_running_cells_write_their_reports(tmp_path, monkeypatch):

@@ -92,12 +92,14 @@ def spawn(run: HostRun, command: list[str], env: dict, running: Running) -> int:
         running.remove(proc)
 
 
-def outcome(reports: Path, cell: str, rc: int):
+def outcome(reports: Path, cell: str, rc: int, since: float | None = None):
     """The :class:`runner.outcome.CellOutcome` of a cell whose runner exited ``rc``, from its
     report: the report's status and reason; ``error`` when there is no readable report (one
-    stopped at the run's deadline before its first case says so), or
-    when the runner failed (not 0, nor 5: a cell that did not end ok) and the report says ok
-    (then it is an earlier run's)."""
+    stopped at the run's deadline before its first case says so), or when the runner failed
+    (not 0, nor 5: a cell that did not end ok) and the report says ok: the report is an
+    earlier run's, or, when it was written at or after ``since`` (the runner's start, Unix
+    seconds), the runner failed after writing it. A runner stopped at the run's deadline
+    after it wrote an ``ok`` report keeps that status (its cell had ended)."""
     from gate_residual_matrix.runner.outcome import CellOutcome, outcome_status
     from gate_residual_matrix.runner.reports import store
     from gate_residual_matrix.runner.status import Status
@@ -115,8 +117,12 @@ def outcome(reports: Path, cell: str, rc: int):
                            f"{why}", path)
     status = outcome_status(str(data["status"]))
     if status == Status.OK and rc not in (0, 5):
-        return CellOutcome(cell, Status.ERROR, f"the cell's runner exited {rc}; the report "
-                           "there is an earlier run's", path)
+        fresh = since is not None and path.stat().st_mtime >= since
+        if fresh and rc == TIMEOUT_RC:
+            return CellOutcome(cell, status, data.get("reason"), path)
+        return CellOutcome(cell, Status.ERROR, f"the cell's runner exited {rc}; " + (
+            "after writing this report" if fresh else "the report there is an earlier run's"),
+            path)
     return CellOutcome(cell, status, data.get("reason"), path)
 
 

@@ -251,8 +251,9 @@ def _queued(run: HostRun, path: Path, matrix, reports: Path, mode: str, env: dic
         return [], [problem]
     command = cell_queue.argv(run, path, mode, reports, 3600.0 if left is None else left,
                               cases_of(matrix, run.cases))
+    began = time.time()
     rc = cell_queue.spawn(run, command, env, running)
-    return [cell_queue.outcome(reports, _cell_id(matrix, mode, run.target), rc)], []
+    return [cell_queue.outcome(reports, _cell_id(matrix, mode, run.target), rc, since=began)], []
 
 
 CPUS_PER_SHARD = 1
