@@ -168,12 +168,42 @@ def test_the_time_spent_waiting_for_the_lock_is_counted(monkeypatch, tmp_path):
     t.join(timeout=20)
     after = gpu_lock.waited_s()
     assert after["shared"] - before["shared"] >= 0.4
-    assert after["exclusive"] == before["exclusive"]
+    assert after["exclusive"] == before["exclusive"] and after["drain"] == before["drain"]
     held = gpu_lock.held_s()
     with gpu_lock.exclusive():  # nobody holds it now: (almost) no wait
         time.sleep(0.3)
     assert gpu_lock.waited_s()["exclusive"] - after["exclusive"] < 0.4
     assert gpu_lock.held_s() - held >= 0.3  # the time it held the GPU alone
+
+
+def test_the_drain_is_the_wait_behind_a_stretch_in_progress(monkeypatch, tmp_path):
+    """A timing pass that asks while another process is inside a stretch of shared GPU work
+    waits for that stretch with the turnstile held: that wait is ``drain``, a part of
+    ``exclusive``."""
+    import fcntl
+
+    lock = tmp_path / "gpu.lock"
+    monkeypatch.setenv(gpu_lock.ENV, str(lock))
+    other = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)  # another cell, mid-stretch
+    fcntl.flock(other, fcntl.LOCK_SH)
+    before = gpu_lock.waited_s()
+    done = threading.Event()
+
+    def timing():
+        with gpu_lock.exclusive():
+            done.set()
+
+    timer = threading.Thread(target=timing)
+    timer.start()
+    time.sleep(0.5)
+    assert not done.is_set()
+    fcntl.flock(other, fcntl.LOCK_UN)
+    os.close(other)
+    timer.join(timeout=20)
+    after = gpu_lock.waited_s()
+    drain = after["drain"] - before["drain"]
+    assert drain >= 0.4 and after["exclusive"] - before["exclusive"] >= drain
+    assert after["shared"] == before["shared"]
 
 
 _COMPILER = textwrap.dedent("""

@@ -89,7 +89,7 @@ def compiling(lock_path: str) -> Iterator[None]:
 
 _mutex = threading.Lock()
 _holders = [0]  # threads of this process inside shared(): flock is per process, not thread
-_WAITED = {"shared": 0.0, "exclusive": 0.0}
+_WAITED = {"shared": 0.0, "exclusive": 0.0, "drain": 0.0}
 
 
 _HELD = [0.0]
@@ -103,15 +103,22 @@ def held_s() -> float:
 
 def waited_s() -> dict[str, float]:
     """Seconds this process has waited for the lock file so far: ``{"shared": s,
-    "exclusive": s}`` (0.0 each without ``GATE_RESIDUAL_GPU_LOCK``)."""
+    "exclusive": s, "drain": s}`` (0.0 each without ``GATE_RESIDUAL_GPU_LOCK``). ``drain``
+    is the part of ``exclusive`` spent after taking the turnstile, waiting for the other
+    processes' current stretches of GPU work to end: every process that asked for the lock
+    meanwhile stood still with it."""
     return dict(_WAITED)
 
 
-def _flock(fd: int, op: int, kind: str) -> None:
-    """``flock(fd, op)``, the seconds it blocked added to :data:`_WAITED` ``[kind]``."""
+def _flock(fd: int, op: int, kind: str, also: str | None = None) -> None:
+    """``flock(fd, op)``, the seconds it blocked added to :data:`_WAITED` ``[kind]`` (and
+    ``[also]``, when given)."""
     t0 = time.perf_counter()
     fcntl.flock(fd, op)
-    _WAITED[kind] += time.perf_counter() - t0
+    waited = time.perf_counter() - t0
+    _WAITED[kind] += waited
+    if also is not None:
+        _WAITED[also] += waited
 
 
 @contextlib.contextmanager
@@ -176,7 +183,8 @@ def exclusive() -> Iterator[None]:
         try:
             _flock(turnstile, fcntl.LOCK_EX, "exclusive")  # new shared holders wait from now
             try:
-                _flock(main, fcntl.LOCK_EX, "exclusive")  # the current ones end their stretch
+                # the current ones end their stretch
+                _flock(main, fcntl.LOCK_EX, "exclusive", also="drain")
                 _state.depth = 1
                 since = time.perf_counter()
                 try:

@@ -30,7 +30,9 @@ is the time its threads spent waiting for the GPU lock that the cells of one hos
 (:func:`contract.gpu_lock.waited_s`): ``shared``, before GPU work (the main thread's, or a
 hashing thread's copies) while another process timed or was about to; ``exclusive``, before
 its own timing loops, while other processes timed or finished their stretch (a part of
-``timings``). A hashing thread's wait may overlap the main thread's work, so the figures
+``timings``), of which ``drain`` is the wait for the other processes' current stretches
+once no new one could start (every other process that asked for the GPU meanwhile stood
+still). A hashing thread's wait may overlap the main thread's work, so the figures
 are an upper bound on the time the cell stood still. ``gpu_exclusive`` is the time it held
 the GPU alone for its timing loops (:func:`contract.gpu_lock.held_s`, a part of
 ``timings``): what every other process on the host waited for. ``gpu_memory_wait`` is the
@@ -164,10 +166,11 @@ def _lock_held() -> float:
 
 
 def _lock_waits() -> dict[str, float]:
-    """Seconds this process has waited for the GPU lock, ``{"shared", "exclusive"}`` (zeros
-    when it never loaded)."""
+    """Seconds this process has waited for the GPU lock, ``{"shared", "exclusive",
+    "drain"}`` (zeros when it never loaded)."""
     lock = sys.modules.get("gate_residual_matrix.contract.gpu_lock")
-    return lock.waited_s() if lock is not None else {"shared": 0.0, "exclusive": 0.0}
+    return lock.waited_s() if lock is not None else {"shared": 0.0, "exclusive": 0.0,
+                                                     "drain": 0.0}
 
 
 def add(a: dict | None, b: dict | None) -> dict | None:

@@ -70,8 +70,9 @@ def time_spent(data: dict, top: int = 3) -> str:
              and k not in ("other", "gpu_exclusive")}  # the last is a part of timings
     for part in ("runs", "gpu_lock_wait"):
         values = phases.get(part)
-        if isinstance(values, dict):
-            spent[part] = sum(v for v in values.values() if isinstance(v, (int, float)))
+        if isinstance(values, dict):  # a lock wait's drain is a part of its exclusive
+            spent[part] = sum(v for k, v in values.items()
+                              if isinstance(v, (int, float)) and k != "drain")
     names = {"compilation": "compile", "batch_invariance": "batch inv.",
              "comparisons": "compare", "gpu_lock_wait": "GPU wait",
              "gpu_memory_wait": "memory wait"}
