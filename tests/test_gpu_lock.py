@@ -206,6 +206,23 @@ def test_the_drain_is_the_wait_behind_a_stretch_in_progress(monkeypatch, tmp_pat
     assert after["shared"] == before["shared"]
 
 
+def test_stretches_of_shared_work_are_counted_by_length(monkeypatch, tmp_path):
+    """Each stretch (the lock file taken shared, then let go) lands in one bucket, nested
+    and threaded holders of one process making one stretch."""
+    monkeypatch.setenv(gpu_lock.ENV, str(tmp_path / "gpu.lock"))
+    seconds0, counts0 = gpu_lock.stretches()
+    with gpu_lock.shared():
+        time.sleep(0.2)
+        with gpu_lock.shared():  # re-entrant: the same stretch
+            pass
+    with gpu_lock.shared():
+        pass
+    seconds, counts = gpu_lock.stretches()
+    grew = {k: counts[k] - counts0[k] for k in counts if counts[k] != counts0[k]}
+    assert grew == {"0.1-0.5s": 1, "<0.1s": 1}
+    assert 0.2 <= seconds["0.1-0.5s"] - seconds0["0.1-0.5s"] < 0.5
+
+
 _COMPILER = textwrap.dedent("""
     import sys, time
     from gate_residual_matrix.contract import gpu_lock

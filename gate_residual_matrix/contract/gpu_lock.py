@@ -94,6 +94,30 @@ _WAITED = {"shared": 0.0, "exclusive": 0.0, "drain": 0.0}
 
 _HELD = [0.0]
 
+STRETCHES = (("<0.1s", 0.1), ("0.1-0.5s", 0.5), ("0.5-2s", 2.0), ("2-8s", 8.0),
+             (">8s", float("inf")))
+"""The buckets of :func:`stretches`: a name and the longest stretch it holds (seconds)."""
+_STRETCH_S = {name: 0.0 for name, _ in STRETCHES}
+_STRETCH_N = {name: 0 for name, _ in STRETCHES}
+_since = [0.0]  # when this process last took the shared lock
+
+
+def stretches() -> tuple[dict[str, float], dict[str, int]]:
+    """This process's stretches of shared GPU work so far (from taking the lock file shared
+    to letting it go, the closing synchronize included), by length (:data:`STRETCHES`):
+    ``(seconds per bucket, count per bucket)``. A timing pass that asks for the GPU waits for
+    the stretches in progress (its ``drain``): the long ones are what it waits for. Zeros
+    without ``GATE_RESIDUAL_GPU_LOCK``."""
+    return dict(_STRETCH_S), dict(_STRETCH_N)
+
+
+def _count_stretch(seconds: float) -> None:
+    for name, bound in STRETCHES:
+        if seconds < bound:
+            _STRETCH_S[name] += seconds
+            _STRETCH_N[name] += 1
+            return
+
 
 def held_s() -> float:
     """Seconds this process has held the lock file exclusively so far (0.0 without
@@ -141,6 +165,7 @@ def shared() -> Iterator[None]:
             _flock(turnstile, fcntl.LOCK_EX, "shared")  # wait behind a cell that asked to time
             _flock(main, fcntl.LOCK_SH, "shared")
             fcntl.flock(turnstile, fcntl.LOCK_UN)
+            _since[0] = time.perf_counter()
         _holders[0] += 1
     _state.depth = 1
     try:
@@ -152,6 +177,7 @@ def shared() -> Iterator[None]:
             if _holders[0] == 0:
                 _drain()  # the stretch's queued kernels end before a cell may time
                 fcntl.flock(main, fcntl.LOCK_UN)
+                _count_stretch(time.perf_counter() - _since[0])
 
 
 def _drain() -> None:

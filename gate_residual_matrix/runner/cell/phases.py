@@ -37,7 +37,10 @@ are an upper bound on the time the cell stood still. ``gpu_exclusive`` is the ti
 the GPU alone for its timing loops (:func:`contract.gpu_lock.held_s`, a part of
 ``timings``): what every other process on the host waited for. ``gpu_memory_wait`` is the
 time it waited for its share of the GPU's memory before a case or its timing pass
-(:mod:`contract.gpu_budget`, a part of ``other``). ``other`` is the cell's wall time not in
+(:mod:`contract.gpu_budget`, a part of ``other``). Where the cell shared the GPU under the
+lock, ``gpu_shared_stretches`` and ``gpu_shared_stretch_count`` are its stretches of shared
+GPU work by length (:func:`contract.gpu_lock.stretches`): seconds and counts per bucket,
+what other processes' timing passes waited for. ``other`` is the cell's wall time not in
 any phase.
 
 Example::
@@ -96,6 +99,7 @@ class PhaseClock:
         self._waited0 = _lock_waits()
         self._held0 = _lock_held()
         self._memory0 = _memory_waited()
+        self._stretch0 = _stretches()
 
     def _now(self) -> float:
         if self.sync:
@@ -148,8 +152,16 @@ class PhaseClock:
         out["gpu_exclusive"] = round(max(_lock_held() - self._held0, 0.0), 3)
         out["gpu_memory_wait"] = round(max(_memory_waited() - self._memory0, 0.0), 3)
         out["other"] = round(max(total_s - spent, 0.0), 3)
-        return {k: out[k] for k in (*PHASES, "compilation", "gpu_lock_wait", "gpu_exclusive",
-                                    "gpu_memory_wait", "other")}
+        keys = [*PHASES, "compilation", "gpu_lock_wait", "gpu_exclusive", "gpu_memory_wait"]
+        seconds, counts = _stretches()
+        if any(counts.values()):  # a cell that shared the GPU under the lock
+            out["gpu_shared_stretches"] = {
+                k: round(max(v - self._stretch0[0].get(k, 0.0), 0.0), 3)
+                for k, v in seconds.items()}
+            out["gpu_shared_stretch_count"] = {
+                k: max(v - self._stretch0[1].get(k, 0), 0) for k, v in counts.items()}
+            keys += ["gpu_shared_stretches", "gpu_shared_stretch_count"]
+        return {k: out[k] for k in (*keys, "other")}
 
 
 def _memory_waited() -> float:
@@ -157,6 +169,13 @@ def _memory_waited() -> float:
     ledger never loaded)."""
     budget = sys.modules.get("gate_residual_matrix.contract.gpu_budget")
     return budget.waited_s() if budget is not None else 0.0
+
+
+def _stretches() -> tuple[dict[str, float], dict[str, int]]:
+    """This process's stretches of shared GPU work so far, seconds and counts by length
+    (:func:`contract.gpu_lock.stretches`; empty when the lock never loaded)."""
+    lock = sys.modules.get("gate_residual_matrix.contract.gpu_lock")
+    return lock.stretches() if lock is not None else ({}, {})
 
 
 def _lock_held() -> float:
