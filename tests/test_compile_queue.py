@@ -100,9 +100,9 @@ def test_every_files_mode_is_compiled_in_one_queue_and_heard_as_it_ends(
             {"plain": "stamped", "inference": "stamped"}, [])
 
 
-def test_a_failing_worker_costs_its_own_calls_and_the_queue_ends(tmp_path, monkeypatch):
-    """Workers that fail at each call are not restarted for ever: the part is failed with
-    the worker's last line, and the other file's part is still compiled."""
+def test_a_call_that_raises_costs_its_own_part_only(tmp_path, monkeypatch):
+    """A call that raises is recorded and its worker goes on: that file's part is failed
+    with the error, the other file's part is still compiled."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     bad = _plan("plain", 2)
     for item in bad.items:
@@ -114,5 +114,39 @@ def test_a_failing_worker_costs_its_own_calls_and_the_queue_ends(tmp_path, monke
                                 target="cpu"),
         workers=2, timeout_s=300, on_part=lambda p, m, o: heard.setdefault(p.name, o))
     assert heard["good.yaml"] == "compiled", heard
-    assert heard["bad.yaml"].startswith("failed: 2 of 2 calls not made (worker"), heard
-    assert "no_such_implementation" in heard["bad.yaml"] and record["failed"]
+    assert heard["bad.yaml"].startswith("failed: 2 of 2 calls not made ("), heard
+    assert "no_such_implementation" in heard["bad.yaml"] and record["failed"] == []
+
+
+def test_workers_that_cannot_start_are_not_restarted_for_ever(tmp_path, monkeypatch):
+    """A mode whose workers die before their first claim (settings torch refuses): after
+    MAX_FAILED of them the job gets no more, and its parts are failed with their exits."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    plan = _plan("plain", 3, torch={"no_such_setting": True})
+    heard: dict = {}
+    record = compile_queue.run_jobs(
+        compile_queue.make_jobs([(Path("a.yaml"), [plan])], target="cpu"), workers=2,
+        timeout_s=300, on_part=lambda p, m, o: heard.setdefault(p.name, o))
+    # the workers running when the limit is reached die too: at most workers - 1 more
+    assert compile_queue.MAX_FAILED <= len(record["failed"]) <= compile_queue.MAX_FAILED + 1
+    assert record["workers"] == len(record["failed"]), record
+    assert heard["a.yaml"].startswith("failed: 3 of 3 calls not made (worker-"), heard
+    assert "ValidationError" in heard["a.yaml"], heard  # the error line, not pydantic's hint
+
+
+def test_a_part_is_told_once_each_call_is_made_or_lost(tmp_path):
+    """Without processes: the done and lost files decide. A part with a call missing is
+    not compiled; with the missing call lost it is failed at once, before the job ends."""
+    a, b = Path("a.yaml"), Path("b.yaml")
+    jobs = compile_queue.make_jobs([(a, [_plan("plain", 2)]), (b, [_plan("plain", 2)])],
+                                   target="cpu")
+    running = compile_queue._Running(jobs, tmp_path)
+    done, lost = Path(f"{running.plans[0]}.done"), Path(f"{running.plans[0]}.lost")
+    done.write_text("0\n2\n3")  # the last line half-written: 3 is not done yet
+    assert running.settle(0, final=False) == []
+    lost.write_text("1\teager: RuntimeError: boom\n")
+    (got,) = running.settle(0, final=False)
+    assert got[0] == a and got[2] == "failed: 1 of 2 calls not made (eager: RuntimeError: boom)"
+    done.write_text("0\n2\n3\n")
+    assert [(p, o) for p, _, o in running.settle(0, final=False)] == [(b, "compiled")]
+    assert running.settle(0, final=True) == []  # each part told once

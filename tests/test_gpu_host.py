@@ -598,7 +598,7 @@ def test_a_cell_starts_once_its_mode_is_compiled_and_none_times_meanwhile(
         tmp_path, cells, spawned, monkeypatch):
     """The compile-ahead runs beside the queue: the first mode's cells start when its wave
     has ended, while the next mode still compiles, and the compile gate of the cells' GPU
-    lock is held until the first wave is over (no cell may take its timings meanwhile)."""
+    lock is held meanwhile (no cell may take its timings while anything compiles)."""
     import fcntl
     import threading
 

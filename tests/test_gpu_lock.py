@@ -208,7 +208,7 @@ def test_the_drain_is_the_wait_behind_a_stretch_in_progress(monkeypatch, tmp_pat
 
 def test_stretches_of_shared_work_are_counted_by_length(monkeypatch, tmp_path):
     """Each stretch (the lock file taken shared, then let go) lands in one bucket, nested
-    and threaded holders of one process making one stretch."""
+    holders of one process making one stretch."""
     monkeypatch.setenv(gpu_lock.ENV, str(tmp_path / "gpu.lock"))
     seconds0, counts0 = gpu_lock.stretches()
     with gpu_lock.shared():

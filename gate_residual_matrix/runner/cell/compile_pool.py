@@ -145,17 +145,18 @@ def _inputs(call: dict, op: str, sizes: dict, device: str) -> dict:
 
 def claim(path: str | Path) -> int:
     """The next call index of a shared plan, taken from its claims file (a counter under
-    ``flock``): each index goes to exactly one of the workers that share the plan."""
+    ``flock``): each index goes to exactly one of the workers that share the plan. The
+    counter is written over in place, never emptied, so a reader without the lock sees the
+    old number or the new one."""
     import fcntl
 
-    with open(path, "a+b") as counter:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    with os.fdopen(fd, "r+b") as counter:
         fcntl.flock(counter, fcntl.LOCK_EX)  # dropped when the file is closed
-        counter.seek(0)
         text = counter.read().strip()
         index = int(text) if text else 0
         counter.seek(0)
-        counter.truncate()
-        counter.write(b"%d" % (index + 1))
+        counter.write(b"%d" % (index + 1))  # never shorter than what it replaces
         counter.flush()
     return index
 
@@ -174,7 +175,9 @@ def _calls(spec: dict):
 def main(argv: list[str]) -> int:
     """Worker: apply the mode's torch settings, then make each call of the plan file once
     (a call's own ``op`` and ``sizes``, where it has them, over the plan's); each call done
-    is one line (its index) in ``PLAN.done``."""
+    is one line (its index) in ``PLAN.done``. In a shared plan (its ``claims``), a call that
+    raises is one line in ``PLAN.lost`` (index, tab, error) and one on stderr, and the worker
+    goes on; ``argv[1]``, when given, is a file that holds the index of the call in hand."""
     spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     from gate_residual_matrix.contract import gpu_lock
 
@@ -184,29 +187,50 @@ def main(argv: list[str]) -> int:
         os.environ.pop(gpu_lock.ENV, None)
     import torch
 
-    from gate_residual_matrix.runner.cell import catalog as implementations
     from gate_residual_matrix.runner.cell import modes
     from gate_residual_matrix.runner.config.matrix import TorchSettings
 
     modes.apply_torch_settings(TorchSettings(**spec["torch"]))
     device = "cuda" if spec["target"] == "cuda" else "cpu"
     for index, call in _calls(spec):
-        op, sizes = call.get("op", spec.get("op")), call.get("sizes", spec.get("sizes"))
-        impl = implementations.get(call["impl"], op)
-        run = impl.run_dynamic if call.get("graph") == "dynamic" else impl.run
-        with gpu_lock.shared():  # a no-op without a lock file
-            x = _inputs(call, op, sizes, device)
-            if call["grad"] == "inference":
-                with torch.inference_mode():
-                    run(x, backward=False)
-            else:
-                run(x, backward=call["grad"] == "train")
-            del x
+        if len(argv) > 1:
+            Path(argv[1]).write_text(str(index), encoding="utf-8")
+        try:
+            _make(call, spec, device)
+        except Exception as err:
+            if not spec.get("claims"):
+                raise
+            line = f"{type(err).__name__}: {err}".replace("\n", " ")[:300]
+            print(f"call {index} ({call.get('impl')}, {call.get('dtype')}, "
+                  f"{call.get('rows')} rows): {line}", file=sys.stderr, flush=True)
+            with open(f"{argv[0]}.lost", "a", encoding="utf-8") as lost:
+                lost.write(f"{index}\t{call.get('impl')}: {line}\n")
+            continue
         with open(f"{argv[0]}.done", "a", encoding="utf-8") as done:  # progress, and which
             done.write(f"{index}\n")
     if device == "cuda":
         torch.cuda.synchronize()
     return 0
+
+
+def _make(call: dict, spec: dict, device: str) -> None:
+    """One call of a plan, under the shared GPU lock when the plan names one."""
+    import torch
+
+    from gate_residual_matrix.contract import gpu_lock
+    from gate_residual_matrix.runner.cell import catalog as implementations
+
+    op, sizes = call.get("op", spec.get("op")), call.get("sizes", spec.get("sizes"))
+    impl = implementations.get(call["impl"], op)
+    run = impl.run_dynamic if call.get("graph") == "dynamic" else impl.run
+    with gpu_lock.shared():  # a no-op without a lock file
+        x = _inputs(call, op, sizes, device)
+        if call["grad"] == "inference":
+            with torch.inference_mode():
+                run(x, backward=False)
+        else:
+            run(x, backward=call["grad"] == "train")
+        del x
 
 
 if __name__ == "__main__":

@@ -60,9 +60,9 @@ class Ahead:
     ``budget``: the GPU memory the cells share case by case
     (:mod:`contract.gpu_budget`), of which the workers hold
     :data:`contract.gpu_budget.WORKER_MIB` each (at most half of it) while they run. After
-    :meth:`wait`, :attr:`times` holds ``precompile_s``, ``gate_s`` (the compile gate opened)
-    and ``rlbuild_s`` (seconds since :meth:`start`) and ``ready_s`` (each
-    ``"<file> <mode>"``'s)."""
+    :meth:`wait`, :attr:`times` holds ``precompile_s``, ``first_wave_s`` (the first mode's
+    job over), ``gate_s`` (the compile gate opened) and ``rlbuild_s`` (seconds since
+    :meth:`start`) and ``ready_s`` (each ``"<file> <mode>"``'s)."""
 
     def __init__(self, run: HostRun, *, todo: dict[Path, list[str]],
                  cases: dict[Path, list[str] | None], lock: str | None = None,
@@ -224,10 +224,14 @@ class Ahead:
                   flush=True)
             self._mode_done(path, mode)
 
-        record = compile_queue.run_jobs(
-            jobs, workers=self.workers(), timeout_s=timeout_s,
-            on_part=part, on_first_over=self._first_wave_over,
-            say=lambda line: print(f"precompile: {line}", flush=True))
+        try:
+            record = compile_queue.run_jobs(
+                jobs, workers=self.workers(), timeout_s=timeout_s,
+                on_part=part, on_first_over=self._first_wave_over,
+                say=lambda line: print(f"precompile: {line}", flush=True))
+        except Exception as err:  # costs time only: the cells compile what is missing
+            print(f"precompile: failed: {type(err).__name__}: {err}", flush=True)
+            return
         print(f"precompile: {record['calls']} calls in {record['seconds']:.0f} s, "
               f"{record['workers']} worker processes"
               + (f"; failed: {'; '.join(record['failed'])[:300]}" if record["failed"] else ""),

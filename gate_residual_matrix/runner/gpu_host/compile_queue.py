@@ -18,8 +18,10 @@ the lock's compile gate until they are all done.
 A file's mode is done once each of its calls is (each worker writes the index of each call
 it made): its stamp is left (:func:`runner.cell.precompile.leave_stamp`) and ``on_part(path,
 mode, "compiled")`` hears it at once, so its cells may start while the other files still
-compile. A part with a call that a failed worker claimed but never made, or that the deadline
-cut, is ``"failed: ..."`` (its cells compile what is missing themselves: time, never bits).
+compile. A call that raises is recorded and the worker goes on; a worker that dies loses the
+call it was making. A part is ``"failed: ..."`` as soon as each of its calls is made or lost,
+or when the deadline cuts it (its cells compile what is missing themselves: time, never
+bits).
 
 Example::
 
@@ -95,11 +97,14 @@ def make_jobs(files: list[tuple[Path, list]], *, target: str) -> list[Job]:
 
 
 class _Running:
-    """The job files and worker processes of one :func:`run_jobs`."""
+    """The job files and worker processes of one :func:`run_jobs`. Per job: ``PLAN.json``
+    (the calls), ``PLAN.claims`` (the counter), ``PLAN.json.done`` (an index per call made),
+    ``PLAN.json.lost`` (an index and the error per call that raised); per worker, the index
+    of the call it is making (``worker-N.at``), read when it dies."""
 
     def __init__(self, jobs: list[Job], tmp: Path) -> None:
         self.jobs, self.procs = jobs, []  # procs: (Popen, job index, stderr path)
-        self.plans = []
+        self.plans, self.told = [], set()
         for j, job in enumerate(jobs):
             plan = tmp / f"job-{j}.json"
             plan.write_text(json.dumps({
@@ -108,6 +113,7 @@ class _Running:
                 encoding="utf-8")
             self.plans.append(plan)
         self.totals = [len(job.calls) for job in jobs]
+        self.died: list[set[int]] = [set() for _ in jobs]  # calls of workers that died
 
     def claimed(self, j: int) -> int:
         try:
@@ -116,12 +122,27 @@ class _Running:
         except (OSError, ValueError):
             return 0
 
-    def done(self, j: int) -> set[int]:
+    def _lines(self, j: int, suffix: str) -> list[str]:
+        """The whole lines (ending in a newline: a half-written one is left out) of one of
+        job ``j``'s files."""
         try:
-            text = Path(f"{self.plans[j]}.done").read_text(encoding="utf-8")
+            text = Path(f"{self.plans[j]}{suffix}").read_text(encoding="utf-8")
         except OSError:
-            return set()
-        return {int(line) for line in text.split() if line.isdigit()}
+            return []
+        return text.split("\n")[:-1]
+
+    def done(self, j: int) -> set[int]:
+        return {int(line) for line in self._lines(j, ".done") if line.isdigit()}
+
+    def lost(self, j: int) -> dict[int, str]:
+        """The calls of job ``j`` that will not be made: those that raised (with the error)
+        and those whose worker died while making them."""
+        out = {i: "its worker died while making it" for i in self.died[j]}
+        for line in self._lines(j, ".lost"):
+            index, _, why = line.partition("\t")
+            if index.isdigit():
+                out[int(index)] = why
+        return out
 
     def alive(self, j: int | None = None) -> int:
         return sum(1 for proc, k, _ in self.procs if proc.poll() is None and j in (None, k))
@@ -133,19 +154,25 @@ class _Running:
         with open(err, "w", encoding="utf-8") as stderr:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "gate_residual_matrix.runner.cell.compile_pool",
-                 str(self.plans[j])], env=env, stdout=subprocess.DEVNULL, stderr=stderr,
-                preexec_fn=die_with_parent)
+                 str(self.plans[j]), str(err.with_suffix(".at"))], env=env,
+                stdout=subprocess.DEVNULL, stderr=stderr, preexec_fn=die_with_parent)
         self.procs.append((proc, j, err))
 
     def reap(self) -> None:
-        """A line in its job's ``failed`` for each worker that ended with an error."""
+        """For each worker that ended with an error: a line in its job's ``failed``, and the
+        call it was making counted lost."""
         for proc, j, err in self.procs:
             if proc.poll() not in (None, 0) and not getattr(proc, "_told", False):
                 proc._told = True
-                text = err.read_text(encoding="utf-8", errors="replace").strip()
-                last = (text.splitlines() or [""])[-1][:200]
-                self.jobs[j].failed.append(f"worker {err.stem}: exit code {proc.returncode}: "
-                                           f"{last}")
+                lines = err.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+                named = [ln for ln in lines if "Error" in ln or "Exception" in ln]
+                last = ((named or lines or [""])[-1]).strip()[:200]  # the error, not a hint
+                self.jobs[j].failed.append(f"{err.stem}: exit code {proc.returncode}: {last}")
+                at = err.with_suffix(".at")
+                try:
+                    self.died[j].add(int(at.read_text().strip()))
+                except (OSError, ValueError):
+                    pass  # it died before its first claim
 
     def next_job(self) -> int | None:
         """The job a free worker should take: a first-wave job with calls left to claim
@@ -167,9 +194,33 @@ class _Running:
 
     def over(self, j: int) -> bool:
         """Nothing of job ``j`` is left to claim (or it gets no more workers:
-        :data:`MAX_FAILED`) and none of its workers runs."""
+        :data:`MAX_FAILED` of them died) and none of its workers runs."""
         return self.alive(j) == 0 and (self.claimed(j) >= self.totals[j]
                                        or len(self.jobs[j].failed) >= MAX_FAILED)
+
+    def settle(self, j: int, final: bool) -> list[tuple]:
+        """The parts of job ``j`` whose outcome is known and not yet told, as ``(path,
+        plan, outcome)``: ``"compiled"`` once every call of the part is made; ``"failed:
+        ..."`` once every call is made or lost and one is lost, or, with ``final`` (the job
+        is over), whatever is missing."""
+        job, done, lost = self.jobs[j], self.done(j), self.lost(j)
+        out = []
+        for path, plan, indices in job.ranges():
+            if (j, path) in self.told:
+                continue
+            missing = [i for i in indices if i not in done]
+            if not missing:
+                outcome = "compiled"
+            elif final or all(i in lost for i in missing):
+                whys = list(dict.fromkeys(lost[i] for i in missing if i in lost))
+                why = "; ".join(whys + job.failed) or "the deadline came first"
+                outcome = f"failed: {len(missing)} of {len(indices)} calls not made ({why})"
+                outcome = outcome[:300]
+            else:
+                continue
+            self.told.add((j, path))
+            out.append((path, plan, outcome))
+        return out
 
     def kill(self) -> None:
         for proc, _, _ in self.procs:
@@ -191,45 +242,35 @@ def run_jobs(jobs: list[Job], *, workers: int, timeout_s: float, on_part=None,
     from gate_residual_matrix.runner.cell.compile_pool import HEARTBEAT_S
     from gate_residual_matrix.runner.cell.precompile import leave_stamp
 
-    started, told, first_told = time.perf_counter(), set(), False
+    started, first_told = time.perf_counter(), False
     with tempfile.TemporaryDirectory(prefix="gate-residual-compile-queue-") as tmp:
         running = _Running(jobs, Path(tmp))
         total = sum(running.totals)
 
         def tell(j: int, final: bool) -> None:
-            job, done = jobs[j], running.done(j)
-            for path, plan, indices in job.ranges():
-                if (j, path) in told:
-                    continue
-                if all(i in done for i in indices):
+            for path, plan, outcome in running.settle(j, final):
+                if outcome == "compiled":
                     leave_stamp(plan.key, plan.items, {"failed": []})
-                    outcome = "compiled"
-                elif final:
-                    why = "; ".join(job.failed) or "the deadline came first"
-                    outcome = f"failed: {len(indices) - len(done & set(indices))} of " \
-                              f"{len(indices)} calls not made ({why})"[:300]
-                else:
-                    continue
-                told.add((j, path))
                 if on_part is not None:
-                    on_part(path, job.mode, outcome)
+                    on_part(path, jobs[j].mode, outcome)
 
         try:
             while True:
-                running.reap()
+                over = [running.over(j) for j in range(len(jobs))]
+                running.reap()  # after over(): a worker that died meanwhile is counted
                 for j in range(len(jobs)):
-                    tell(j, final=running.over(j))
-                if not first_told and all(running.over(j) for j, job in enumerate(jobs)
-                                          if job.first):
+                    tell(j, final=over[j])
+                if not first_told and all(over[j] for j, job in enumerate(jobs) if job.first):
                     first_told = True
                     if on_first_over is not None:
                         on_first_over()
-                if all(running.over(j) for j in range(len(jobs))):
+                if all(over):
                     break
                 if time.perf_counter() - started > timeout_s:
                     running.kill()
-                    for job in jobs:
-                        job.failed.append(f"stopped after {timeout_s:g} s")
+                    for j, job in enumerate(jobs):
+                        if not over[j]:
+                            job.failed.append(f"stopped after {timeout_s:g} s")
                     break
                 while running.alive() < workers and (j := running.next_job()) is not None:
                     running.start(j)

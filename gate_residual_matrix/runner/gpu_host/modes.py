@@ -10,7 +10,7 @@ In this order, within the run's deadline:
    already have an ``ok`` report is left out), the files with the longest cells first, and
    leaves each file's mode's stamp as soon as its calls are made; RL-Kernel's extension
    builds beside them (target cuda). A cell starts once its mode is compiled; no cell takes
-   its timings while the first mode compiles (the GPU lock's compile gate).
+   its timings while any worker or the build runs (the GPU lock's compile gate).
 3. **The cells.** With ``--jobs 1``, after the compile-ahead, one after another in this
    process, mode by mode (every file's cell of the first mode, then the next mode).
    Otherwise from one queue (:func:`runner.gpu_host.schedule.run_queue`), each cell its own
