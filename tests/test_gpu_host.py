@@ -782,10 +782,11 @@ def test_the_compile_gate_stays_closed_until_every_worker_is_done(tmp_path, monk
     assert "precompile_s" in times
 
 
-def test_compile_workers_take_the_lock_only_when_their_plan_names_one(tmp_path, monkeypatch):
-    """A worker of a later wave takes the shared lock around each call; one started by a
-    cell's own precompile (which holds the lock for it) takes none, even though the cell's
-    environment names the lock file."""
+def test_compile_workers_take_no_gpu_lock_even_where_their_environment_names_one(
+        tmp_path, monkeypatch):
+    """A worker started by a cell's own precompile inherits the cell's lock file, which the
+    cell holds for it: waiting for it would deadlock. A worker of the GPU host's queue runs
+    under the compile gate instead. Neither takes the lock."""
     from gate_residual_matrix.contract import gpu_lock
     from gate_residual_matrix.runner.cell import compile_pool
 
@@ -802,12 +803,11 @@ def test_compile_workers_take_the_lock_only_when_their_plan_names_one(tmp_path, 
 
     monkeypatch.setattr(gpu_lock, "shared", shared)
     monkeypatch.setenv(gpu_lock.ENV, str(tmp_path / "cells.lock"))
-    for lock in (None, str(tmp_path / "later.lock")):
-        path = tmp_path / f"plan-{bool(lock)}.json"
-        path.write_text(json.dumps({**plan, "gpu_lock": lock}))
-        assert compile_pool.main([str(path)]) == 0
-    assert taken == [None, str(tmp_path / "later.lock")]
-    assert (tmp_path / "later.lock").exists() and not (tmp_path / "cells.lock").exists()
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    assert compile_pool.main([str(path)]) == 0
+    assert (tmp_path / "plan.json.done").read_text() == "0\n"
+    assert all(lock is None for lock in taken) and not (tmp_path / "cells.lock").exists()
 
 
 def test_the_compile_gate_waits_for_rl_kernels_build_and_the_share_is_at_most_half(

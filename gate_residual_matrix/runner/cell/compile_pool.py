@@ -41,15 +41,14 @@ def run(items: list[dict], *, torch_settings: dict, op: str, sizes: dict, target
 
 
 def run_groups(groups: list[tuple], *, op: str, sizes: dict, target: str, workers: int,
-               timeout_s: float = TIMEOUT_S, say=None, gpu_lock: str | None = None) -> dict:
+               timeout_s: float = TIMEOUT_S, say=None) -> dict:
     """:func:`run` for several modes at once: ``groups`` is ``[(items, torch_settings, env or
     None), ...]``; the ``workers`` processes are shared out in proportion to the calls (at
     least one per group with calls), so one pool compiles every mode's graphs. ``say(line)``
     hears a line on the calls done at least every :data:`HEARTBEAT_S` (default: a ``[cell]``
-    line on stderr, which the runner shows). ``gpu_lock``: a GPU lock file the workers take
-    shared around each call (:mod:`contract.gpu_lock`: no call during a cell's timings);
-    without it they take none, whatever their environment says (a cell's own precompile
-    holds the lock for them)."""
+    line on stderr, which the runner shows). The workers take no GPU lock, whatever their
+    environment says: a cell's own precompile holds it for them, and the GPU host's
+    compile-ahead holds the lock's compile gate."""
     started = time.perf_counter()
     procs, plans = [], []
     groups = [grp for grp in groups if grp[0]]
@@ -64,8 +63,7 @@ def run_groups(groups: list[tuple], *, op: str, sizes: dict, target: str, worker
             for w in range(share):
                 path = Path(tmp) / f"plan-{gi}-{w}.json"
                 path.write_text(json.dumps({"torch": torch_settings, "op": op, "sizes": sizes,
-                                            "target": target, "calls": items[w::share],
-                                            "gpu_lock": gpu_lock}),
+                                            "target": target, "calls": items[w::share]}),
                                 encoding="utf-8")
                 plans.append(path)
                 with open(f"{path}.err", "w", encoding="utf-8") as err:
@@ -181,10 +179,8 @@ def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     from gate_residual_matrix.contract import gpu_lock
 
-    if spec.get("gpu_lock"):
-        os.environ[gpu_lock.ENV] = spec["gpu_lock"]
-    else:  # inherited from a cell that holds the lock for this pool: waiting would deadlock
-        os.environ.pop(gpu_lock.ENV, None)
+    # inherited from a cell that holds the lock for this pool: waiting would deadlock
+    os.environ.pop(gpu_lock.ENV, None)
     import torch
 
     from gate_residual_matrix.runner.cell import modes
@@ -214,23 +210,20 @@ def main(argv: list[str]) -> int:
 
 
 def _make(call: dict, spec: dict, device: str) -> None:
-    """One call of a plan, under the shared GPU lock when the plan names one."""
+    """One call of a plan."""
     import torch
 
-    from gate_residual_matrix.contract import gpu_lock
     from gate_residual_matrix.runner.cell import catalog as implementations
 
     op, sizes = call.get("op", spec.get("op")), call.get("sizes", spec.get("sizes"))
     impl = implementations.get(call["impl"], op)
     run = impl.run_dynamic if call.get("graph") == "dynamic" else impl.run
-    with gpu_lock.shared():  # a no-op without a lock file
-        x = _inputs(call, op, sizes, device)
-        if call["grad"] == "inference":
-            with torch.inference_mode():
-                run(x, backward=False)
-        else:
-            run(x, backward=call["grad"] == "train")
-        del x
+    x = _inputs(call, op, sizes, device)
+    if call["grad"] == "inference":
+        with torch.inference_mode():
+            run(x, backward=False)
+    else:
+        run(x, backward=call["grad"] == "train")
 
 
 if __name__ == "__main__":

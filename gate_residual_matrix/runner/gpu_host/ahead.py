@@ -79,7 +79,6 @@ class Ahead:
         self._build_proc = None
         self._gate, self._gate_lock = contextlib.ExitStack(), threading.Lock()
         self._held = contextlib.ExitStack()
-        self._all_compiled = threading.Event()
 
     def start(self) -> Ahead:
         """Take the workers' share of the GPU's memory, then the compile gate (in this
@@ -159,11 +158,10 @@ class Ahead:
         try:
             self._precompile()
         finally:
-            self._all_compiled.set()
-            self._open_gate()
-            self._held.close()  # the workers' memory share
             self.times["precompile_s"] = self._since()
             self._done.set()
+            self._open_gate()
+            self._held.close()  # the workers' memory share
 
     def _first_wave_over(self) -> None:
         self.times["first_wave_s"] = self._since()
@@ -172,7 +170,7 @@ class Ahead:
         """Once every worker and RL-Kernel's build (which loads the CPUs) have ended, the
         compile gate opens."""
         with self._gate_lock:
-            if self._all_compiled.is_set() and self._built.is_set() \
+            if self._done.is_set() and self._built.is_set() \
                     and "gate_s" not in self.times:
                 self._gate.close()
                 self.times["gate_s"] = self._since()

@@ -109,8 +109,7 @@ class _Running:
             plan = tmp / f"job-{j}.json"
             plan.write_text(json.dumps({
                 "torch": job.torch_settings, "target": job.target, "calls": job.calls,
-                "claims": str(tmp / f"job-{j}.claims"), "gpu_lock": None}),
-                encoding="utf-8")
+                "claims": str(tmp / f"job-{j}.claims")}), encoding="utf-8")
             self.plans.append(plan)
         self.totals = [len(job.calls) for job in jobs]
         self.died: list[set[int]] = [set() for _ in jobs]  # calls of workers that died
