@@ -189,7 +189,7 @@ _ALL = (
             "1: an internal error of the command line shows its traceback, not one line.",
             _flag, FLAG, shown_default="0"),
     Setting("GATE_RESIDUAL_CPROFILE", Kind.USER, "path", None,
-            "Folder where each cell process writes `<cell>.prof` (cProfile) of its run.",
+            "Folder where each cell process writes `<cell>-<pid>.prof` (cProfile) of its run.",
             expected=PATH, shown_default="none"),
     Setting("GATE_RESIDUAL_LAUNCH", Kind.USER, ", ".join(LAUNCH_METHODS), "ctypes",
             "How our kernels are launched: libcuda's cuLaunchKernel through ctypes, the same "

@@ -8,7 +8,7 @@ without a GPU; start the lifetime guard (:mod:`runner.backends.lifetime`: the ce
 runner and at its deadline); run the cell (:func:`runner.cell.run.run_cell`), writing a
 ``partial`` report after each case that leaves cases missing and one progress line the
 runner shows; write the final report. ``GATE_RESIDUAL_CPROFILE=DIR`` profiles the run into
-``DIR/<cell id>.prof`` (docs/performance.md).
+``DIR/<cell id>-<pid>.prof``, one file per process of a sharded cell (docs/performance.md).
 
 Example (what the host backend runs)::
 
@@ -19,6 +19,7 @@ Example (what the host backend runs)::
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,7 @@ def run_cell_process(matrix_path: Path, reports_dir: Path, *, stacks: Sequence[s
         Path(profile_dir).mkdir(parents=True, exist_ok=True)
         with cProfile.Profile() as prof:
             report = run()
-        prof.dump_stats(Path(profile_dir) / f"{cell.id}.prof")
+        prof.dump_stats(Path(profile_dir) / f"{cell.id}-{os.getpid()}.prof")
     else:
         report = run()
     report["environment"]["mode_applied_before_torch_import"] = before_torch
