@@ -255,3 +255,102 @@ def test_no_cell_times_while_compile_workers_run_but_shared_work_goes_on(tmp_pat
     order = [(k, w) for _, k, w in _events(log) if w in ("in", "out")]
     assert order.index(("shared", "out")) < order.index(("compiling", "out"))
     assert order.index(("exclusive", "in")) > order.index(("compiling", "out"))
+
+
+def _free_for_a_timer(lock: Path) -> bool:
+    """Whether another process's timing pass could take the lock file now (a probe on an
+    open file description of its own: flock conflicts with this process's hold)."""
+    import fcntl
+
+    probe = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(probe)  # closing drops the probe's lock, if it got one
+    return True
+
+
+def test_a_stretch_steps_aside_while_compiling_and_takes_the_lock_again(monkeypatch,
+                                                                       tmp_path):
+    """Inside a stretch, step_aside lets the lock file go (a timer could take it) and counts
+    the time; step_back takes it again; the stretch's two parts count as two stretches."""
+    lock = tmp_path / "gpu.lock"
+    monkeypatch.setenv(gpu_lock.ENV, str(lock))
+    aside0, (_, counts0) = gpu_lock.aside_s(), gpu_lock.stretches()
+    with gpu_lock.shared():
+        assert not _free_for_a_timer(lock)
+        assert gpu_lock.step_aside()
+        assert not gpu_lock.step_aside()  # once: already aside
+        assert _free_for_a_timer(lock)
+        time.sleep(0.2)
+        gpu_lock.step_back()
+        assert not _free_for_a_timer(lock)
+        gpu_lock.step_back()  # more often than step_aside: nothing
+    assert _free_for_a_timer(lock)
+    assert gpu_lock.aside_s() - aside0 >= 0.2
+    assert sum(gpu_lock.stretches()[1].values()) - sum(counts0.values()) == 2
+
+
+def test_stepping_aside_is_refused_where_it_would_free_gpu_work(monkeypatch, tmp_path):
+    """Not outside a stretch, not inside a timing pass, not while another thread of the
+    process is inside a stretch (a hashing copy), and nothing without the setting."""
+    lock = tmp_path / "gpu.lock"
+    monkeypatch.setenv(gpu_lock.ENV, str(lock))
+    assert not gpu_lock.step_aside()
+    with gpu_lock.exclusive():
+        assert not gpu_lock.step_aside()
+        assert not _free_for_a_timer(lock)
+    inside, leave = threading.Event(), threading.Event()
+
+    def copier():
+        with gpu_lock.shared():
+            inside.set()
+            leave.wait(timeout=20)
+
+    t = threading.Thread(target=copier)
+    t.start()
+    inside.wait(timeout=20)
+    with gpu_lock.shared():
+        assert not gpu_lock.step_aside()
+        assert not _free_for_a_timer(lock)
+    leave.set()
+    t.join(timeout=20)
+    monkeypatch.delenv(gpu_lock.ENV)
+    with gpu_lock.shared():
+        assert not gpu_lock.step_aside()
+
+
+def test_a_stretch_left_aside_ends_without_the_lock_and_the_next_takes_it(monkeypatch,
+                                                                          tmp_path):
+    """A compile that raises skips its step_back: the stretch ends with the lock already
+    let go, and the next stretch takes it as usual."""
+    lock = tmp_path / "gpu.lock"
+    monkeypatch.setenv(gpu_lock.ENV, str(lock))
+    with pytest.raises(ValueError), gpu_lock.shared():
+        gpu_lock.step_aside()
+        raise ValueError("the compile failed")
+    gpu_lock.step_back()  # late: nothing to take back
+    assert _free_for_a_timer(lock)
+    with gpu_lock.shared():
+        assert not _free_for_a_timer(lock)
+
+
+def test_long_stretches_are_recorded_by_where_they_began(monkeypatch, tmp_path):
+    monkeypatch.setenv(gpu_lock.ENV, str(tmp_path / "gpu.lock"))
+    monkeypatch.setattr(gpu_lock, "LONG_S", 0.1)
+    before = gpu_lock.long_stretches()
+    gpu_lock.doing("impl_a")
+
+    def slow_check():
+        with gpu_lock.shared():
+            time.sleep(0.15)
+
+    slow_check()
+    with gpu_lock.shared():  # short: not recorded
+        pass
+    gpu_lock.doing("")
+    grew = {k: v - before.get(k, 0.0) for k, v in gpu_lock.long_stretches().items()
+            if v != before.get(k)}
+    assert list(grew) == ["slow_check (impl_a)"] and grew["slow_check (impl_a)"] >= 0.15

@@ -20,6 +20,16 @@ most one stretch of each other process's GPU work (a stretch ends with
 on open file descriptions: the kernel drops them when a process dies, so a killed cell
 never wedges the others.
 
+A stretch that compiles (``torch.compile`` tracing or loading a graph, Triton building a
+library's kernel) is CPU work for seconds: a timing pass that asked for the GPU would wait
+for it with every other process standing still. So a process *steps aside* while it
+compiles (:func:`step_aside`, :func:`step_back`, hooked in by :mod:`contract.compile_aside`):
+the stretch so far ends (its kernels done), the lock file is let go, and taken again before
+the compiled code runs. What runs on the GPU while a cell times is therefore at most what a
+compiler itself launches while it compiles (none for a graph loaded from inductor's cache or
+a Triton kernel built without autotuning). The stretches at least :data:`LONG_S` long are
+recorded by where they began (:func:`long_stretches`).
+
 Every wait for the lock file is counted (:func:`waited_s`): the seconds a process's threads
 waited for other cells, which the report's ``phases`` records as ``gpu_lock_wait``; and so is
 the time it held the GPU alone (:func:`held_s`, ``phases.gpu_exclusive``), during which every
@@ -100,6 +110,15 @@ STRETCHES = (("<0.1s", 0.1), ("0.1-0.5s", 0.5), ("0.5-2s", 2.0), ("2-8s", 8.0),
 _STRETCH_S = {name: 0.0 for name, _ in STRETCHES}
 _STRETCH_N = {name: 0 for name, _ in STRETCHES}
 _since = [0.0]  # when this process last took the shared lock
+_taken = [False]  # this process holds the lock file shared
+_aside_since: list[float | None] = [None]  # stepped aside (step_aside) since
+_ASIDE = [0.0]
+_site = [""]  # where the stretch in progress began (_caller)
+_doing = [""]
+
+LONG_S = 2.0
+"""A stretch at least this long is recorded by where it began (:func:`long_stretches`)."""
+_LONG: dict[str, float] = {}
 
 
 def stretches() -> tuple[dict[str, float], dict[str, int]]:
@@ -111,7 +130,16 @@ def stretches() -> tuple[dict[str, float], dict[str, int]]:
     return dict(_STRETCH_S), dict(_STRETCH_N)
 
 
+def long_stretches() -> dict[str, float]:
+    """Seconds of this process's stretches of at least :data:`LONG_S`, by where each began
+    (the calling function, and what the process said it was doing: :func:`doing`), e.g.
+    ``{"size_sweep (compiled)": 12.5}``: what a timing pass waited for longest."""
+    return dict(_LONG)
+
+
 def _count_stretch(seconds: float) -> None:
+    if seconds >= LONG_S:
+        _LONG[_site[0]] = _LONG.get(_site[0], 0.0) + seconds
     for name, bound in STRETCHES:
         if seconds < bound:
             _STRETCH_S[name] += seconds
@@ -161,11 +189,8 @@ def shared() -> Iterator[None]:
         return
     main, turnstile, _ = _fds(lock_path)
     with _mutex:
-        if _holders[0] == 0:
-            _flock(turnstile, fcntl.LOCK_EX, "shared")  # wait behind a cell that asked to time
-            _flock(main, fcntl.LOCK_SH, "shared")
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
-            _since[0] = time.perf_counter()
+        if not _taken[0]:  # no thread of this process holds it (or it stepped aside)
+            _take(main, turnstile)
         _holders[0] += 1
     _state.depth = 1
     try:
@@ -175,9 +200,95 @@ def shared() -> Iterator[None]:
         with _mutex:
             _holders[0] -= 1
             if _holders[0] == 0:
-                _drain()  # the stretch's queued kernels end before a cell may time
-                fcntl.flock(main, fcntl.LOCK_UN)
-                _count_stretch(time.perf_counter() - _since[0])
+                _let_go(main)
+                _back_from_aside()
+
+
+def _take(main: int, turnstile: int) -> None:
+    """Take the lock file shared (under :data:`_mutex`), behind any cell that asked to time."""
+    _flock(turnstile, fcntl.LOCK_EX, "shared")  # wait behind a cell that asked to time
+    _flock(main, fcntl.LOCK_SH, "shared")
+    fcntl.flock(turnstile, fcntl.LOCK_UN)
+    _taken[0] = True
+    _since[0] = time.perf_counter()
+    _site[0] = _caller()
+
+
+def _let_go(main: int) -> None:
+    """End this process's stretch (under :data:`_mutex`): its queued kernels done, the lock
+    file let go, the stretch counted. Nothing when it is not held (stepped aside)."""
+    if not _taken[0]:
+        return
+    _drain()  # the stretch's queued kernels end before a cell may time
+    fcntl.flock(main, fcntl.LOCK_UN)
+    _taken[0] = False
+    _count_stretch(time.perf_counter() - _since[0])
+
+
+def step_aside() -> bool:
+    """Let the lock file go in the middle of a stretch of shared GPU work, for CPU work that
+    may take seconds (compiling: :mod:`contract.compile_aside`), so that no timing pass waits
+    for it; :func:`step_back` takes it again. The stretch so far ends as :func:`shared`'s
+    exit ends one (its kernels done, counted). Only when one thread of this process is
+    inside :func:`shared` (a hashing thread's copy in flight keeps the lock) and the lock
+    is in use; returns whether it stepped aside. Safe from any thread."""
+    lock_path = path()
+    if lock_path is None:
+        return False
+    with _mutex:
+        if _holders[0] != 1 or not _taken[0] or _aside_since[0] is not None:
+            return False
+        _let_go(_fds(lock_path)[0])
+        _aside_since[0] = time.perf_counter()
+        return True
+
+
+def step_back() -> None:
+    """Take the lock file again after :func:`step_aside` (waiting behind a cell that asked to
+    time, as :func:`shared` does), where a thread is still inside :func:`shared`; nothing
+    when this process did not step aside. Safe to call more often than ``step_aside``:
+    taking the lock early is always safe."""
+    lock_path = path()
+    if lock_path is None:
+        return
+    with _mutex:
+        if _aside_since[0] is None:
+            return
+        _back_from_aside()
+        if _holders[0] > 0 and not _taken[0]:
+            main, turnstile, _ = _fds(lock_path)
+            site = _site[0]  # the same stretch goes on
+            _take(main, turnstile)
+            _site[0] = site
+
+
+def _back_from_aside() -> None:
+    """Count the time stepped aside (under :data:`_mutex`) and end it."""
+    if _aside_since[0] is not None:
+        _ASIDE[0] += time.perf_counter() - _aside_since[0]
+        _aside_since[0] = None
+
+
+def aside_s() -> float:
+    """Seconds this process's stretches of shared GPU work spent without the lock file,
+    stepped aside for compiling (:func:`step_aside`)."""
+    return _ASIDE[0]
+
+
+def _caller() -> str:
+    """Where the stretch being taken began: the first frame outside this module and
+    contextlib, as ``function`` (with what the cell said it was doing: :func:`doing`)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename in (__file__, contextlib.__file__):
+        frame = frame.f_back
+    where = frame.f_code.co_name if frame is not None else "?"
+    return f"{where} ({_doing[0]})" if _doing[0] else where
+
+
+def doing(what: str) -> None:
+    """Say what this process's GPU work is about (an implementation's name), for the record
+    of its long stretches (:func:`long_stretches`)."""
+    _doing[0] = what
 
 
 def _drain() -> None:

@@ -316,6 +316,7 @@ def _run_case(ctx: CaseContext, x, key: str, dtype: str, beat: Heartbeat) -> Non
     base_accuracy: dict = {}
     for impl in ctx.impls:
         beat.doing = impl.name
+        gpu_lock.doing(impl.name)  # names the long stretches of shared GPU work
         first = _run_one(ctx, impl, x, on_device, key, dtype)
         if first is None:
             continue
@@ -353,6 +354,7 @@ def _run_case(ctx: CaseContext, x, key: str, dtype: str, beat: Heartbeat) -> Non
         ctx.no_baseline.append(key)
     del base, ref, kept
     beat.doing = "timings"
+    gpu_lock.doing("timings")
     _time_all(ctx, ran, x, on_device, key)
     beat.doing = "hashing"
     with ctx.clock("hashing"):

@@ -40,8 +40,11 @@ time it waited for its share of the GPU's memory before a case or its timing pas
 (:mod:`contract.gpu_budget`, a part of ``other``). Where the cell shared the GPU under the
 lock, ``gpu_shared_stretches`` and ``gpu_shared_stretch_count`` are its stretches of shared
 GPU work by length (:func:`contract.gpu_lock.stretches`): seconds and counts per bucket,
-what other processes' timing passes waited for. ``other`` is the cell's wall time not in
-any phase.
+what other processes' timing passes waited for; ``gpu_shared_long`` the seconds of those at
+least :data:`contract.gpu_lock.LONG_S` long by where each began (a function, and the
+implementation the cell was running); ``gpu_lock_set_aside`` the seconds its stretches spent
+without the lock while compiling (:mod:`contract.compile_aside`). ``other`` is the cell's
+wall time not in any phase.
 
 Example::
 
@@ -100,6 +103,8 @@ class PhaseClock:
         self._held0 = _lock_held()
         self._memory0 = _memory_waited()
         self._stretch0 = _stretches()
+        self._aside0 = _lock_aside()
+        self._long0 = _long_stretches()
 
     def _now(self) -> float:
         if self.sync:
@@ -160,7 +165,12 @@ class PhaseClock:
                 for k, v in seconds.items()}
             out["gpu_shared_stretch_count"] = {
                 k: max(v - self._stretch0[1].get(k, 0), 0) for k, v in counts.items()}
-            keys += ["gpu_shared_stretches", "gpu_shared_stretch_count"]
+            long = {k: round(v - self._long0.get(k, 0.0), 3)
+                    for k, v in sorted(_long_stretches().items(), key=lambda kv: -kv[1])}
+            out["gpu_shared_long"] = {k: v for k, v in long.items() if v > 0}
+            out["gpu_lock_set_aside"] = round(max(_lock_aside() - self._aside0, 0.0), 3)
+            keys += ["gpu_shared_stretches", "gpu_shared_stretch_count", "gpu_shared_long",
+                     "gpu_lock_set_aside"]
         return {k: out[k] for k in (*keys, "other")}
 
 
@@ -176,6 +186,20 @@ def _stretches() -> tuple[dict[str, float], dict[str, int]]:
     (:func:`contract.gpu_lock.stretches`; empty when the lock never loaded)."""
     lock = sys.modules.get("gate_residual_matrix.contract.gpu_lock")
     return lock.stretches() if lock is not None else ({}, {})
+
+
+def _lock_aside() -> float:
+    """Seconds this process's stretches spent stepped aside for compiling
+    (:func:`contract.gpu_lock.aside_s`; 0.0 when the lock never loaded)."""
+    lock = sys.modules.get("gate_residual_matrix.contract.gpu_lock")
+    return lock.aside_s() if lock is not None else 0.0
+
+
+def _long_stretches() -> dict[str, float]:
+    """Seconds of this process's long stretches by where they began
+    (:func:`contract.gpu_lock.long_stretches`; empty when the lock never loaded)."""
+    lock = sys.modules.get("gate_residual_matrix.contract.gpu_lock")
+    return lock.long_stretches() if lock is not None else {}
 
 
 def _lock_held() -> float:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 
 from gate_residual_matrix import ops
-from gate_residual_matrix.contract import compare, gpu_budget, gpu_lock
+from gate_residual_matrix.contract import compare, compile_aside, gpu_budget, gpu_lock
 from gate_residual_matrix.contract.base import Implementation
 from gate_residual_matrix.contract.inputs import build
 from gate_residual_matrix.runner.cell import case as cases_of_cell
@@ -247,7 +247,7 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
         report["results"] = {impl.name: _entry(impl, cell.target) for impl in rows}
         impls = _run_order(rows, matrix)
     cases = _cases_here(report, cases, cell.target)
-    env["gpu_lock"] = gpu_lock.path() is not None
+    _share_gpu(env, device)
     _precompile(matrix, cell, cases, env, clock)
     per_case: dict[str, float] = {}
     with futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
@@ -281,6 +281,14 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
     if on_case is not None and cases:
         on_case(report, last_progress)
     return report
+
+
+def _share_gpu(env: dict, device: str) -> None:
+    """Record whether the cell shares its GPU under the lock (``env["gpu_lock"]``); on a
+    GPU, let the lock go while compiling (:mod:`contract.compile_aside`)."""
+    env["gpu_lock"] = gpu_lock.path() is not None
+    if device == "cuda":
+        compile_aside.install()
 
 
 def _time_deferred(ctx: CaseContext) -> None:

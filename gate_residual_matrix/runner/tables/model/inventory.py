@@ -67,7 +67,7 @@ def time_spent(data: dict, top: int = 3) -> str:
     if not isinstance(phases, dict):
         return f"{total:.0f} s"
     spent = {k: v for k, v in phases.items() if isinstance(v, (int, float)) and v > 0
-             and k not in ("other", "gpu_exclusive")}  # the last is a part of timings
+             and k not in ("other", "gpu_exclusive", "gpu_lock_set_aside")}  # parts of others
     for part in ("runs", "gpu_lock_wait"):
         values = phases.get(part)
         if isinstance(values, dict):  # a lock wait's drain is a part of its exclusive

@@ -1,0 +1,110 @@
+"""contract/compile_aside.py: a cell lets the shared GPU lock go while it compiles.
+
+Each check runs in a fresh process (the hooks are process-wide) and reports what a probe saw
+of the lock file while the compiler ran: free (another process could time) or held.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_PROBE = textwrap.dedent("""
+    import fcntl, os
+
+    def free(lock):
+        probe = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(probe)
+        return True
+""")
+
+_DYNAMO = _PROBE + textwrap.dedent("""
+    import json, sys
+    import torch
+    from torch._dynamo.callback import callback_handler
+    from gate_residual_matrix.contract import compile_aside, gpu_lock
+    lock, install = sys.argv[1], sys.argv[2] == "1"
+    seen = {}
+    if install:
+        assert compile_aside.install() and compile_aside.install()  # once, then a no-op
+    # registered after ours: runs while the compile is under way
+    callback_handler.register_start_callback(lambda *_: seen.setdefault("compiling", free(lock)))
+
+    def f(x):
+        return torch.sin(x) * 2 + 1
+
+    g = torch.compile(f, backend="eager", dynamic=False)
+    with gpu_lock.shared():
+        out = g(torch.arange(4.0))
+        seen["after"] = free(lock)
+    seen["bits"] = torch.equal(out, f(torch.arange(4.0)))
+    seen["aside_s"] = gpu_lock.aside_s()
+    print(json.dumps(seen))
+""")
+
+
+def _run(script: str, *args: str, lock: Path) -> dict:
+    env = {**os.environ, "GATE_RESIDUAL_GPU_LOCK": str(lock), "PYTHONPATH": str(ROOT),
+           "TORCHINDUCTOR_CACHE_DIR": str(lock.parent / "inductor")}
+    done = subprocess.run([sys.executable, "-c", script, str(lock), *args], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_torch_compile_inside_a_stretch_leaves_the_lock_free_until_it_ends(tmp_path):
+    seen = _run(_DYNAMO, "1", lock=tmp_path / "gpu.lock")
+    assert seen["compiling"] is True  # another process could have timed meanwhile
+    assert seen["after"] is False  # the compiled code ran with the lock taken again
+    assert seen["bits"] is True and seen["aside_s"] > 0
+
+
+def test_without_the_hooks_a_compile_holds_the_lock(tmp_path):
+    """The control: the same compile, hooks not installed, keeps the lock throughout."""
+    seen = _run(_DYNAMO, "0", lock=tmp_path / "gpu.lock")
+    assert seen["compiling"] is False and seen["after"] is False and seen["aside_s"] == 0
+
+
+_TRITON = _PROBE + textwrap.dedent("""
+    import json, sys, types
+    import torch._dynamo.callback  # torch first: it probes for a real Triton
+    # a stand-in for Triton's knobs (no Triton on a CPU machine): the hooks JITFunction
+    # calls before and after it compiles, one of them already set by someone else
+    calls = []
+    runtime = types.SimpleNamespace(
+        jit_cache_hook=lambda **kw: calls.append("theirs before") or kw.get("skip"),
+        jit_post_compile_hook=None)
+    sys.modules["triton"] = types.SimpleNamespace(knobs=types.SimpleNamespace(runtime=runtime))
+    from gate_residual_matrix.contract import compile_aside, gpu_lock
+    lock = sys.argv[1]
+    assert compile_aside.install()
+    seen = {}
+    with gpu_lock.shared():
+        seen["skip"] = runtime.jit_cache_hook(skip=False)
+        seen["compiling"] = free(lock)
+        runtime.jit_post_compile_hook(key="k")
+        seen["after"] = free(lock)
+        seen["skipped"] = runtime.jit_cache_hook(skip=True)  # theirs skips the compile
+        seen["skipped_free"] = free(lock)
+    seen["calls"] = calls
+    print(json.dumps(seen))
+""")
+
+
+def test_triton_compiles_step_aside_and_hooks_already_set_are_kept(tmp_path):
+    seen = _run(_TRITON, lock=tmp_path / "gpu.lock")
+    assert seen["compiling"] is True and seen["after"] is False
+    assert seen["skip"] is False and seen["skipped"] is True
+    assert seen["skipped_free"] is False  # no compile follows: the lock stays
+    assert seen["calls"] == ["theirs before", "theirs before"]
