@@ -37,7 +37,8 @@ _DYNAMO = _PROBE + textwrap.dedent("""
     lock, install = sys.argv[1], sys.argv[2] == "1"
     seen = {}
     if install:
-        assert compile_aside.install() and compile_aside.install()  # once, then a no-op
+        first = compile_aside.install()
+        assert first["torch.compile"] and compile_aside.install() == first  # once
     # registered after ours: runs while the compile is under way
     callback_handler.register_start_callback(lambda *_: seen.setdefault("compiling", free(lock)))
 
@@ -108,3 +109,34 @@ def test_triton_compiles_step_aside_and_hooks_already_set_are_kept(tmp_path):
     assert seen["skip"] is False and seen["skipped"] is True
     assert seen["skipped_free"] is False  # no compile follows: the lock stays
     assert seen["calls"] == ["theirs before", "theirs before"]
+
+
+_NESTED = _PROBE + textwrap.dedent("""
+    import json, sys, types
+    from gate_residual_matrix.contract import compile_aside, gpu_lock
+    from gate_residual_matrix.kernels import launch
+    lock = sys.argv[1]
+    hooks = compile_aside.install()
+    seen = {"numba_hook": "numba" in hooks and compile_aside.aside in launch.AROUND_COMPILE}
+    with gpu_lock.shared():
+        with compile_aside.aside():  # dynamo compiling a graph ...
+            with compile_aside.aside():  # ... whose kernels inductor builds
+                seen["inner"] = free(lock)
+            seen["outer_after_inner"] = free(lock)  # still aside: the outer compile goes on
+        seen["after"] = free(lock)
+        # a numba kernel's first use: loaded inside AROUND_COMPILE
+        launcher = launch.Launcher(dispatcher=None, argtypes=())
+        launcher._function = lambda: seen.setdefault("loading", free(lock)) and \\
+            types.SimpleNamespace(handle=7)
+        seen["handle"] = launcher.handle()
+        seen["after_load"] = free(lock)
+    print(json.dumps(seen))
+""")
+
+
+def test_nested_compiles_step_aside_once_and_numba_loads_step_aside(tmp_path):
+    seen = _run(_NESTED, lock=tmp_path / "gpu.lock")
+    assert seen["numba_hook"] is True
+    assert seen["inner"] is True and seen["outer_after_inner"] is True
+    assert seen["after"] is False
+    assert seen["loading"] is True and seen["handle"] == 7 and seen["after_load"] is False

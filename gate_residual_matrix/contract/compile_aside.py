@@ -8,79 +8,144 @@ call that compiles first holds that stretch for seconds of CPU work:
 * ``torch.compile`` tracing a frame and building or loading its graph (dynamo's compile,
   and AOTAutograd's lazy backward), and
 * Triton building a library's kernel for a new specialisation (``JITFunction`` on a miss of
-  its in-memory cache: the on-disk cache or a real compile).
+  its in-memory cache: the on-disk cache or a real compile);
+* inductor building the Triton kernels of a graph's first run (``CachingAutotuner.
+  precompile``: every config's kernel compiled or loaded, then loaded on the device; the
+  autotuning that follows times kernels on the GPU and keeps the lock);
+* our numba kernels compiled or loaded from the cubin cache (``kernels.launch``'s first use of
+  a signature).
 
-:func:`install` hooks both so that the process steps aside for the compile
+:func:`install` hooks each so that the process steps aside for the compile
 (:func:`contract.gpu_lock.step_aside`) and takes the lock again before the compiled code
-launches (:func:`contract.gpu_lock.step_back`), through the hooks each library provides for
-it: dynamo's compile callbacks (``torch._dynamo.callback_handler``, start and end of every
-compile) and Triton's ``knobs.runtime.jit_cache_hook`` / ``jit_post_compile_hook`` (called
-before and after ``JITFunction`` compiles). Hooks already set on Triton's knobs are kept and
-called first. A compile that raises skips Triton's post-compile hook; the stretch then ends
-without the lock, and its exception ends the call.
+launches (:func:`contract.gpu_lock.step_back`): dynamo's compile callbacks
+(``torch._dynamo.callback_handler``, start and end of every compile, a public hook), Triton's
+``knobs.runtime.jit_cache_hook`` / ``jit_post_compile_hook`` (called before and after
+``JITFunction`` compiles; hooks already set there are kept and called first),
+``kernels.launch.AROUND_COMPILE`` (ours), and a wrapper around inductor's
+``CachingAutotuner.precompile`` (no hook exists there: the wrapper calls the original
+unchanged). Nested compiles step aside once, for the outermost. A compile that raises skips
+Triton's post-compile hook; the stretch then ends without the lock, its exception ends the
+call, and the next stretch takes the lock as usual.
 
 Only the scheduling changes: the same code compiles and runs, so no bit depends on it. The
-report records the seconds stepped aside (``phases.gpu_lock_set_aside``).
+report records the seconds stepped aside (``phases.gpu_lock_set_aside``) and which hooks
+were in (``environment.compile_aside``).
 
 Example::
 
     >>> install()  # in a cell process on a shared GPU, before its first case  # doctest: +SKIP
-    True
+    {'torch.compile': 'dynamo compile callbacks', 'numba': 'kernels.launch.AROUND_COMPILE', ...}
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import threading
+from collections.abc import Iterator
+
 from gate_residual_matrix.contract import gpu_lock
 
-_INSTALLED = [False]
+_INSTALLED: dict[str, str] = {}
+_depth = [0]  # compiles under way in this process (any thread): nested ones step aside once
+_depth_lock = threading.Lock()
 
 
 def _aside(*_args, **_kwargs) -> None:
-    gpu_lock.step_aside()
+    """A compile starts: the outermost one steps aside."""
+    with _depth_lock:
+        _depth[0] += 1
+        if _depth[0] == 1:
+            gpu_lock.step_aside()
 
 
 def _back(*_args, **_kwargs) -> None:
-    gpu_lock.step_back()
+    """A compile ends: the outermost one takes the lock again."""
+    with _depth_lock:
+        _depth[0] = max(_depth[0] - 1, 0)
+        if _depth[0] == 0:
+            gpu_lock.step_back()
 
 
-def install() -> bool:
-    """Hook dynamo's and Triton's compiles (see module), once per process, where the lock is
-    in use (``GATE_RESIDUAL_GPU_LOCK``) and torch imports; True when the dynamo hooks are in
-    (Triton's are added where Triton imports and has the knobs). Never raises: a torch or
-    Triton without the hooks runs as before, holding the lock while it compiles."""
-    if _INSTALLED[0] or gpu_lock.path() is None:
-        return _INSTALLED[0]
+@contextlib.contextmanager
+def aside() -> Iterator[None]:
+    """A compile (see module): stepped aside from the lock for its duration."""
+    _aside()
+    try:
+        yield
+    finally:
+        _back()
+
+
+def install() -> dict[str, str]:
+    """Hook the compiles of the module's list, once per process, where the lock is in use
+    (``GATE_RESIDUAL_GPU_LOCK``): ``{compiler: how}`` for the hooks that are in (what the
+    report's ``environment.compile_aside`` records; empty without the lock). Never raises: a
+    torch or Triton without a hook runs as before there, holding the lock while it
+    compiles."""
+    if _INSTALLED or gpu_lock.path() is None:
+        return dict(_INSTALLED)
     try:
         from torch._dynamo.callback import callback_handler
+
+        callback_handler.register_start_callback(_aside)
+        callback_handler.register_end_callback(_back)
+        _INSTALLED["torch.compile"] = "dynamo compile callbacks"
     except Exception:  # a torch without compile callbacks
-        return False
-    callback_handler.register_start_callback(_aside)
-    callback_handler.register_end_callback(_back)
-    _INSTALLED[0] = True
-    _install_triton()
-    return True
+        pass
+    from gate_residual_matrix.kernels import launch
+
+    launch.AROUND_COMPILE.append(aside)
+    _INSTALLED["numba"] = "kernels.launch.AROUND_COMPILE"
+    for name, hook in (("triton", _install_triton), ("inductor", _install_inductor)):
+        try:
+            how = hook()
+        except Exception:  # a version without what the hook expects
+            how = None
+        if how:
+            _INSTALLED[name] = how
+    return dict(_INSTALLED)
 
 
-def _install_triton() -> None:
+def _install_triton() -> str | None:
     """Chain the step aside / back onto Triton's JIT compile hooks, where it has them."""
     try:
         from triton import knobs
     except Exception:  # no Triton, or one without knobs
-        return
+        return None
     runtime = getattr(knobs, "runtime", None)
     if runtime is None or not hasattr(runtime, "jit_cache_hook"):
-        return
+        return None
     before, after = runtime.jit_cache_hook, runtime.jit_post_compile_hook
 
     def cache_hook(*args, **kwargs):
         skip = before(*args, **kwargs) if before is not None else None
         if not skip:  # Triton compiles now: its post-compile hook follows
-            gpu_lock.step_aside()
+            _aside()
         return skip
 
     def post_compile_hook(*args, **kwargs):
-        gpu_lock.step_back()
+        _back()
         return after(*args, **kwargs) if after is not None else None
 
     runtime.jit_cache_hook = cache_hook
     runtime.jit_post_compile_hook = post_compile_hook
+    return "triton.knobs.runtime JIT compile hooks"
+
+
+def _install_inductor() -> str | None:
+    """Wrap inductor's ``CachingAutotuner.precompile`` (see module), where it has one."""
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    original = CachingAutotuner.__dict__.get("precompile")
+    if original is None or getattr(original, "steps_aside", False):
+        return None
+
+    @functools.wraps(original)
+    def precompile(self, *args, **kwargs):
+        with aside():
+            return original(self, *args, **kwargs)
+
+    precompile.steps_aside = True
+    CachingAutotuner.precompile = precompile
+    return "CachingAutotuner.precompile wrapped"

@@ -26,6 +26,7 @@ ctypes on the CPU machine against 6.6 µs for building the buffer and calling
 from __future__ import annotations
 
 import array
+import contextlib
 import ctypes
 import math
 import threading
@@ -46,6 +47,11 @@ _STREAMS: dict[int, object] = {}
 #: (numba's typing, LLVM, NVVM/ptxas and the module load), summed; the runner reports it as
 #: part of a cell's compilation time.
 COMPILE_SECONDS = [0.0]
+
+#: Context managers entered around compiling or loading a kernel (a :class:`Launcher`'s first
+#: use): empty here; a cell on a shared GPU adds one that lets the GPU lock go meanwhile
+#: (``contract/compile_aside.py``), since compiling is CPU work.
+AROUND_COMPILE: list[Callable[[], contextlib.AbstractContextManager]] = []
 
 
 def array_type(dtype: types.Type, ndim: int) -> types.Array:
@@ -129,11 +135,19 @@ class Launcher:
                               library._entry_name, self.name)
         return function
 
+    def _loaded(self):
+        """:meth:`_function`, once, inside every :data:`AROUND_COMPILE` context."""
+        with contextlib.ExitStack() as around:
+            for enter in AROUND_COMPILE:
+                around.enter_context(enter())
+            self._cufunc = self._function()
+        return self._cufunc
+
     def handle(self) -> int:
         """The driver handle (``CUfunction``) of the kernel, as an int."""
         cufunc = self._cufunc
         if cufunc is None:
-            cufunc = self._cufunc = self._function()
+            cufunc = self._loaded()
         return int(cufunc.handle)
 
     def packed(self, device: int, grid: tuple, block: int, shared: int,
@@ -146,7 +160,7 @@ class Launcher:
                  params: list[int]) -> None:
         cufunc = self._cufunc
         if cufunc is None:
-            cufunc = self._cufunc = self._function()
+            cufunc = self._loaded()
         stream = torch._C._cuda_getCurrentRawStream(device)
         if self.method == "ctypes":
             _launch_ctypes(cufunc.handle, stream, grid, block, shared, params)

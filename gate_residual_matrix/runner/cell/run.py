@@ -285,10 +285,11 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
 
 def _share_gpu(env: dict, device: str) -> None:
     """Record whether the cell shares its GPU under the lock (``env["gpu_lock"]``); on a
-    GPU, let the lock go while compiling (:mod:`contract.compile_aside`)."""
+    GPU, let the lock go while compiling (:mod:`contract.compile_aside`; the hooks in are
+    ``env["compile_aside"]``)."""
     env["gpu_lock"] = gpu_lock.path() is not None
-    if device == "cuda":
-        compile_aside.install()
+    if device == "cuda" and (hooks := compile_aside.install()):
+        env["compile_aside"] = hooks
 
 
 def _time_deferred(ctx: CaseContext) -> None:
