@@ -169,6 +169,11 @@ _ALL = (
             "Lock file that the cell processes on one GPU share, so that their timing "
             "loops run with the GPU to themselves (a sharded cell sets one in its reports "
             "folder).", expected=PATH, shown_default="none"),
+    Setting("GATE_RESIDUAL_INPUT_CACHE", Kind.USER, "path", None,
+            "Folder where the cell processes of one host share the values of large inputs "
+            "(built once, read by the other modes and dtypes); unset: each process builds "
+            "its own (the GPU host's script sets build/inputs).", expected=PATH,
+            shown_default="none"),
     Setting("GATE_RESIDUAL_WHEELHOUSE", Kind.USER, "path", None,
             "Root of the kernel wheelhouse (library versions not installed in the "
             "environment); relative paths are from the project root.", expected=PATH,

@@ -16,5 +16,6 @@ export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$PWD/build/inductor}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/build/triton}
 export RLK_BUILD_DIR=${RLK_BUILD_DIR:-$PWD/build/rl-kernel}
 export GATE_RESIDUAL_CUBIN_CACHE=${GATE_RESIDUAL_CUBIN_CACHE:-$PWD/build/cubin}
+export GATE_RESIDUAL_INPUT_CACHE=${GATE_RESIDUAL_INPUT_CACHE:-$PWD/build/inputs}
 export GATE_RESIDUAL_PROGRESS=${GATE_RESIDUAL_PROGRESS:-plain}
 exec python3 -m gate_residual_matrix gpu-host "$@"

@@ -135,3 +135,43 @@ def test_parallel_bf16_rounding_matches_numpy_definition():
     assert np.array_equal(got, want)
     via_storage = I.to_storage(words.view(np.float32), "bfloat16").view(torch.int16).numpy()
     assert np.array_equal(via_storage.view(np.uint16), want)
+
+
+@pytest.mark.parametrize("specials", [False, True])
+def test_values_read_from_the_input_cache_have_the_bits_of_a_fresh_build(
+        fresh_seed, monkeypatch, tmp_path, specials):
+    """The first build stores each tensor's values, a second build (another process: the
+    in-process state is not involved) reads them: the same bits in every dtype, the files
+    named apart by specials; a damaged file is computed again."""
+    from gate_residual_matrix.contract import input_cache
+
+    rng = np.random.default_rng(fresh_seed)
+    n, d = int(rng.integers(20, 60)), int(rng.integers(30, 90))
+    kw = {"n": n, "d": d, "g": 5, "index_dtype": "int64", "seed": fresh_seed,
+          "specials": specials}
+    fresh = {dt: make_inputs(dtype=dt, **kw) for dt in ("float32", "bfloat16")}
+    monkeypatch.setenv(input_cache.ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(input_cache, "AT_LEAST", 1)
+    computed = []
+    real = inputs_module._values32
+
+    def counting(*args):
+        computed.append(args[2])
+        return real(*args)
+
+    monkeypatch.setattr(inputs_module, "_values32", counting)
+    first = make_inputs(dtype="float32", **kw)
+    files = sorted((tmp_path / "cache").glob("*.npy"))
+    # one file per float stream: residual, gate, y, grad_out (the index is not one)
+    assert len(files) == len(computed) == 4
+    del computed[:]
+    again = {dt: make_inputs(dtype=dt, **kw) for dt in ("float32", "bfloat16")}
+    # bf16 without specials reads float32's files; with specials the tables differ
+    assert len(computed) == (4 if specials else 0)
+    for dt, x in again.items():
+        assert x.sha256() == fresh[dt].sha256()
+    assert first.sha256() == fresh["float32"].sha256()
+    files[0].write_bytes(b"not an npy file")
+    del computed[:]
+    assert make_inputs(dtype="float32", **kw).sha256() == fresh["float32"].sha256()
+    assert len(computed) == 1

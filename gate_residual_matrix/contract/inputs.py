@@ -13,6 +13,9 @@ With ``specials=True``, about 1 element in 61 of every floating-point input is r
 one of :func:`special_values` (NaN, +-Inf, +-0.0, subnormals, the largest finite values,
 ...), at positions drawn from the same stream.
 
+The values of large tensors may come from a folder that the processes of one host share
+(:mod:`contract.input_cache`, ``GATE_RESIDUAL_INPUT_CACHE``): computed once, the same bits.
+
 Which tensors, of which shapes, is the op's (:class:`ops.spec.OpSpec`): :func:`build` makes
 each of its ``inputs`` from the stream keyed by the tensor's name, and its ``index`` (N,) in
 [0, ``groups``).
@@ -33,10 +36,12 @@ import concurrent.futures as futures
 import hashlib
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from gate_residual_matrix.contract import input_cache
 from gate_residual_matrix.contract.compare import tensor_sha256
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -270,6 +275,17 @@ def _values32(key: int, pick_key: int, count: int, table: np.ndarray | None) -> 
     return np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.float32)
 
 
+_SOURCE: list[bytes] = []
+
+
+def _source() -> bytes:
+    """This module's code: part of the name of every cached value file
+    (:mod:`contract.input_cache`), so a change here never reads values made before it."""
+    if not _SOURCE:
+        _SOURCE.append(Path(__file__).read_bytes())
+    return _SOURCE[0]
+
+
 def make_tensors(*, shapes: dict[str, tuple[int, ...]], index: str | None, n: int,
                  groups: int | None,
                  dtype: str, index_dtype: str, seed: int, specials: bool = False,
@@ -295,7 +311,9 @@ def make_tensors(*, shapes: dict[str, tuple[int, ...]], index: str | None, n: in
         count = int(np.prod(shape, dtype=np.int64))
         key = stream_key(seed, case_id, name)
         pick_key = stream_key(seed, case_id, name + "/specials")
-        values32 = _values32(key, pick_key, count, special_values(dtype) if specials else None)
+        values32 = input_cache.cached(key, pick_key, count,
+                                      special_values(dtype) if specials else None,
+                                      _values32, _source())
         tensors[name] = to_storage(values32, dtype).reshape(shape)
     if index is None:
         return CaseInputs(case_id=case_id, n=n, specials=specials, tensors=tensors, index=None)
