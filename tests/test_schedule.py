@@ -190,3 +190,84 @@ def test_a_large_unit_is_not_passed_over_for_ever(monkeypatch):
     order = [n for n, _, _ in sizes]
     later_first = [n for n in started[:started.index("a2")] if order.index(n) > order.index("a2")]
     assert len(later_first) <= 2, started
+
+
+def test_a_unit_that_gives_cpus_back_lets_the_next_start_before_it_ends():
+    """A cell whose first shards ended holds only its running ones: the next unit starts
+    beside it, while it still runs, when the CPUs it gave back fit it."""
+    shards_left = {"n": 4}
+    first_done = threading.Event()
+    second_started = threading.Event()
+
+    def long_cell():
+        time.sleep(0.2)
+        shards_left["n"] = 1  # three of its four shards ended
+        first_done.set()
+        assert second_started.wait(timeout=10), "the next cell waited for the whole cell"
+        return "long"
+
+    def next_cell():
+        second_started.set()
+        return "next"
+
+    done = run_queue([Unit("long", 4, long_cell, in_use=lambda: shards_left["n"]),
+                      Unit("next", 3, next_cell)], jobs=4, cpus=4)
+    assert [u.result for u in done] == ["long", "next"]
+    assert done[1].started_s <= done[0].ended_s  # (the body above waited for it)
+
+
+def test_cpus_in_use_is_every_shard_until_one_ends_and_never_below_one():
+    from gate_residual_matrix.runner.gpu_host import cell_queue
+
+    seen = iter([None, 0, 3, 3, 2, 0])
+    use = cell_queue.CpusInUse(3)
+    assert use() == 3  # not started yet
+    use.pid = 1
+    original = cell_queue.cell_children
+    cell_queue.cell_children = lambda pid: next(seen)
+    try:
+        assert [use() for _ in range(6)] == [3, 3, 3, 3, 2, 1]
+    finally:
+        cell_queue.cell_children = original
+
+
+_PARENT = """
+import json, os, subprocess, sys
+from gate_residual_matrix.runner.gpu_host.cell_queue import cell_children
+sleeper = [sys.executable, "-c", "import time; time.sleep(30)"]
+cells = [subprocess.Popen([*sleeper, "-m", module, "cell"])
+         for module in ("gate_residual_matrix", "gate_residual_matrix.runner")]
+other = subprocess.Popen(sleeper)  # not a cell process
+seen = [cell_children(os.getpid())]
+cells[0].kill()
+cells[0].wait()
+seen.append(cell_children(os.getpid()))
+for proc in (*cells, other):
+    proc.kill()
+    proc.wait()
+seen.append(cell_children(os.getpid()))
+print(json.dumps(seen))
+"""
+
+
+def test_cell_children_counts_a_processs_cell_processes_from_proc():
+    """In a parent of its own (no other children): two cell processes, then one, then
+    none; a process that is not a cell is not counted."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    from gate_residual_matrix.runner.gpu_host.cell_queue import cell_children
+
+    if not os.path.isdir(f"/proc/{os.getpid()}/task"):
+        pytest.skip("no /proc here: the queue then counts every shard until the cell ends")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", _PARENT], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == [2, 1, 0]
+    assert cell_children(2 ** 22 + 12345) is None  # no such process
