@@ -423,7 +423,7 @@ def spawned(monkeypatch):
     calls: list = []
     sample = json.loads((ROOT / "tests" / "data" / "h200" / "host-plain-cuda.json").read_text())
 
-    def spawn(run, command, env, running, cpus=None):
+    def spawn(run, command, env, running):
         calls.append((command, env))
         path = Path(command[command.index("--matrix") + 1])
         mode = command[command.index("--mode") + 1]
@@ -627,7 +627,7 @@ def test_a_cell_starts_once_its_mode_is_compiled_and_none_times_meanwhile(
 
     real_spawn = cell_queue.spawn
 
-    def spawn(run, command, env, running, cpus=None):
+    def spawn(run, command, env, running):
         mode = command[command.index("--mode") + 1]
         order.append(("cell", mode))
         if mode == "plain":

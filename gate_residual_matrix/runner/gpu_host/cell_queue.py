@@ -81,67 +81,15 @@ def argv(run: HostRun, path: Path, mode: str, reports: Path, timeout_s: float,
     return out
 
 
-def spawn(run: HostRun, command: list[str], env: dict, running: Running,
-          cpus: CpusInUse | None = None) -> int:
+def spawn(run: HostRun, command: list[str], env: dict, running: Running) -> int:
     """Run one cell's runner (its output where the step's goes) until it ends or the run's
-    deadline passes; its exit code (:meth:`HostRun.finish`). ``cpus``: told the runner's
-    process id, to count its shards."""
+    deadline passes; its exit code (:meth:`HostRun.finish`)."""
     proc = run.start(command, env=env)
-    if cpus is not None:
-        cpus.pid = proc.pid
     running.add(proc)
     try:
         return run.finish(proc)
     finally:
         running.remove(proc)
-
-
-def cell_children(pid: int) -> int | None:
-    """How many cell processes (``python -m gate_residual_matrix[.runner] cell``: a sharded
-    cell's shards; an ended one not yet reaped has no command line) are
-    children of process ``pid`` now, from Linux's ``/proc/<pid>/task/*/children``; None
-    where ``/proc`` cannot say (another system, or ``pid`` gone)."""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return None
-    count = 0
-    for task in tasks:
-        try:
-            kids = Path(f"/proc/{pid}/task/{task}/children").read_text().split()
-        except OSError:  # a thread that ended, or a kernel without the file
-            continue
-        for kid in kids:
-            try:
-                words = Path(f"/proc/{kid}/cmdline").read_bytes().split(b"\0")
-            except OSError:  # ended meanwhile
-                continue
-            count += b"cell" in words and any(w.startswith(b"gate_residual_matrix")
-                                              for w in words)
-    return count
-
-
-class CpusInUse:
-    """The CPUs a cell's runner holds while it runs, for the queue
-    (:attr:`runner.gpu_host.schedule.Unit.in_use`): all ``cpus`` (one per shard) until one of
-    its shards ends, then one per shard still running. A cell's shards are uneven (the
-    default dtype group has the most cases), so without this its first shards to end would
-    keep their CPUs from the next cell until the last one ends. Counted from ``/proc``
-    (:func:`cell_children`): shards that ended are the most seen at once less those there
-    now; where ``/proc`` cannot say, all ``cpus``."""
-
-    def __init__(self, cpus: int) -> None:
-        self.cpus = cpus
-        self.pid: int | None = None  # the runner's, once started (:func:`spawn`)
-        self._most = 0
-
-    def __call__(self) -> int:
-        pid = self.pid
-        now = cell_children(pid) if pid is not None else None
-        if now is None:
-            return self.cpus
-        self._most = max(self._most, now)
-        return max(1, self.cpus - (self._most - now))
 
 
 def outcome(reports: Path, cell: str, rc: int, since: float | None = None):

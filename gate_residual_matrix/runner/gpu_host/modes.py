@@ -207,8 +207,7 @@ def units(run: HostRun, loaded: dict, reports: Path, running=None, ready=None,
     """The queue's units (:class:`runner.gpu_host.schedule.Unit`): one per file and mode
     that has a host cell on the target, each a runner process
     (:mod:`runner.gpu_host.cell_queue`) taking :data:`CPUS_PER_SHARD` CPUs per shard of its
-    cell while the shard runs (:class:`~runner.gpu_host.cell_queue.CpusInUse`) and its
-    estimated GPU memory (:func:`runner.gpu_host.footprint.cell_mib`, target
+    cell and its estimated GPU memory (:func:`runner.gpu_host.footprint.cell_mib`, target
     cuda), the longest first (:func:`expected_work`; in mode order, then file order, among
     equals): longest processing time first, so that the last cells are short ones.
     ``running``: the :class:`~runner.gpu_host.cell_queue.Running` they register with;
@@ -218,7 +217,7 @@ def units(run: HostRun, loaded: dict, reports: Path, running=None, ready=None,
     from gate_residual_matrix.runner.backends import shards
     from gate_residual_matrix.runner.cell.environment import available_cpus
     from gate_residual_matrix.runner.gpu_host import footprint
-    from gate_residual_matrix.runner.gpu_host.cell_queue import CpusInUse, Running, environment
+    from gate_residual_matrix.runner.gpu_host.cell_queue import Running, environment
     from gate_residual_matrix.runner.gpu_host.schedule import Unit
     cpus = available_cpus()
     running = running if running is not None else Running()
@@ -232,20 +231,17 @@ def units(run: HostRun, loaded: dict, reports: Path, running=None, ready=None,
             selected = _selected(matrix, run)
             need = shards.count(matrix, selected, run.target, cpus)
             work = expected_work(matrix, selected, run.target, cpus)
-            use = CpusInUse(need * CPUS_PER_SHARD)
             out.append((work, Unit(
                 f"{path.name} {mode}", need * CPUS_PER_SHARD,
-                lambda p=path, m=matrix, md=mode, u=use: _queued(run, p, m, reports, md, env,
-                                                                 running, u),
+                lambda p=path, m=matrix, md=mode: _queued(run, p, m, reports, md, env, running),
                 memory=footprint.cell_mib(matrix, selected, need)
                 if run.target == "cuda" else 0,
-                ready=None if ready is None else (lambda p=path, md=mode: ready(p, md)),
-                in_use=use)))
+                ready=None if ready is None else (lambda p=path, md=mode: ready(p, md)))))
     return [unit for _, unit in sorted(out, key=lambda wu: -wu[0])]
 
 
 def _queued(run: HostRun, path: Path, matrix, reports: Path, mode: str, env: dict,
-            running, cpus=None) -> tuple[list, list[str]]:
+            running) -> tuple[list, list[str]]:
     """One unit of the queue: the cell's runner process, if there is time for it; its
     outcome (from its report) and the problems, as :func:`run_cell`'s."""
     from gate_residual_matrix.runner.gpu_host import cell_queue
@@ -256,7 +252,7 @@ def _queued(run: HostRun, path: Path, matrix, reports: Path, mode: str, env: dic
     command = cell_queue.argv(run, path, mode, reports, 3600.0 if left is None else left,
                               cases_of(matrix, run.cases))
     began = time.time()
-    rc = cell_queue.spawn(run, command, env, running, cpus)
+    rc = cell_queue.spawn(run, command, env, running)
     return [cell_queue.outcome(reports, _cell_id(matrix, mode, run.target), rc, since=began)], []
 
 

@@ -12,9 +12,7 @@ the last cells from running on an otherwise idle host, and small cells fill in b
 large one. A unit that smaller ones have passed :data:`MAX_PASSED` times goes next: no other
 starts before it (without that, two small cells at a time beside one large cell could keep
 the memory of another large one from ever coming free). A unit that is not ready yet (its
-mode still compiling) is skipped until it is. A running unit may give CPUs back before it
-ends (``in_use``: a cell whose first shards have ended holds only its running ones), and the
-queue then starts the next unit that fits. Nothing here knows what a cell is: a
+mode still compiling) is skipped until it is. Nothing here knows what a cell is: a
 :class:`Unit` is a name, a CPU count, a memory figure, a readiness test and a function.
 
 Each unit's start and end are recorded (seconds since :func:`run_queue` began), for the run's
@@ -35,8 +33,7 @@ from dataclasses import dataclass, field
 MAX_PASSED = 2
 """How many units may start ahead of one that does not fit yet."""
 POLL_S = 0.5
-"""How often the queue asks the units that were not ready whether they are now, and the
-running ones how many CPUs they hold."""
+"""How often the queue asks the units that were not ready whether they are now."""
 
 
 @dataclass
@@ -44,9 +41,7 @@ class Unit:
     """One cell's turn: ``name`` (for the timeline), ``cpus`` it takes (>= 1), ``memory`` (its
     estimated GPU memory, MiB; 0: not counted) and ``run``, called without arguments in a
     thread of its own; ``ready`` (None: always), whether it may start yet (its compiled
-    graphs are there): a unit not ready is skipped, neither started nor passed over;
-    ``in_use`` (None: ``cpus`` until it ends), the CPUs it holds now once started, at most
-    ``cpus``, asked every :data:`POLL_S` while it runs. After
+    graphs are there): a unit not ready is skipped, neither started nor passed over. After
     :func:`run_queue`: ``result`` (what ``run`` returned), ``error`` (what it raised, or
     None), ``started_s`` and ``ended_s`` (seconds since the queue began; None for a unit that
     never started)."""
@@ -61,11 +56,6 @@ class Unit:
     extra: dict = field(default_factory=dict)
     memory: int = 0
     ready: Callable[[], bool] | None = None
-    in_use: Callable[[], int] | None = None
-
-    def holds(self) -> int:
-        """The CPUs it holds now (:attr:`in_use`, within 1 .. ``cpus``)."""
-        return self.cpus if self.in_use is None else max(1, min(self.cpus, self.in_use()))
 
 
 def run_queue(units: Sequence[Unit], *, jobs: int, cpus: int,
@@ -95,7 +85,7 @@ def run_queue(units: Sequence[Unit], *, jobs: int, cpus: int,
                 changed.notify_all()
 
     def fits(unit: Unit) -> bool:
-        used = sum(u.holds() for u in running)
+        used = sum(u.cpus for u in running)
         held = sum(u.memory for u in running)
         return not running or (len(running) < jobs and used + unit.cpus <= cpus
                                and (memory is None or held + unit.memory <= memory))
@@ -119,8 +109,7 @@ def run_queue(units: Sequence[Unit], *, jobs: int, cpus: int,
         while pending or running:
             started = next_unit()
             if started is None:  # a unit may become ready without a unit ending
-                polling = any(u.ready for u in pending) or any(u.in_use for u in running)
-                changed.wait(timeout=POLL_S if polling else None)
+                changed.wait(timeout=POLL_S if any(u.ready for u in pending) else None)
                 continue
             for u in pending[:pending.index(started)]:
                 if ready(u):
