@@ -113,6 +113,14 @@ def test_one_failed_batch_invariance_check_moves_a_row_to_not(tmp_path):
     assert no.startswith("eager, eager_functional, numba,"), no
 
 
+def _only(folder: Path, name: str) -> Path:
+    """A folder beside ``folder`` holding its report ``name`` alone."""
+    alone = folder.parent / f"{folder.name}-{name}"
+    alone.mkdir()
+    shutil.copy(folder / name, alone / name)
+    return alone
+
+
 def test_modes_with_the_same_marks_share_a_column_and_a_mark_shows_both_errors(tmp_path):
     for name in ("host-plain-cuda.json", "host-deterministic-cuda.json"):
         shutil.copy(COMMITTED / name, tmp_path / name)
@@ -121,6 +129,10 @@ def test_modes_with_the_same_marks_share_a_column_and_a_mark_shows_both_errors(t
     (tmp_path / "host-tf32-cuda.json").write_text(json.dumps(data))
     [grid] = op_grids(load_cells(read_reports(tmp_path)))
     assert [c.modes for c in grid.columns] == [["plain", "tf32"], ["deterministic"]]
+    # the shared column's marks count both modes' case comparisons, as the sentence says
+    alone = op_grids(load_cells(read_reports(_only(tmp_path, "host-plain-cuda.json"))))[0]
+    for pair in ("numba vs eager", "compiled vs eager"):
+        assert grid.marks[(pair, 0)].mark.compared == 2 * alone.marks[(pair, 0)].mark.compared
     numba = grid.marks[("numba vs eager", 0)]
     assert numba.mark.label().startswith("✗ gate")
     ours, eager = numba.errors()

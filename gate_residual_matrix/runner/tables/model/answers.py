@@ -224,9 +224,9 @@ def _columns(cells: Sequence[CellReport], filters: Filters | None, head: str | N
                 n = seen[signature]
                 columns[n].modes.append(mode)
                 columns[n].cells += mode_cells
-                for pair, grid in merged.items():
+                for pair, grid in merged.items():  # every mode counts (its comparisons too)
                     marks[n][pair].warnings += grid.warnings
-                    marks[n][pair].mark.cells |= grid.mark.cells
+                    marks[n][pair].mark.add(grid.mark)
                     marks[n][pair].stats.add(grid.stats)
                 continue
             seen[signature] = len(columns)
