@@ -15,19 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-_PROBE = textwrap.dedent("""
-    import fcntl, os
-
-    def free(lock):
-        probe = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        finally:
-            os.close(probe)
-        return True
-""")
+_PROBE = "from tests.lock_probe import free_for_a_timer as free\n"
 
 _DYNAMO = _PROBE + textwrap.dedent("""
     import json, sys

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from gate_residual_matrix.contract import gpu_lock
+from tests.lock_probe import free_for_a_timer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -257,21 +258,6 @@ def test_no_cell_times_while_compile_workers_run_but_shared_work_goes_on(tmp_pat
     assert order.index(("exclusive", "in")) > order.index(("compiling", "out"))
 
 
-def _free_for_a_timer(lock: Path) -> bool:
-    """Whether another process's timing pass could take the lock file now (a probe on an
-    open file description of its own: flock conflicts with this process's hold)."""
-    import fcntl
-
-    probe = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(probe)  # closing drops the probe's lock, if it got one
-    return True
-
-
 def test_a_stretch_steps_aside_while_compiling_and_takes_the_lock_again(monkeypatch,
                                                                        tmp_path):
     """Inside a stretch, step_aside lets the lock file go (a timer could take it) and counts
@@ -280,15 +266,15 @@ def test_a_stretch_steps_aside_while_compiling_and_takes_the_lock_again(monkeypa
     monkeypatch.setenv(gpu_lock.ENV, str(lock))
     aside0, (_, counts0) = gpu_lock.aside_s(), gpu_lock.stretches()
     with gpu_lock.shared():
-        assert not _free_for_a_timer(lock)
+        assert not free_for_a_timer(lock)
         assert gpu_lock.step_aside()
         assert not gpu_lock.step_aside()  # once: already aside
-        assert _free_for_a_timer(lock)
+        assert free_for_a_timer(lock)
         time.sleep(0.2)
         gpu_lock.step_back()
-        assert not _free_for_a_timer(lock)
+        assert not free_for_a_timer(lock)
         gpu_lock.step_back()  # more often than step_aside: nothing
-    assert _free_for_a_timer(lock)
+    assert free_for_a_timer(lock)
     assert gpu_lock.aside_s() - aside0 >= 0.2
     assert sum(gpu_lock.stretches()[1].values()) - sum(counts0.values()) == 2
 
@@ -301,7 +287,7 @@ def test_stepping_aside_is_refused_where_it_would_free_gpu_work(monkeypatch, tmp
     assert not gpu_lock.step_aside()
     with gpu_lock.exclusive():
         assert not gpu_lock.step_aside()
-        assert not _free_for_a_timer(lock)
+        assert not free_for_a_timer(lock)
     inside, leave = threading.Event(), threading.Event()
 
     def copier():
@@ -314,7 +300,7 @@ def test_stepping_aside_is_refused_where_it_would_free_gpu_work(monkeypatch, tmp
     inside.wait(timeout=20)
     with gpu_lock.shared():
         assert not gpu_lock.step_aside()
-        assert not _free_for_a_timer(lock)
+        assert not free_for_a_timer(lock)
     leave.set()
     t.join(timeout=20)
     monkeypatch.delenv(gpu_lock.ENV)
@@ -332,9 +318,9 @@ def test_a_stretch_left_aside_ends_without_the_lock_and_the_next_takes_it(monkey
         gpu_lock.step_aside()
         raise ValueError("the compile failed")
     gpu_lock.step_back()  # late: nothing to take back
-    assert _free_for_a_timer(lock)
+    assert free_for_a_timer(lock)
     with gpu_lock.shared():
-        assert not _free_for_a_timer(lock)
+        assert not free_for_a_timer(lock)
 
 
 def test_long_stretches_are_recorded_by_where_they_began(monkeypatch, tmp_path):
