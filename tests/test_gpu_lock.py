@@ -6,6 +6,7 @@ assertions are on the order of those events, never on a speed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -279,15 +280,9 @@ def test_a_stretch_steps_aside_while_compiling_and_takes_the_lock_again(monkeypa
     assert sum(gpu_lock.stretches()[1].values()) - sum(counts0.values()) == 2
 
 
-def test_stepping_aside_is_refused_where_it_would_free_gpu_work(monkeypatch, tmp_path):
-    """Not outside a stretch, not inside a timing pass, not while another thread of the
-    process is inside a stretch (a hashing copy), and nothing without the setting."""
-    lock = tmp_path / "gpu.lock"
-    monkeypatch.setenv(gpu_lock.ENV, str(lock))
-    assert not gpu_lock.step_aside()
-    with gpu_lock.exclusive():
-        assert not gpu_lock.step_aside()
-        assert not free_for_a_timer(lock)
+@contextlib.contextmanager
+def _copy_in_flight():
+    """Another thread of this process inside a stretch (a hashing thread's copy) meanwhile."""
     inside, leave = threading.Event(), threading.Event()
 
     def copier():
@@ -298,11 +293,25 @@ def test_stepping_aside_is_refused_where_it_would_free_gpu_work(monkeypatch, tmp
     t = threading.Thread(target=copier)
     t.start()
     inside.wait(timeout=20)
-    with gpu_lock.shared():
+    try:
+        yield
+    finally:
+        leave.set()
+        t.join(timeout=20)
+
+
+def test_stepping_aside_is_refused_where_it_would_free_gpu_work(monkeypatch, tmp_path):
+    """Not outside a stretch, not inside a timing pass, not while another thread of the
+    process is inside a stretch (a hashing copy), and nothing without the setting."""
+    lock = tmp_path / "gpu.lock"
+    monkeypatch.setenv(gpu_lock.ENV, str(lock))
+    assert not gpu_lock.step_aside()
+    with gpu_lock.exclusive():
         assert not gpu_lock.step_aside()
         assert not free_for_a_timer(lock)
-    leave.set()
-    t.join(timeout=20)
+    with _copy_in_flight(), gpu_lock.shared():
+        assert not gpu_lock.step_aside()
+        assert not free_for_a_timer(lock)
     monkeypatch.delenv(gpu_lock.ENV)
     with gpu_lock.shared():
         assert not gpu_lock.step_aside()
@@ -340,3 +349,44 @@ def test_long_stretches_are_recorded_by_where_they_began(monkeypatch, tmp_path):
     grew = {k: v - before.get(k, 0.0) for k, v in gpu_lock.long_stretches().items()
             if v != before.get(k)}
     assert list(grew) == ["slow_check (impl_a)"] and grew["slow_check (impl_a)"] >= 0.15
+
+
+def test_only_the_holder_or_a_helper_of_the_main_threads_stretch_steps_aside(monkeypatch,
+                                                                             tmp_path):
+    """A thread that compiles outside any stretch must not free a hashing thread's copy; a
+    thread without a stretch of its own (autograd's engine, compiling a backward) may step
+    aside the main thread's stretch."""
+    lock = tmp_path / "gpu.lock"
+    monkeypatch.setenv(gpu_lock.ENV, str(lock))
+    got = {}
+    with _copy_in_flight():
+        assert not gpu_lock.step_aside()  # the main thread, in no stretch: the copy keeps it
+        assert not free_for_a_timer(lock)
+
+    def engine():
+        got["aside"] = gpu_lock.step_aside()
+        got["free"] = free_for_a_timer(lock)
+        gpu_lock.step_back()
+
+    with gpu_lock.shared():  # the main thread's call; its backward compiles elsewhere
+        helper = threading.Thread(target=engine)
+        helper.start()
+        helper.join(timeout=20)
+        assert not free_for_a_timer(lock)
+    assert got == {"aside": True, "free": True}
+    assert free_for_a_timer(lock)
+
+
+def test_an_error_at_the_end_of_a_stretch_still_lets_the_lock_go(monkeypatch, tmp_path):
+    """A CUDA error surfaces at the stretch's closing synchronize: it is raised, and the lock
+    is let go all the same (else no other cell could time again)."""
+    lock = tmp_path / "gpu.lock"
+    monkeypatch.setenv(gpu_lock.ENV, str(lock))
+
+    def sticky_error():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(gpu_lock, "_drain", sticky_error)
+    with pytest.raises(RuntimeError, match="illegal memory access"), gpu_lock.shared():
+        assert not free_for_a_timer(lock)
+    assert free_for_a_timer(lock)

@@ -140,9 +140,10 @@ def test_parallel_bf16_rounding_matches_numpy_definition():
 @pytest.mark.parametrize("specials", [False, True])
 def test_values_read_from_the_input_cache_have_the_bits_of_a_fresh_build(
         fresh_seed, monkeypatch, tmp_path, specials):
-    """The first build stores each tensor's values, a second build (another process: the
-    in-process state is not involved) reads them: the same bits in every dtype, the files
-    named apart by specials; a damaged file is computed again."""
+    """The first build stores each tensor's values, a second build reads them (nothing is
+    kept in the process: the files are all it shares): the same bits in every dtype, bf16
+    reading float32's files unless specials (their tables differ) name files of its own;
+    a damaged file is computed again, an unwritable folder costs only time."""
     from gate_residual_matrix.contract import input_cache
 
     rng = np.random.default_rng(fresh_seed)
@@ -171,7 +172,17 @@ def test_values_read_from_the_input_cache_have_the_bits_of_a_fresh_build(
     for dt, x in again.items():
         assert x.sha256() == fresh[dt].sha256()
     assert first.sha256() == fresh["float32"].sha256()
-    files[0].write_bytes(b"not an npy file")
-    del computed[:]
+    # damaged files: not an .npy, empty (a crash before the data reached the disk), the
+    # right header and length but zeros at the end (torn): each computed again, replaced
+    for damage in (lambda b: b"not an npy file", lambda b: b"",
+                   lambda b: b[:-64] + bytes(64)):
+        files[0].write_bytes(damage(files[0].read_bytes()))
+        del computed[:]
+        assert make_inputs(dtype="float32", **kw).sha256() == fresh["float32"].sha256()
+        assert len(computed) == 1
+        del computed[:]
+        make_inputs(dtype="float32", **kw)  # the file it wrote back is whole
+        assert computed == []
+    # a folder that cannot be written (here: a file in its place): the same bits, no files
+    monkeypatch.setenv(input_cache.ENV, str(files[0]))
     assert make_inputs(dtype="float32", **kw).sha256() == fresh["float32"].sha256()
-    assert len(computed) == 1

@@ -7,8 +7,8 @@ call that compiles first holds that stretch for seconds of CPU work:
 
 * ``torch.compile`` tracing a frame and building or loading its graph (dynamo's compile,
   and AOTAutograd's lazy backward), and
-* Triton building a library's kernel for a new specialisation (``JITFunction`` on a miss of
-  its in-memory cache: the on-disk cache or a real compile);
+* Triton building a library's kernel for a new specialisation (``JITFunction._do_compile``
+  on a miss of its in-memory cache: the on-disk cache or a real compile);
 * inductor building the Triton kernels of a graph's first run (``CachingAutotuner.
   precompile``: every config's kernel compiled or loaded, then loaded on the device; the
   autotuning that follows times kernels on the GPU and keeps the lock);
@@ -17,15 +17,14 @@ call that compiles first holds that stretch for seconds of CPU work:
 
 :func:`install` hooks each so that the process steps aside for the compile
 (:func:`contract.gpu_lock.step_aside`) and takes the lock again before the compiled code
-launches (:func:`contract.gpu_lock.step_back`): dynamo's compile callbacks
-(``torch._dynamo.callback_handler``, start and end of every compile, a public hook), Triton's
-``knobs.runtime.jit_cache_hook`` / ``jit_post_compile_hook`` (called before and after
-``JITFunction`` compiles; hooks already set there are kept and called first),
-``kernels.launch.AROUND_COMPILE`` (ours), and a wrapper around inductor's
-``CachingAutotuner.precompile`` (no hook exists there: the wrapper calls the original
-unchanged). Nested compiles step aside once, for the outermost. A compile that raises skips
-Triton's post-compile hook; the stretch then ends without the lock, its exception ends the
-call, and the next stretch takes the lock as usual.
+launches (:func:`contract.gpu_lock.step_back`), also when the compile raises (a caller may
+catch it and go on: Triton's autotuner skips a config that fails to compile):
+dynamo's compile callbacks (``torch._dynamo.callback_handler``, start and end of every
+compile, the end in a ``finally``), ``kernels.launch.AROUND_COMPILE`` (ours), and wrappers
+around Triton's ``JITFunction._do_compile`` and inductor's ``CachingAutotuner.precompile``
+that call the original unchanged (Triton's ``jit_cache_hook`` / ``jit_post_compile_hook``
+pair is not used: a compile that raises skips the second). Nested compiles step aside once,
+for the outermost.
 
 Only the scheduling changes: the same code compiles and runs, so no bit depends on it. The
 report records the seconds stepped aside (``phases.gpu_lock_set_aside``) and which hooks
@@ -108,44 +107,32 @@ def install() -> dict[str, str]:
 
 
 def _install_triton() -> str | None:
-    """Chain the step aside / back onto Triton's JIT compile hooks, where it has them."""
-    try:
-        from triton import knobs
-    except Exception:  # no Triton, or one without knobs
+    """Wrap Triton's ``JITFunction._do_compile`` (see module), where it has one."""
+    from triton.runtime.jit import JITFunction
+
+    return _wrap(JITFunction, "_do_compile", "JITFunction._do_compile wrapped")
+
+
+def _wrap(owner: type, name: str, how: str) -> str | None:
+    """Replace ``owner.name`` by a function that calls it unchanged inside :func:`aside`;
+    ``how`` (for the report), or None where ``owner`` has no such function or it is
+    wrapped already."""
+    original = owner.__dict__.get(name)
+    if original is None or getattr(original, "steps_aside", False):
         return None
-    runtime = getattr(knobs, "runtime", None)
-    if runtime is None or not hasattr(runtime, "jit_cache_hook"):
-        return None
-    before, after = runtime.jit_cache_hook, runtime.jit_post_compile_hook
 
-    def cache_hook(*args, **kwargs):
-        skip = before(*args, **kwargs) if before is not None else None
-        if not skip:  # Triton compiles now: its post-compile hook follows
-            _aside()
-        return skip
+    @functools.wraps(original)
+    def wrapped(self, *args, **kwargs):
+        with aside():
+            return original(self, *args, **kwargs)
 
-    def post_compile_hook(*args, **kwargs):
-        _back()
-        return after(*args, **kwargs) if after is not None else None
-
-    runtime.jit_cache_hook = cache_hook
-    runtime.jit_post_compile_hook = post_compile_hook
-    return "triton.knobs.runtime JIT compile hooks"
+    wrapped.steps_aside = True
+    setattr(owner, name, wrapped)
+    return how
 
 
 def _install_inductor() -> str | None:
     """Wrap inductor's ``CachingAutotuner.precompile`` (see module), where it has one."""
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
-    original = CachingAutotuner.__dict__.get("precompile")
-    if original is None or getattr(original, "steps_aside", False):
-        return None
-
-    @functools.wraps(original)
-    def precompile(self, *args, **kwargs):
-        with aside():
-            return original(self, *args, **kwargs)
-
-    precompile.steps_aside = True
-    CachingAutotuner.precompile = precompile
-    return "CachingAutotuner.precompile wrapped"
+    return _wrap(CachingAutotuner, "precompile", "CachingAutotuner.precompile wrapped")

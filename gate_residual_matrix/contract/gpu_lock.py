@@ -99,6 +99,7 @@ def compiling(lock_path: str) -> Iterator[None]:
 
 _mutex = threading.Lock()
 _holders = [0]  # threads of this process inside shared(): flock is per process, not thread
+_holder_thread: list[int | None] = [None]  # the one thread inside shared(), when one is
 _WAITED = {"shared": 0.0, "exclusive": 0.0, "drain": 0.0}
 
 
@@ -188,10 +189,12 @@ def shared() -> Iterator[None]:
             _state.depth = depth
         return
     main, turnstile, _ = _fds(lock_path)
+    me = threading.get_ident()
     with _mutex:
         if not _taken[0]:  # no thread of this process holds it (or it stepped aside)
             _take(main, turnstile)
         _holders[0] += 1
+        _holder_thread[0] = me if _holders[0] == 1 else None  # several: none in particular
     _state.depth = 1
     try:
         yield
@@ -200,8 +203,11 @@ def shared() -> Iterator[None]:
         with _mutex:
             _holders[0] -= 1
             if _holders[0] == 0:
-                _let_go(main)
-                _back_from_aside()
+                _holder_thread[0] = None
+                try:
+                    _let_go(main)
+                finally:
+                    _back_from_aside()
 
 
 def _take(main: int, turnstile: int) -> None:
@@ -219,25 +225,34 @@ def _let_go(main: int) -> None:
     file let go, the stretch counted. Nothing when it is not held (stepped aside)."""
     if not _taken[0]:
         return
-    _drain()  # the stretch's queued kernels end before a cell may time
-    fcntl.flock(main, fcntl.LOCK_UN)
-    _taken[0] = False
-    _count_stretch(time.perf_counter() - _since[0])
+    try:
+        _drain()  # the stretch's queued kernels end before a cell may time
+    finally:  # a CUDA error raised here must not keep every other cell from timing
+        fcntl.flock(main, fcntl.LOCK_UN)
+        _taken[0] = False
+        _count_stretch(time.perf_counter() - _since[0])
 
 
 def step_aside() -> bool:
     """Let the lock file go in the middle of a stretch of shared GPU work, for CPU work that
     may take seconds (compiling: :mod:`contract.compile_aside`), so that no timing pass waits
     for it; :func:`step_back` takes it again. The stretch so far ends as :func:`shared`'s
-    exit ends one (its kernels done, counted). Only when one thread of this process is
-    inside :func:`shared` (a hashing thread's copy in flight keeps the lock) and the lock
-    is in use; returns whether it stepped aside. Safe from any thread."""
+    exit ends one (its kernels done, counted). Only when the lock is in use and one thread
+    of this process is inside :func:`shared` (a hashing thread's copy in flight keeps the
+    lock): the calling thread, or the main thread while the caller is inside no stretch of
+    its own (autograd's engine thread compiling a backward for the main thread's call);
+    returns whether it stepped aside."""
     lock_path = path()
     if lock_path is None:
         return False
+    me = threading.get_ident()
     with _mutex:
         if _holders[0] != 1 or not _taken[0] or _aside_since[0] is not None:
             return False
+        holder = _holder_thread[0]
+        if holder != me and not (holder == threading.main_thread().ident
+                                 and not getattr(_state, "depth", 0)):
+            return False  # another thread's stretch: its GPU work needs the lock
         _let_go(_fds(lock_path)[0])
         _aside_since[0] = time.perf_counter()
         return True

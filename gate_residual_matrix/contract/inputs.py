@@ -311,9 +311,10 @@ def make_tensors(*, shapes: dict[str, tuple[int, ...]], index: str | None, n: in
         count = int(np.prod(shape, dtype=np.int64))
         key = stream_key(seed, case_id, name)
         pick_key = stream_key(seed, case_id, name + "/specials")
-        values32 = input_cache.cached(key, pick_key, count,
-                                      special_values(dtype) if specials else None,
-                                      _values32, _source())
+        table = special_values(dtype) if specials else None
+        values32 = input_cache.cached(
+            key, pick_key, count, table, _values32, _source,
+            lambda start, n, k=key, pk=pick_key, t=table: _values32_numpy(k, pk, n, t, start))
         tensors[name] = to_storage(values32, dtype).reshape(shape)
     if index is None:
         return CaseInputs(case_id=case_id, n=n, specials=specials, tensors=tensors, index=None)
