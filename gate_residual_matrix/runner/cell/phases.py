@@ -99,12 +99,12 @@ class PhaseClock:
         self.runs: dict[str, float] = defaultdict(float)
         self._stack: list[tuple[str, str | None, float]] = []
         self._compile0 = torch_compile_seconds() + kernel_compile_seconds()
-        self._waited0 = _lock_waits()
-        self._held0 = _lock_held()
+        self._waited0 = _lock("waited_s", _NO_WAITS)
+        self._held0 = _lock("held_s", 0.0)
         self._memory0 = _memory_waited()
-        self._stretch0 = _stretches()
-        self._aside0 = _lock_aside()
-        self._long0 = _long_stretches()
+        self._stretch0 = _lock("stretches", ({}, {}))
+        self._aside0 = _lock("aside_s", 0.0)
+        self._long0 = _lock("long_stretches", {})
 
     def _now(self) -> float:
         if self.sync:
@@ -152,13 +152,13 @@ class PhaseClock:
         out["runs"] = {k: round(v, 3) for k, v in self.runs.items()}
         spent = sum(self.seconds.values()) + sum(self.runs.values())
         out["compilation"] = round(max(self.compilation_s(), 0.0), 3)
-        now = _lock_waits()
+        now = _lock("waited_s", _NO_WAITS)
         out["gpu_lock_wait"] = {k: round(max(now[k] - self._waited0[k], 0.0), 3) for k in now}
-        out["gpu_exclusive"] = round(max(_lock_held() - self._held0, 0.0), 3)
+        out["gpu_exclusive"] = round(max(_lock("held_s", 0.0) - self._held0, 0.0), 3)
         out["gpu_memory_wait"] = round(max(_memory_waited() - self._memory0, 0.0), 3)
         out["other"] = round(max(total_s - spent, 0.0), 3)
         keys = [*PHASES, "compilation", "gpu_lock_wait", "gpu_exclusive", "gpu_memory_wait"]
-        seconds, counts = _stretches()
+        seconds, counts = _lock("stretches", ({}, {}))
         if any(counts.values()):  # a cell that shared the GPU under the lock
             out["gpu_shared_stretches"] = {
                 k: round(max(v - self._stretch0[0].get(k, 0.0), 0.0), 3)
@@ -166,9 +166,9 @@ class PhaseClock:
             out["gpu_shared_stretch_count"] = {
                 k: max(v - self._stretch0[1].get(k, 0), 0) for k, v in counts.items()}
             long = {k: round(v - self._long0.get(k, 0.0), 3)
-                    for k, v in sorted(_long_stretches().items(), key=lambda kv: -kv[1])}
+                    for k, v in sorted(_lock("long_stretches", {}).items(), key=lambda kv: -kv[1])}
             out["gpu_shared_long"] = {k: v for k, v in long.items() if v > 0}
-            out["gpu_lock_set_aside"] = round(max(_lock_aside() - self._aside0, 0.0), 3)
+            out["gpu_lock_set_aside"] = round(max(_lock("aside_s", 0.0) - self._aside0, 0.0), 3)
             keys += ["gpu_shared_stretches", "gpu_shared_stretch_count", "gpu_shared_long",
                      "gpu_lock_set_aside"]
         return {k: out[k] for k in (*keys, "other")}
@@ -181,39 +181,15 @@ def _memory_waited() -> float:
     return budget.waited_s() if budget is not None else 0.0
 
 
-def _stretches() -> tuple[dict[str, float], dict[str, int]]:
-    """This process's stretches of shared GPU work so far, seconds and counts by length
-    (:func:`contract.gpu_lock.stretches`; empty when the lock never loaded)."""
+_NO_WAITS = {"shared": 0.0, "exclusive": 0.0, "drain": 0.0}
+
+
+def _lock(figure: str, default):
+    """This process's ``contract.gpu_lock.<figure>()`` so far: ``waited_s``, ``held_s``,
+    ``stretches``, ``long_stretches`` or ``aside_s``; ``default`` when the lock module
+    never loaded (a process that shared no GPU)."""
     lock = sys.modules.get("gate_residual_matrix.contract.gpu_lock")
-    return lock.stretches() if lock is not None else ({}, {})
-
-
-def _lock_aside() -> float:
-    """Seconds this process's stretches spent stepped aside for compiling
-    (:func:`contract.gpu_lock.aside_s`; 0.0 when the lock never loaded)."""
-    lock = sys.modules.get("gate_residual_matrix.contract.gpu_lock")
-    return lock.aside_s() if lock is not None else 0.0
-
-
-def _long_stretches() -> dict[str, float]:
-    """Seconds of this process's long stretches by where they began
-    (:func:`contract.gpu_lock.long_stretches`; empty when the lock never loaded)."""
-    lock = sys.modules.get("gate_residual_matrix.contract.gpu_lock")
-    return lock.long_stretches() if lock is not None else {}
-
-
-def _lock_held() -> float:
-    """Seconds this process has held the GPU lock exclusively (0.0 when it never loaded)."""
-    lock = sys.modules.get("gate_residual_matrix.contract.gpu_lock")
-    return lock.held_s() if lock is not None else 0.0
-
-
-def _lock_waits() -> dict[str, float]:
-    """Seconds this process has waited for the GPU lock, ``{"shared", "exclusive",
-    "drain"}`` (zeros when it never loaded)."""
-    lock = sys.modules.get("gate_residual_matrix.contract.gpu_lock")
-    return lock.waited_s() if lock is not None else {"shared": 0.0, "exclusive": 0.0,
-                                                     "drain": 0.0}
+    return getattr(lock, figure)() if lock is not None else default
 
 
 def add(a: dict | None, b: dict | None) -> dict | None:
