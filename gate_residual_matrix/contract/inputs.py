@@ -33,6 +33,7 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures as futures
+import functools
 import hashlib
 import os
 from dataclasses import dataclass
@@ -275,15 +276,11 @@ def _values32(key: int, pick_key: int, count: int, table: np.ndarray | None) -> 
     return np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.float32)
 
 
-_SOURCE: list[bytes] = []
-
-
+@functools.cache
 def _source() -> bytes:
     """This module's code: part of the name of every cached value file
     (:mod:`contract.input_cache`), so a change here never reads values made before it."""
-    if not _SOURCE:
-        _SOURCE.append(Path(__file__).read_bytes())
-    return _SOURCE[0]
+    return Path(__file__).read_bytes()
 
 
 def make_tensors(*, shapes: dict[str, tuple[int, ...]], index: str | None, n: int,
