@@ -225,3 +225,23 @@ def test_phases_add_keeps_the_lock_waits_of_both_and_survives_an_older_format():
     assert got["timings"] == 3.0 and got["gpu_exclusive"] == 1.0
     older = {"timings": 1.0, "gpu_lock_wait": 4.0}  # one number, as one commit wrote it
     assert ph.add(older, b)["gpu_lock_wait"] == {"shared": 1.0, "exclusive": 0.25}
+
+
+def test_setup_parts_name_what_took_the_setup_and_stay_inside_it():
+    import time
+
+    from gate_residual_matrix.runner.cell import phases as ph
+
+    clock = ph.PhaseClock(sync=False)
+    with clock("setup"):
+        with clock.part("environment"):
+            pass  # under PART_MIN_S: not named
+        with clock.part("slow_row"):
+            time.sleep(ph.PART_MIN_S * 2)
+    got = clock.as_report(total_s=clock.seconds["setup"])
+    assert list(got["setup_parts"]) == ["slow_row"]
+    assert ph.PART_MIN_S * 2 <= got["setup_parts"]["slow_row"] <= got["setup"]
+    assert got["other"] == pytest.approx(0.0, abs=1e-3)  # a part is not a phase of its own
+    shard = {"setup": 1.0, "setup_parts": {"slow_row": 0.5, "environment": 0.1}}
+    assert ph.add(shard, {"setup": 1.0, "setup_parts": {"slow_row": 0.25}})["setup_parts"] == {
+        "slow_row": 0.75, "environment": 0.1}

@@ -43,8 +43,10 @@ GPU work by length (:func:`contract.gpu_lock.stretches`): seconds and counts per
 what other processes' timing passes waited for; ``gpu_shared_long`` the seconds of those at
 least :data:`contract.gpu_lock.LONG_S` long by where each began (a function, and the
 implementation the cell was running); ``gpu_lock_set_aside`` the seconds its stretches spent
-without the lock while compiling (:mod:`contract.compile_aside`). ``other`` is the cell's
-wall time not in any phase.
+without the lock while compiling (:mod:`contract.compile_aside`). ``setup_parts`` splits
+``setup`` by what took :data:`PART_MIN_S` or more: ``environment`` (its capture) and each
+implementation row's availability check and code path (a library row imports its library
+there), longest first. ``other`` is the cell's wall time not in any phase.
 
 Example::
 
@@ -65,6 +67,8 @@ from collections.abc import Iterator
 
 PHASES = ("setup", "precompile", "inputs", "runs", "hashing", "comparisons", "accuracy",
           "batch_invariance", "timings")
+PART_MIN_S = 0.05
+"""The shortest part of ``setup`` that ``setup_parts`` names."""
 
 
 def torch_compile_seconds() -> float:
@@ -97,6 +101,7 @@ class PhaseClock:
         self.sync = sync
         self.seconds: dict[str, float] = defaultdict(float)
         self.runs: dict[str, float] = defaultdict(float)
+        self.parts: dict[str, float] = defaultdict(float)
         self._stack: list[tuple[str, str | None, float]] = []
         self._compile0 = torch_compile_seconds() + kernel_compile_seconds()
         self._waited0 = _lock("waited_s", _NO_WAITS)
@@ -140,6 +145,16 @@ class PhaseClock:
         """The ``runs`` phase of implementation ``impl``."""
         return self(phase="runs", impl=impl)
 
+    @contextlib.contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        """A named part of the current phase (``setup_parts``): wall seconds, no
+        synchronisation, charged to the phase as before."""
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.parts[name] += time.perf_counter() - began
+
     def compilation_s(self) -> float:
         """Seconds spent compiling since the clock started (see the module docstring)."""
         return torch_compile_seconds() + kernel_compile_seconds() - self._compile0
@@ -158,6 +173,10 @@ class PhaseClock:
         out["gpu_memory_wait"] = round(max(_memory_waited() - self._memory0, 0.0), 3)
         out["other"] = round(max(total_s - spent, 0.0), 3)
         keys = [*PHASES, "compilation", "gpu_lock_wait", "gpu_exclusive", "gpu_memory_wait"]
+        if parts := {k: round(v, 3) for k, v in sorted(self.parts.items(), key=lambda kv: -kv[1])
+                     if v >= PART_MIN_S}:
+            out["setup_parts"] = parts
+            keys.append("setup_parts")
         seconds, counts = _lock("stretches", ({}, {}))
         if any(counts.values()):  # a cell that shared the GPU under the lock
             out["gpu_shared_stretches"] = {

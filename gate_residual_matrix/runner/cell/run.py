@@ -126,6 +126,19 @@ def _entry(impl: Implementation, target: str) -> dict:
     return entry
 
 
+def _entries(report: dict, matrix, target: str, clock: PhaseClock) -> list:
+    """The matrix's implementation rows, each with its :func:`_entry` in ``report["results"]``
+    (in the matrix's order), each a part of ``clock``'s setup."""
+    from gate_residual_matrix.runner.cell import catalog
+
+    rows = catalog.rows(matrix)
+    report["results"] = {}
+    for impl in rows:
+        with clock.part(impl.name):
+            report["results"][impl.name] = _entry(impl, target)
+    return rows
+
+
 def _run_order(impls: list, matrix) -> list:
     """The accuracy reference first, then the baseline, then the others in matrix order: each
     implementation is compared with both as soon as it has run (runner/cell/case.py)."""
@@ -233,18 +246,18 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
     the time-left estimate (:func:`_progress`).
     """
     from gate_residual_matrix.contract import versioned
-    from gate_residual_matrix.runner.cell import catalog as implementations
 
     t0 = time.perf_counter()
     device = "cuda" if cell.target == "cuda" else "cpu"
     clock = PhaseClock(sync=device == "cuda")
     mode = matrix.modes[cell.mode]
     with clock("setup"):
-        env = environment.capture(cell.target, mode_environment or {cell.mode: dict(mode.env)})
+        with clock.part("environment"):
+            env = environment.capture(cell.target,
+                                      mode_environment or {cell.mode: dict(mode.env)})
         report = skeleton(matrix, cell, cases, backend=backend, run_id=run_id, status=Status.OK,
                           env=env)
-        rows = implementations.rows(matrix)  # results keep the matrix's order
-        report["results"] = {impl.name: _entry(impl, cell.target) for impl in rows}
+        rows = _entries(report, matrix, cell.target, clock)
         impls = _run_order(rows, matrix)
     cases = _cases_here(report, cases, cell.target)
     _share_gpu(env, device)
