@@ -406,12 +406,11 @@ def test_cells_of_every_file_and_mode_queue_longest_first(tmp_path, cells, monke
     monkeypatch.setattr(environment, "available_cpus", lambda: 16)
     run = _Run(out=tmp_path / "out", root=tmp_path, matrices=FILES, modes=("plain", "tf32"))
     queue = modes.units(run, modes.load(FILES), tmp_path / "reports")
-    # indexed_scale_shift: 6 dtype groups, one shard each, 10 rows; rms_norm: 3 groups, its
-    # bfloat16 group of seven cases halved (4 shards), 16 rows, each case's size sweep to
-    # 4097 rows (1025 in indexed_scale_shift): more calls in its heaviest shard, first
+    # indexed_scale_shift: 6 dtype groups, one shard each; rms_norm: 3, its bfloat16 shard of
+    # seven cases (32768 among them) the heaviest of all: longest first
     per = modes.CPUS_PER_SHARD
     assert [(u.name, u.cpus) for u in queue] == [
-        ("matrix-rms-norm.yaml plain", 4 * per), ("matrix-rms-norm.yaml tf32", 4 * per),
+        ("matrix-rms-norm.yaml plain", 3 * per), ("matrix-rms-norm.yaml tf32", 3 * per),
         ("matrix-scale-shift.yaml plain", 6 * per), ("matrix-scale-shift.yaml tf32", 6 * per)]
 
 

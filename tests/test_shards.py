@@ -67,25 +67,6 @@ def test_how_many_shards(monkeypatch, env, target, cpus, want):
     assert shards.count(m, m.cases, target, cpus) == want
 
 
-@pytest.mark.parametrize(("name", "want"), [
-    ("matrix-rms-norm.yaml", 4), ("matrix-add-rms-norm.yaml", 4),
-    ("matrix-rms-norm-scale-shift.yaml", 5), ("matrix-scale-shift.yaml", 6)])
-def test_a_group_twice_the_median_gets_two_shards(monkeypatch, name, want):
-    """The RMSNorm files' problem dtype runs every size, the other dtypes three: its group
-    is split in two; files whose groups weigh alike keep one shard per group."""
-    monkeypatch.delenv(shards.ENV, raising=False)
-    m = load_matrix(ROOT / name)
-    cases = [c for c in m.cases if c.targets is None or "cuda" in c.targets]
-    whole = shards.groups(m, cases)
-    assert shards.count(m, cases, "cuda", 16) == want
-    parts = shards.split(m, cases, want)
-    assert sorted(c.id for p in parts for c in p) == sorted(c.id for c in cases)
-    halved = [g for g in whole if g not in parts]
-    assert len(halved) == want - len(whole)
-    assert all(len({m.case_dtypes(c) for c in p}) == 1 for p in parts)
-    assert shards.count(m, cases, "cuda", 2 * len(whole)) == len(whole)  # the CPUs bound it
-
-
 WHY = "expected a positive integer (at most 6 digits) or 'auto'"
 
 

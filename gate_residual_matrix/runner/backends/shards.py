@@ -19,13 +19,8 @@ over the shards (process seconds: they add up to more than the wall time), and
 ``environment.shards`` records each shard's cases, status and duration.
 
 How many shards (:func:`count`): ``GATE_RESIDUAL_SHARDS`` (``runner matrix --shards``) sets
-it; by default a cuda cell takes one shard per dtype group of its cases, and two for a group
-that outweighs the others (:func:`uneven`), up to one per two CPUs; a cpu cell takes one
-(its cases compute on those CPUs: shards would only share them). A cell lasts as long as its
-heaviest shard, and a queue of cells (:mod:`runner.gpu_host.schedule`) counts every shard's
-CPU until the cell ends, so one group with twice the others' cases (the RMSNorm files'
-problem dtype: every size, where the other dtypes take three) would hold the other shards'
-CPUs idle for half the cell.
+it; by default a cuda cell takes one shard per dtype group of its cases, up to one per two
+CPUs, and a cpu cell one (its cases compute on those CPUs: shards would only share them).
 
 Example::
 
@@ -82,56 +77,14 @@ def groups(matrix, cases: Sequence) -> list[list]:
 
 def count(matrix, cases: Sequence, target: str, cpus: int | None) -> int:
     """How many shards a cell of ``cases`` on ``target`` runs in: :data:`ENV` when set (at
-    most one per case); else 1 on the cpu target, and on cuda one per dtype group and one
-    more per :func:`uneven` group (which :func:`split` then halves), up to ``cpus // 2`` and
-    :data:`MAX_SHARDS`."""
+    most one per case); else 1 on the cpu target, and on cuda one per dtype group up to
+    ``cpus // 2`` and :data:`MAX_SHARDS`."""
     asked = requested()
     if asked is not None:
         return max(1, min(asked, len(cases)))
     if target != "cuda":
         return 1
-    cap = max(1, min((cpus or 1) // 2, MAX_SHARDS))
-    whole = groups(matrix, cases)
-    return min(len(whole) + len(uneven(matrix, whole)), cap)
-
-
-UNEVEN = 2.0
-"""A dtype group that weighs at least this many times the median group gets a second shard
-(:func:`count`)."""
-
-
-def _weight(matrix, unit: Sequence) -> float:
-    from gate_residual_matrix.runner.cell.run import case_weight
-
-    return sum(case_weight(matrix, c) for c in unit)
-
-
-def uneven(matrix, units: Sequence[Sequence]) -> list[Sequence]:
-    """Those of ``units`` (lists of cases: the dtype groups) of two cases or more that weigh
-    at least :data:`UNEVEN` times the median unit (the lower one of an even count; weights:
-    :func:`runner.cell.run.case_weight`).
-
-    >>> from gate_residual_matrix.runner.config.matrix import load_matrix
-    >>> m = load_matrix("matrix-rms-norm.yaml")
-    >>> [len(u) for u in groups(m, m.cases)], [len(u) for u in uneven(m, groups(m, m.cases))]
-    ([7, 3, 3], [7])
-    """
-    weights = sorted(_weight(matrix, u) for u in units)
-    if len(weights) < 2:
-        return []
-    median = weights[(len(weights) - 1) // 2]
-    return [u for u in units if len(u) >= 2 and _weight(matrix, u) >= UNEVEN * median]
-
-
-def _halve_heaviest(matrix, units: list[list]) -> bool:
-    """Replace the heaviest unit by its two halves (its cases alternately), in place; False
-    when it has a single case."""
-    heaviest = max(units, key=lambda u: (_weight(matrix, u), len(u)))
-    if len(heaviest) < 2:
-        return False
-    units.remove(heaviest)
-    units += [heaviest[0::2], heaviest[1::2]]
-    return True
+    return max(1, min(len(groups(matrix, cases)), (cpus or 1) // 2, MAX_SHARDS))
 
 
 def split(matrix, cases: Sequence, n: int) -> list[list]:
@@ -146,8 +99,12 @@ def split(matrix, cases: Sequence, n: int) -> list[list]:
 
     weight = {id(c): case_weight(matrix, c) for c in cases}
     units = groups(matrix, cases)
-    while len(units) < n and _halve_heaviest(matrix, units):
-        pass
+    while len(units) < n:
+        heaviest = max(units, key=lambda u: (sum(weight[id(c)] for c in u), len(u)))
+        if len(heaviest) < 2:
+            break
+        units.remove(heaviest)
+        units += [heaviest[0::2], heaviest[1::2]]
     parts: list[list] = [[] for _ in range(min(n, len(units)))]
     for unit in sorted(units, key=lambda u: -sum(weight[id(c)] for c in u)):
         lightest = min(parts, key=lambda p: sum(weight[id(c)] for c in p))

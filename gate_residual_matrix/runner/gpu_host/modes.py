@@ -108,34 +108,22 @@ def _selected(matrix, run: HostRun) -> list:
     return cases_on([c for c in matrix.cases if ids is None or c.id in ids], run.target)
 
 
-def case_calls(matrix, case) -> int:
-    """The calls each implementation makes on ``case`` in a cell, as far as they grow with
-    the matrix: its ``repeats`` and, with ``batch_invariance``, one per batch size its checks
-    run (:func:`runner.cell.batch_invariance.row_counts`)."""
-    from gate_residual_matrix.runner.cell import batch_invariance
-
-    checks = matrix.batch_invariance
-    swept = (len(batch_invariance.row_counts(case.n, checks.max_size, checks.sizes))
-             if checks is not None else 0)
-    return matrix.repeats + swept
-
-
 def expected_work(matrix, cases: Sequence, target: str, cpus: int | None) -> float:
     """How long a cell of ``cases`` is expected to run, in arbitrary units, for ordering:
-    its heaviest shard's calls (:func:`case_calls`, over the cases as
+    its heaviest shard's case weights (:func:`runner.cell.run.case_weight`, as
     :func:`runner.backends.shards.split` parts them) times its implementation rows. A cell
     lasts about as long as its heaviest shard, and a shard's time goes mostly into calling
-    each implementation on each case and checking it (docs/performance.md, "Cell time"):
-    per call, not per byte, up to the largest cases."""
+    each implementation on each case and checking it (docs/performance.md, "Cell time")."""
     from gate_residual_matrix.runner.backends import shards
     from gate_residual_matrix.runner.cell import catalog
+    from gate_residual_matrix.runner.cell.run import case_weight
 
     if not cases:
         return 0.0
     n = shards.count(matrix, cases, target, cpus)
     parts = shards.split(matrix, list(cases), n) if n > 1 else [list(cases)]
-    heaviest = max(sum(case_calls(matrix, c) for c in p) for p in parts)
-    return float(heaviest * len(catalog.rows(matrix)))
+    heaviest = max(sum(case_weight(matrix, c) for c in p) for p in parts)
+    return heaviest * len(catalog.rows(matrix))
 
 
 def compile_ahead(run: HostRun, loaded: dict, reports: Path, lock: str | None,
