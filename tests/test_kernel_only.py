@@ -254,3 +254,44 @@ def test_rl_kernel_tree_from_the_environment_wins(tmp_path, monkeypatch):
     assert rl_kernel_tree.resolve("elsewhere") == tmp_path
     monkeypatch.delenv(rl_kernel_tree.ENV_TREE)
     assert rl_kernel_tree.resolve("rel/tree") == rl_kernel_tree.PROJECT_ROOT / "rel/tree"
+
+
+def _probe_package(tmp_path: Path, monkeypatch, name: str) -> Path:
+    """A package ``name`` on sys.path whose import appends to ``<name>.log``."""
+    pkg = tmp_path / name
+    pkg.mkdir()
+    log = tmp_path / f"{name}.log"
+    (pkg / "__init__.py").write_text(f"open({str(log)!r}, 'a').write('imported\\n')\n")
+    (pkg / "utils.py").write_text("ANSWER = 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return log
+
+
+def test_withholding_makes_an_import_fail_and_puts_back_what_was_there(tmp_path, monkeypatch):
+    log = _probe_package(tmp_path, monkeypatch, "probe_withheld")
+    import probe_withheld.utils  # noqa: F401 - imported before: must come back after
+
+    before = sys.modules["probe_withheld.utils"]
+    with kernel_only._withholding(("probe_withheld",)):
+        for name in ("probe_withheld", "probe_withheld.utils"):
+            with pytest.raises(ImportError):
+                importlib.import_module(name)
+    assert sys.modules["probe_withheld.utils"] is before
+    assert log.read_text() == "imported\n"  # imported once, before the block
+
+
+def test_a_withheld_import_fails_while_the_library_loads_and_runs_and_is_recorded(
+        house, triton_importable, tmp_path, monkeypatch):
+    log = _probe_package(tmp_path, monkeypatch, "probe_optional")
+    why = "TEST-ONLY: the kernels never read it"
+    monkeypatch.setitem(kernel_only.WITHHELD, "vllm-omni", {"probe_optional": why})
+    loaded, _ = kernel_only.load(house, "vllm-omni", "0.30.0", vllm_omni_ops.LAYERS)
+    assert loaded.withheld == {"probe_optional": why}
+    assert loaded.record()["withheld"] == {"probe_optional": why}
+    assert loaded.describe().endswith(f"; withheld: probe_optional ({why})")
+    with loaded.active(), pytest.raises(ImportError):
+        importlib.import_module("probe_optional")
+    importlib.import_module("probe_optional")  # outside the library: the real one
+    assert log.read_text() == "imported\n"
+    other, _ = kernel_only.load(house, "vllm-omni", "0.28.0", vllm_omni_ops.ATTENTION_OPS)
+    assert other.withheld == {"probe_optional": why} and "withheld" in other.record()

@@ -302,6 +302,7 @@ def test_liger_rows_are_cuda_only_and_load_kernel_only_where_triton_is(house):
             assert why is None
             assert f"[kernel-only liger-kernel {row.version}, wheel liger_kernel-" in row.ran()
             assert row.ran().split(" ->")[0].endswith("Function.apply")
+            assert set(row.record()["withheld"]) == {"peft", "transformers"}
         else:  # Liger imports triton itself: no stand-in
             assert "triton" in why and "\n" not in why
 

@@ -20,7 +20,12 @@ library itself cannot be installed. Never a re-implementation.
    substitute, else by a :data:`STAND_INS` entry: inert names that raise
    :class:`StandInTouched` when used (attribute, call, instance), recorded as stand-ins, so a
    call that reaches one fails instead of running something the library never ran
-   (:data:`TOUCHED` keeps every use for the caller to check).
+   (:data:`TOUCHED` keeps every use for the caller to check);
+5. an import of another distribution that the library makes only to ask about a feature its
+   kernels never use, catching the failure (:data:`WITHHELD`), fails while the library loads
+   and runs, as if that distribution were not installed, and is recorded as withheld: the
+   library then behaves the same on every host, and no process pays for importing it (peft
+   and transformers take seconds each).
 
 Versions of one distribution coexist in a process: a loaded version's modules are kept apart
 and put into ``sys.modules`` only while it loads or is called (:meth:`Loaded.active`).
@@ -144,6 +149,40 @@ class StandIn:
         return mod
 
 
+_LIGER_UTILS = "liger_kernel/utils.py (liger-kernel 0.8.4, 0.8.5)"
+
+#: distribution -> {module: why}: imports that fail while that library loads or runs (step 5
+#: of the module docstring). Each is made inside a ``try`` whose handler takes the path of a
+#: host without it, and no loaded kernel module reads what it sets.
+WITHHELD: dict[str, dict[str, str]] = {
+    "liger-kernel": {
+        "peft": f"{_LIGER_UTILS} imports it in a try for PEFT_AVAILABLE, which only "
+                "is_peft_available() reads, and no loaded module calls that",
+        "transformers": f"{_LIGER_UTILS} is_npu_available() imports transformers.utils in a "
+                        "try and answers False without it, as transformers does on a host "
+                        "without torch_npu; ops/rms_norm.py asks it at import",
+    },
+}
+
+
+@contextlib.contextmanager
+def _withholding(names: tuple[str, ...]) -> Iterator[None]:
+    """``import`` of each of ``names`` (and of its submodules) raises ImportError in the
+    block (``sys.modules[name] = None``); the entries before it come back after it."""
+    saved = {n: m for n, m in sys.modules.items()
+             if any(n == w or n.startswith(w + ".") for w in names)}
+    for n in saved:
+        del sys.modules[n]
+    sys.modules.update(dict.fromkeys(names))
+    try:
+        yield
+    finally:
+        for n in names:
+            if sys.modules.get(n, ...) is None:
+                del sys.modules[n]
+        sys.modules.update(saved)
+
+
 _BI = "vllm/model_executor/determinism/batch_invariant.py"
 _RMS = "rms_norm_batch_invariant"
 
@@ -179,7 +218,8 @@ STAND_INS: dict[str, StandIn] = {
 @dataclass
 class Loaded:
     """One distribution version loaded kernel-only: its manifest (``wheel``, ``files``), the
-    files actually loaded (path -> sha256), the substitutes used, and its modules."""
+    files actually loaded (path -> sha256), the substitutes used, its modules, and the
+    imports it is kept from (``withheld``: :data:`WITHHELD`)."""
 
     distribution: str
     version: str
@@ -189,6 +229,7 @@ class Loaded:
     modules: dict[str, types.ModuleType] = field(default_factory=dict)
     tops: tuple[str, ...] = ()
     stand_ins: dict[str, str] = field(default_factory=dict)
+    withheld: dict[str, str] = field(default_factory=dict)
 
     @contextlib.contextmanager
     def active(self, full: bool = False) -> Iterator[None]:
@@ -198,10 +239,11 @@ class Loaded:
         version's own names are swapped, which costs microseconds."""
         if full:
             extra = (*self.substitutes, *self.stand_ins)
-            with _LOCK, _swapped(self.tops, extra, self.modules):
+            with _LOCK, _swapped(self.tops, extra, self.modules), \
+                    _withholding(tuple(self.withheld)):
                 yield
             return
-        with _LOCK:
+        with _LOCK, _withholding(tuple(self.withheld)):
             saved = {n: sys.modules[n] for n in self.modules if n in sys.modules}
             sys.modules.update(self.modules)
             try:
@@ -213,8 +255,8 @@ class Loaded:
 
     def describe(self) -> str:
         """``kernel-only sglang 0.5.23, wheel NAME sha256 H; files: P sha256 H, ...;
-        substitutes: M (why); stand-ins: M: names (why)``: what the report's code_path
-        records (each part only where there is one)."""
+        substitutes: M (why); stand-ins: M: names (why); withheld: M (why)``: what the
+        report's code_path records (each part only where there is one)."""
         files = ", ".join(f"{p} sha256 {h}" for p, h in self.files.items())
         text = (f"kernel-only {self.distribution} {self.version}, wheel "
                 f"{self.wheel['filename']} sha256 {self.wheel['sha256']}; files: {files}")
@@ -224,6 +266,9 @@ class Loaded:
         if self.stand_ins:
             text += "; stand-ins: " + ", ".join(f"{m} ({why})"
                                                 for m, why in self.stand_ins.items())
+        if self.withheld:
+            text += "; withheld: " + ", ".join(f"{m} ({why})"
+                                              for m, why in self.withheld.items())
         return text
 
     def record(self) -> dict:
@@ -233,6 +278,8 @@ class Loaded:
                "substitutes": dict(self.substitutes)}
         if self.stand_ins:
             out["stand_ins"] = dict(self.stand_ins)
+        if self.withheld:
+            out["withheld"] = dict(self.withheld)
         return out
 
 
@@ -454,7 +501,8 @@ def load(root: Path, distribution: str, version: str, module: str) -> tuple[Load
         loaded = _LOADED.get(key)
         if loaded is None:
             loaded = Loaded(distribution, version, dict(manifest["wheel"]),
-                            tops=tuple(manifest["packages"]))
+                            tops=tuple(manifest["packages"]),
+                            withheld=dict(WITHHELD.get(distribution, {})))
         subs = _substitutes_needed(loaded, info, module, label)
         data = verified_sources(root, manifest, info["files"])
         sources = {m: (str(root / "objects" / f"{manifest['files'][p]}.py"), data[p])
