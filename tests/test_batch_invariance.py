@@ -187,8 +187,9 @@ def test_a_check_takes_a_stretch_per_calls_per_stretch_calls(monkeypatch, tmp_pa
     from gate_residual_matrix.contract import gpu_lock
 
     monkeypatch.setenv(gpu_lock.ENV, str(tmp_path / "gpu.lock"))
-    before = sum(gpu_lock.stretches()[1].values())
-    assert batch_invariance.size_sweep(eager.EAGER, inputs(40), 40, SPEC) is None
-    sizes = len(batch_invariance.sweep_sizes(40))
-    assert sizes == 13 and batch_invariance.CALLS_PER_STRETCH == 8
-    assert sum(gpu_lock.stretches()[1].values()) - before == 1 + 2
+    assert len(batch_invariance.sweep_sizes(40)) == 13
+    for per_stretch, stretches in ((8, 1 + 2), (1, 1 + 13)):  # read at each check
+        monkeypatch.setattr(batch_invariance, "CALLS_PER_STRETCH", per_stretch)
+        before = sum(gpu_lock.stretches()[1].values())
+        assert batch_invariance.size_sweep(eager.EAGER, inputs(40), 40, SPEC) is None
+        assert sum(gpu_lock.stretches()[1].values()) - before == stretches

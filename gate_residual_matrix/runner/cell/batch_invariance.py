@@ -157,7 +157,9 @@ both for every call; a cell waiting to time waits for at most this many calls of
 not for the whole check."""
 
 
-def _chunks(items: list, size: int = CALLS_PER_STRETCH) -> list[list]:
+def _chunks(items: list) -> list[list]:
+    """``items`` in runs of :data:`CALLS_PER_STRETCH` (read at each call)."""
+    size = max(1, CALLS_PER_STRETCH)
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
