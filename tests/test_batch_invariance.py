@@ -6,10 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
-from gate_residual_matrix.contract import compare
 from gate_residual_matrix.contract.base import Implementation
 from gate_residual_matrix.ops.gate_residual import SPEC, eager, faulty, numba_kernel
 from gate_residual_matrix.ops.gate_residual.inputs import make_inputs
@@ -120,35 +118,6 @@ def test_the_padded_comparison_needs_finite_inputs_without_rows():
     assert batch_invariance.size_sweep(NUMBA, x, 20, spec) is None
 
 
-def _sweep_one_call_at_a_time(impl, x: dict, max_size: int, spec=SPEC) -> int | None:
-    """The size sweep as it was specified, one call and one comparison at a time (the
-    reference for the sweep that reads several calls' bits at once)."""
-    def same(a, b):
-        return a.shape == b.shape and torch.equal(compare.bits(a), compare.bits(b))
-
-    def run(rows):
-        got = impl.run({k: v.clone() for k, v in rows.items()}, backward=impl.has_backward)
-        return {k: v.detach() for k, v in got.items()}
-
-    m = min(batch_invariance._n(x, spec), max_size)
-    top = batch_invariance._rows(x, 0, m, spec)
-    whole = run(top)
-    exact = batch_invariance.padding_is_exact(top, spec)
-    for s in batch_invariance.sweep_sizes(m):
-        prefix = run(batch_invariance._rows(x, 0, s, spec))
-        if not all(same(prefix[k], whole[k][:s]) for k in spec.row_outputs() if k in prefix):
-            return s
-        groups = [k for k in spec.group_outputs() if k in prefix] if exact else []
-        if groups:
-            padded = {k: v.clone() if k in spec.zero_rows else v for k, v in top.items()}
-            for k in spec.zero_rows:
-                padded[k][s:] = 0
-            again = run(padded)
-            if not all(same(prefix[k], again[k]) for k in groups):
-                return s
-    return None
-
-
 def _breaks_at(sizes: set[int]) -> Implementation:
     """eager, with ``out`` doubled at the batch sizes in ``sizes``."""
     def run(x, *, backward):
@@ -162,34 +131,6 @@ def _breaks_at(sizes: set[int]) -> Implementation:
 
 @pytest.mark.parametrize("sizes", [{1}, {8}, {9}, {17, 33}, {33}, {8, 9}],
                          ids=lambda s: "-".join(map(str, sorted(s))))
-def test_the_first_failing_size_is_the_smallest_across_stretches(sizes):
-    """Calls are read in stretches of CALLS_PER_STRETCH; a failure in any of them, first in
-    its stretch or not, gives the size a one-call-at-a-time sweep gives."""
-    x = inputs(40)
-    impl = _breaks_at(sizes)
-    got = batch_invariance.size_sweep(impl, x, 40, SPEC)
-    assert got == min(sizes) == _sweep_one_call_at_a_time(impl, x, 40)
-
-
-@pytest.mark.parametrize("n", [5, 40, 300])
-def test_a_group_output_failure_gives_the_one_call_at_a_time_answer(n):
-    x = inputs(n)
-    want = _sweep_one_call_at_a_time(faulty.BATCH_VARIANT, x, 300)
-    assert batch_invariance.size_sweep(faulty.BATCH_VARIANT, x, 300, SPEC) == want
-    assert batch_invariance.size_sweep(eager.EAGER, x, 300, SPEC) is None
-    assert _sweep_one_call_at_a_time(eager.EAGER, x, 300) is None
-
-
-def test_a_check_takes_a_stretch_per_calls_per_stretch_calls(monkeypatch, tmp_path):
-    """Each stretch of shared GPU work ends with a synchronisation and a hand-over of the
-    lock: the sweep of 13 sizes (max_size 40) is the whole batch's call and two stretches,
-    not fourteen."""
-    from gate_residual_matrix.contract import gpu_lock
-
-    monkeypatch.setenv(gpu_lock.ENV, str(tmp_path / "gpu.lock"))
-    assert len(batch_invariance.sweep_sizes(40)) == 13
-    for per_stretch, stretches in ((8, 1 + 2), (1, 1 + 13)):  # read at each check
-        monkeypatch.setattr(batch_invariance, "CALLS_PER_STRETCH", per_stretch)
-        before = sum(gpu_lock.stretches()[1].values())
-        assert batch_invariance.size_sweep(eager.EAGER, inputs(40), 40, SPEC) is None
-        assert sum(gpu_lock.stretches()[1].values()) - before == stretches
+def test_the_first_failing_size_is_the_smallest_that_fails(sizes):
+    got = batch_invariance.size_sweep(_breaks_at(sizes), inputs(40), 40, SPEC)
+    assert got == min(sizes)

@@ -29,9 +29,7 @@ their sizes: about a third of every graph a cell compiled, for sizes that are no
 The record says which graph each check used (``graphs``, for implementations that compile
 per shape).
 
-Bits are compared as integers (:func:`contract.compare.bits`), NaN payloads included. Where
-the GPU is shared (:mod:`contract.gpu_lock`), up to :data:`CALLS_PER_STRETCH` calls of a
-check make one stretch of shared GPU work, their comparisons read together at its end.
+Bits are compared as integers (:func:`contract.compare.bits`), NaN payloads included.
 
 Example::
 
@@ -117,30 +115,8 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(compare.bits(a), compare.bits(b))
 
 
-def _differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | bool:
-    """Whether ``a`` and ``b`` differ in any bit: True at once for other shapes, else a
-    0-dim bool tensor on their device (read later, with others: one synchronisation)."""
-    if a.shape != b.shape:
-        return True
-    return (compare.bits(a) != compare.bits(b)).any()
-
-
-def _rows_differ(part: dict, whole: dict, start: int, stop: int, spec) -> list:
-    """:func:`_differ` of each row output of ``part`` and rows ``start:stop`` of ``whole``."""
-    return [_differ(part[k], whole[k][start:stop]) for k in spec.row_outputs() if k in part]
-
-
-def _first_true(flags: list[tuple[int, list]]) -> int | None:
-    """The first key of ``flags`` (``(key, [bool or 0-dim bool tensor, ...])``, in order)
-    with a true flag, or None; the tensors are read in one go."""
-    tensors = [f for _, fs in flags for f in fs if isinstance(f, torch.Tensor)]
-    read = iter(torch.stack(tensors).tolist() if tensors else [])
-    first = None
-    for key, fs in flags:
-        hit = any([bool(next(read)) if isinstance(f, torch.Tensor) else bool(f) for f in fs])
-        if hit and first is None:
-            first = key
-    return first
+def _rows_equal(part: dict, whole: dict, start: int, stop: int, spec) -> bool:
+    return all(_same(part[k], whole[k][start:stop]) for k in spec.row_outputs() if k in part)
 
 
 def _n(inputs: dict, spec) -> int:
@@ -149,29 +125,18 @@ def _n(inputs: dict, spec) -> int:
     return inputs[spec.index or spec.row_inputs()[0]].shape[0]
 
 
-CALLS_PER_STRETCH = 8
-"""Calls of one check, with their comparisons, in one stretch of shared GPU work
-(contract/gpu_lock.py), whose bits are read with one synchronisation at its end: a stretch
-ends with a synchronisation and a hand-over of the lock, so a call per stretch would pay
-both for every call; a cell waiting to time waits for at most this many calls of this one,
-not for the whole check."""
-
-
-def _chunks(items: list) -> list[list]:
-    """``items`` in runs of :data:`CALLS_PER_STRETCH` (read at each call)."""
-    size = max(1, CALLS_PER_STRETCH)
-    return [items[i:i + size] for i in range(0, len(items), size)]
+# Each call with its comparison is one stretch of shared GPU work (contract/gpu_lock.py): a
+# cell waiting to time waits for one call of this one, not for the whole check.
 
 
 def row_alone(impl, inputs: dict, full: dict, spec) -> bool:
     """Whether each sampled row run alone equals that row within ``full`` (see module;
     through ``run_dynamic`` where the implementation has one)."""
     n = _n(inputs, spec)
-    for rows in _chunks(sorted({r for r in (0, 1, n // 2, n - 2, n - 1) if 0 <= r < n})):
+    for r in sorted({r for r in (0, 1, n // 2, n - 2, n - 1) if 0 <= r < n}):
         with gpu_lock.shared():
-            flags = [(r, _rows_differ(_run(impl, _rows(inputs, r, r + 1, spec), dynamic=True),
-                                      full, r, r + 1, spec)) for r in rows]
-            if _first_true(flags) is not None:
+            alone = _run(impl, _rows(inputs, r, r + 1, spec), dynamic=True)
+            if not _rows_equal(alone, full, r, r + 1, spec):
                 return False
     return True
 
@@ -180,10 +145,10 @@ def sub_batches(impl, inputs: dict, full: dict, spec) -> bool:
     """Whether sub-batches covering the batch, concatenated, equal ``full`` (see module;
     through ``run_dynamic`` where the implementation has one)."""
     parts = []
-    bounds = [(a, b) for a, b in itertools.pairwise(_cuts(_n(inputs, spec))) if b > a]
-    for chunk in _chunks(bounds):
-        with gpu_lock.shared():
-            parts += [_run(impl, _rows(inputs, a, b, spec), dynamic=True) for a, b in chunk]
+    for a, b in itertools.pairwise(_cuts(_n(inputs, spec))):
+        if b > a:
+            with gpu_lock.shared():
+                parts.append(_run(impl, _rows(inputs, a, b, spec), dynamic=True))
     with gpu_lock.shared():
         return all(_same(torch.cat([p[k] for p in parts]), full[k])
                    for k in spec.row_outputs() if k in full)
@@ -217,31 +182,22 @@ def size_sweep(impl, inputs: dict, max_size: int, spec,
         top = _rows(inputs, 0, m, spec)
         whole = _run(impl, top, dynamic=True)
         padded_exact = padding_is_exact(top, spec)
-    for sizes in _chunks(sweep_sizes(m, extra)):
+    for s in sweep_sizes(m, extra):
         with gpu_lock.shared():
-            first = _first_true([(s, _sweep_flags(impl, inputs, top, whole, s, spec,
-                                                  padded_exact)) for s in sizes])
-        if first is not None:
-            return first
+            prefix = _run(impl, _rows(inputs, 0, s, spec), dynamic=True)
+            if not _rows_equal(prefix, whole, 0, s, spec):
+                return s
+        groups = [k for k in spec.group_outputs() if k in prefix] if padded_exact else []
+        if groups:
+            with gpu_lock.shared():
+                padded = dict(top)
+                for k in spec.zero_rows:
+                    padded[k] = top[k].clone()
+                    padded[k][s:] = 0
+                again = _run(impl, padded, dynamic=True)
+                if not all(_same(prefix[k], again[k]) for k in groups):
+                    return s
     return None
-
-
-def _sweep_flags(impl, inputs: dict, top: dict, whole: dict, s: int, spec,
-                 padded_exact: bool) -> list:
-    """The size sweep's flags for size ``s`` (:func:`_differ`): the first ``s`` rows run
-    alone against the first ``s`` of ``whole``, and where ``padded_exact`` each group output
-    against that of ``top`` with rows ``s..M`` zeroed."""
-    prefix = _run(impl, _rows(inputs, 0, s, spec), dynamic=True)
-    flags = _rows_differ(prefix, whole, 0, s, spec)
-    groups = [k for k in spec.group_outputs() if k in prefix] if padded_exact else []
-    if groups:
-        padded = dict(top)
-        for k in spec.zero_rows:
-            padded[k] = top[k].clone()
-            padded[k][s:] = 0
-        again = _run(impl, padded, dynamic=True)
-        flags += [_differ(prefix[k], again[k]) for k in groups]
-    return flags
 
 
 def check(impl, inputs: dict, spec, *, max_size: int = 1025, full: dict | None = None,
