@@ -257,13 +257,16 @@ def test_rl_kernel_tree_from_the_environment_wins(tmp_path, monkeypatch):
 
 
 def _probe_package(tmp_path: Path, monkeypatch, name: str) -> Path:
-    """A package ``name`` on sys.path whose import appends to ``<name>.log``."""
+    """A package ``name`` on sys.path whose import appends to ``<name>.log``; it leaves
+    ``sys.modules`` with the test."""
     pkg = tmp_path / name
     pkg.mkdir()
     log = tmp_path / f"{name}.log"
     (pkg / "__init__.py").write_text(f"open({str(log)!r}, 'a').write('imported\\n')\n")
     (pkg / "utils.py").write_text("ANSWER = 42\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    for module in (name, f"{name}.utils"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
     return log
 
 
@@ -271,27 +274,47 @@ def test_withholding_makes_an_import_fail_and_puts_back_what_was_there(tmp_path,
     log = _probe_package(tmp_path, monkeypatch, "probe_withheld")
     import probe_withheld.utils  # noqa: F401 - imported before: must come back after
 
-    before = sys.modules["probe_withheld.utils"]
+    top, sub = sys.modules["probe_withheld"], sys.modules["probe_withheld.utils"]
     with kernel_only._withholding(("probe_withheld",)):
         for name in ("probe_withheld", "probe_withheld.utils"):
             with pytest.raises(ImportError):
                 importlib.import_module(name)
-    assert sys.modules["probe_withheld.utils"] is before
+    assert sys.modules["probe_withheld"] is top and sys.modules["probe_withheld.utils"] is sub
     assert log.read_text() == "imported\n"  # imported once, before the block
 
 
-def test_a_withheld_import_fails_while_the_library_loads_and_runs_and_is_recorded(
+def test_a_withheld_import_fails_while_the_library_loads_and_is_recorded(
         house, triton_importable, tmp_path, monkeypatch):
     log = _probe_package(tmp_path, monkeypatch, "probe_optional")
     why = "TEST-ONLY: the kernels never read it"
-    monkeypatch.setitem(kernel_only.WITHHELD, "vllm-omni", {"probe_optional": why})
+    monkeypatch.setitem(kernel_only.WITHHELD, ("vllm-omni", "0.30.0"), {"probe_optional": why})
     loaded, _ = kernel_only.load(house, "vllm-omni", "0.30.0", vllm_omni_ops.LAYERS)
     assert loaded.withheld == {"probe_optional": why}
     assert loaded.record()["withheld"] == {"probe_optional": why}
     assert loaded.describe().endswith(f"; withheld: probe_optional ({why})")
-    with loaded.active(), pytest.raises(ImportError):
+    with loaded.active(full=True), pytest.raises(ImportError):  # as the library loads
         importlib.import_module("probe_optional")
-    importlib.import_module("probe_optional")  # outside the library: the real one
-    assert log.read_text() == "imported\n"
+    assert not log.exists()
     other, _ = kernel_only.load(house, "vllm-omni", "0.28.0", vllm_omni_ops.ATTENTION_OPS)
-    assert other.withheld == {"probe_optional": why} and "withheld" in other.record()
+    assert other.withheld == {} and "withheld" not in other.record()  # a version not read
+
+
+def test_a_call_does_not_withhold(house, triton_importable, tmp_path, monkeypatch):
+    """Withholding walks sys.modules (milliseconds in a cell process): at load only, never
+    around each call, whose time the timings would otherwise include."""
+    monkeypatch.setitem(kernel_only.WITHHELD, ("vllm-omni", "0.30.0"), {"probe_call": "x"})
+    loaded, _ = kernel_only.load(house, "vllm-omni", "0.30.0", vllm_omni_ops.LAYERS)
+    entered = []
+    real = kernel_only._withholding
+
+    def spy(names):
+        entered.append(names)
+        return real(names)
+
+    monkeypatch.setattr(kernel_only, "_withholding", spy)
+    with loaded.active():
+        pass
+    assert entered == []
+    with loaded.active(full=True):
+        pass
+    assert entered == [("probe_call",)]

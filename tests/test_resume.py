@@ -243,5 +243,6 @@ def test_setup_parts_name_what_took_the_setup_and_stay_inside_it():
     assert ph.PART_MIN_S * 2 <= got["setup_parts"]["slow_row"] <= got["setup"]
     assert got["other"] == pytest.approx(0.0, abs=1e-3)  # a part is not a phase of its own
     shard = {"setup": 1.0, "setup_parts": {"slow_row": 0.5, "environment": 0.1}}
-    assert ph.add(shard, {"setup": 1.0, "setup_parts": {"slow_row": 0.25}})["setup_parts"] == {
-        "slow_row": 0.75, "environment": 0.1}
+    summed = ph.add(shard, {"setup": 1.0, "setup_parts": {"environment": 0.6, "row": 0.2}})
+    assert list(summed["setup_parts"].items()) == [  # longest first once summed
+        ("environment", 0.7), ("slow_row", 0.5), ("row", 0.2)]

@@ -21,11 +21,12 @@ library itself cannot be installed. Never a re-implementation.
    :class:`StandInTouched` when used (attribute, call, instance), recorded as stand-ins, so a
    call that reaches one fails instead of running something the library never ran
    (:data:`TOUCHED` keeps every use for the caller to check);
-5. an import of another distribution that the library makes only to ask about a feature its
-   kernels never use, catching the failure (:data:`WITHHELD`), fails while the library loads
-   and runs, as if that distribution were not installed, and is recorded as withheld: the
-   library then behaves the same on every host, and no process pays for importing it (peft
-   and transformers take seconds each).
+5. an import of another distribution that the library makes as it loads only to ask about a
+   feature its kernels never use, catching the failure (:data:`WITHHELD`, per version read),
+   fails while the library loads, as if that distribution were not installed, and is
+   recorded as withheld: the library then behaves the same on every host, and no process
+   pays for importing it (peft and transformers take seconds each). Calls are not touched:
+   withholding costs a pass over ``sys.modules``, milliseconds, too much for every call.
 
 Versions of one distribution coexist in a process: a loaded version's modules are kept apart
 and put into ``sys.modules`` only while it loads or is called (:meth:`Loaded.active`).
@@ -149,27 +150,33 @@ class StandIn:
         return mod
 
 
-_LIGER_UTILS = "liger_kernel/utils.py (liger-kernel 0.8.4, 0.8.5)"
+_LIGER_READ = ("0.8.4", "0.8.5")
+"""The liger-kernel versions whose sources :data:`WITHHELD`'s evidence was read in."""
 
-#: distribution -> {module: why}: imports that fail while that library loads or runs (step 5
-#: of the module docstring). Each is made inside a ``try`` whose handler takes the path of a
-#: host without it, and no loaded kernel module reads what it sets.
-WITHHELD: dict[str, dict[str, str]] = {
-    "liger-kernel": {
-        "peft": f"{_LIGER_UTILS} imports it in a try for PEFT_AVAILABLE, which only "
-                "is_peft_available() reads, and no loaded module calls that",
-        "transformers": f"{_LIGER_UTILS} is_npu_available() imports transformers.utils in a "
-                        "try and answers False without it, as transformers does on a host "
-                        "without torch_npu; ops/rms_norm.py asks it at import",
-    },
+_LIGER_WITHHELD = {
+    "peft": "liger_kernel/utils.py imports it in a try for PEFT_AVAILABLE, which only "
+            "is_peft_available() reads, and no loaded module calls that",
+    "transformers": "liger_kernel/utils.py is_npu_available() imports transformers.utils in a "
+                    "try and answers False without it, as transformers does on a host without "
+                    "torch_npu; each ops/*rms_norm.py kernel module asks it at import",
 }
+
+#: (distribution, version) -> {module: why}: imports that fail while that version loads (step
+#: 5 of the module docstring). Each is made inside a ``try`` whose handler takes the path of
+#: a host without it, and no loaded kernel module reads what it sets; only the versions whose
+#: sources were read are listed (another version imports them as it would anywhere).
+WITHHELD: dict[tuple[str, str], dict[str, str]] = {
+    ("liger-kernel", version): _LIGER_WITHHELD for version in _LIGER_READ}
 
 
 @contextlib.contextmanager
 def _withholding(names: tuple[str, ...]) -> Iterator[None]:
     """``import`` of each of ``names`` (and of its submodules) raises ImportError in the
     block (``sys.modules[name] = None``); the entries before it come back after it."""
-    saved = {n: m for n, m in sys.modules.items()
+    if not names:
+        yield
+        return
+    saved = {n: m for n, m in list(sys.modules.items())
              if any(n == w or n.startswith(w + ".") for w in names)}
     for n in saved:
         del sys.modules[n]
@@ -235,15 +242,16 @@ class Loaded:
     def active(self, full: bool = False) -> Iterator[None]:
         """Put this version's modules (and substitutes) into ``sys.modules`` for the block,
         restored after. ``full`` (while loading) also hides every other module of the
-        distribution (another version, an installed copy); without it (each call) only this
-        version's own names are swapped, which costs microseconds."""
+        distribution (another version, an installed copy) and withholds :attr:`withheld`;
+        without it (each call) only this version's own names are swapped, which costs
+        microseconds."""
         if full:
             extra = (*self.substitutes, *self.stand_ins)
             with _LOCK, _swapped(self.tops, extra, self.modules), \
                     _withholding(tuple(self.withheld)):
                 yield
             return
-        with _LOCK, _withholding(tuple(self.withheld)):
+        with _LOCK:
             saved = {n: sys.modules[n] for n in self.modules if n in sys.modules}
             sys.modules.update(self.modules)
             try:
@@ -502,7 +510,7 @@ def load(root: Path, distribution: str, version: str, module: str) -> tuple[Load
         if loaded is None:
             loaded = Loaded(distribution, version, dict(manifest["wheel"]),
                             tops=tuple(manifest["packages"]),
-                            withheld=dict(WITHHELD.get(distribution, {})))
+                            withheld=dict(WITHHELD.get((distribution, version), {})))
         subs = _substitutes_needed(loaded, info, module, label)
         data = verified_sources(root, manifest, info["files"])
         sources = {m: (str(root / "objects" / f"{manifest['files'][p]}.py"), data[p])

@@ -44,9 +44,10 @@ what other processes' timing passes waited for; ``gpu_shared_long`` the seconds 
 least :data:`contract.gpu_lock.LONG_S` long by where each began (a function, and the
 implementation the cell was running); ``gpu_lock_set_aside`` the seconds its stretches spent
 without the lock while compiling (:mod:`contract.compile_aside`). ``setup_parts`` splits
-``setup`` by what took :data:`PART_MIN_S` or more: ``environment`` (its capture) and each
-implementation row's availability check and code path (a library row imports its library
-there), longest first. ``other`` is the cell's wall time not in any phase.
+``setup`` by what took :data:`PART_MIN_S` or more in a process: ``environment`` (its
+capture) and each implementation row's availability check and code path (a library row
+imports its library there), longest first (a sharded cell's sums over its processes).
+``other`` is the cell's wall time not in any phase.
 
 Example::
 
@@ -211,6 +212,10 @@ def _lock(figure: str, default):
     return getattr(lock, figure)() if lock is not None else default
 
 
+_LONGEST_FIRST = ("gpu_shared_long", "setup_parts")
+"""The phases' dicts that list their parts longest first (kept so when summed)."""
+
+
 def add(a: dict | None, b: dict | None) -> dict | None:
     """Two reports' ``phases`` summed (a resumed cell: the interrupted run plus the rest);
     None when both are None."""
@@ -223,6 +228,8 @@ def add(a: dict | None, b: dict | None) -> dict | None:
             x, y = (v if isinstance(v, dict) else {} for v in (x, y))  # an older format: dropped
             out[key] = {k: round(x.get(k, 0.0) + y.get(k, 0.0), 3)
                         for k in dict.fromkeys([*x, *y])}
+            if key in _LONGEST_FIRST:
+                out[key] = dict(sorted(out[key].items(), key=lambda kv: -kv[1]))
         else:
             out[key] = round((x or 0.0) + (y or 0.0), 3)
     return out
