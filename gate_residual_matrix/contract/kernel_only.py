@@ -169,25 +169,11 @@ WITHHELD: dict[tuple[str, str], dict[str, str]] = {
     ("liger-kernel", version): _LIGER_WITHHELD for version in _LIGER_READ}
 
 
-@contextlib.contextmanager
-def _withholding(names: tuple[str, ...]) -> Iterator[None]:
-    """``import`` of each of ``names`` (and of its submodules) raises ImportError in the
-    block (``sys.modules[name] = None``); the entries before it come back after it."""
-    if not names:
-        yield
-        return
-    saved = {n: m for n, m in list(sys.modules.items())
-             if any(n == w or n.startswith(w + ".") for w in names)}
-    for n in saved:
-        del sys.modules[n]
-    sys.modules.update(dict.fromkeys(names))
-    try:
-        yield
-    finally:
-        for n in names:
-            if sys.modules.get(n, ...) is None:
-                del sys.modules[n]
-        sys.modules.update(saved)
+def _withholding(names: tuple[str, ...]):
+    """A block in which ``import`` of each of ``names`` (and of its submodules) raises
+    ImportError (``sys.modules[name] = None``, through :func:`_swapped`); the entries before
+    it come back after it."""
+    return _swapped((), names, dict.fromkeys(names)) if names else contextlib.nullcontext()
 
 
 _BI = "vllm/model_executor/determinism/batch_invariant.py"
@@ -302,7 +288,7 @@ def _swapped(tops: tuple[str, ...], extra: tuple[str, ...],
                 or any(name == e or name.startswith(e + ".") or e.startswith(name + ".")
                        for e in extra))
 
-    saved = {n: m for n, m in sys.modules.items() if ours(n)}
+    saved = {n: m for n, m in list(sys.modules.items()) if ours(n)}
     for n in saved:
         del sys.modules[n]
     sys.modules.update(install)
