@@ -16,9 +16,12 @@ workers run beside the cells (:func:`compiling`, a third lock file), no cell tim
 go first: a cell waiting for the exclusive lock holds a turnstile (a second lock file) that
 new shared holders must pass, so the shared holders drain and the timing starts after at
 most one stretch of each other process's GPU work (a stretch ends with
-``torch.cuda.synchronize``: its kernels are done, not only queued). Locks are ``flock(2)``
-on open file descriptions: the kernel drops them when a process dies, so a killed cell
-never wedges the others.
+``torch.cuda.synchronize``: its kernels are done, not only queued). Before it takes the
+turnstile, a timing pass waits for the other processes' long stretches in flight to end,
+stopping nobody (:mod:`contract.stretch_board`), so that what every process stands still
+for is the end of short stretches only. Locks are ``flock(2)`` on open file
+descriptions: the kernel drops them when a process dies, so a killed cell never wedges the
+others.
 
 A stretch that compiles (``torch.compile`` tracing or loading a graph, Triton building a
 library's kernel) is CPU work for seconds: a timing pass that asked for the GPU would wait
@@ -52,6 +55,7 @@ import time
 from collections.abc import Iterator
 
 from gate_residual_matrix import settings
+from gate_residual_matrix.contract import stretch_board
 
 ENV = "GATE_RESIDUAL_GPU_LOCK"
 
@@ -100,7 +104,7 @@ def compiling(lock_path: str) -> Iterator[None]:
 _mutex = threading.Lock()
 _holders = [0]  # threads of this process inside shared(): flock is per process, not thread
 _holder_thread: list[int | None] = [None]  # the one thread inside shared(), when one is
-_WAITED = {"shared": 0.0, "exclusive": 0.0, "drain": 0.0}
+_WAITED = {"shared": 0.0, "exclusive": 0.0, "drain": 0.0, "long": 0.0}
 
 
 _HELD = [0.0]
@@ -156,10 +160,12 @@ def held_s() -> float:
 
 def waited_s() -> dict[str, float]:
     """Seconds this process has waited for the lock file so far: ``{"shared": s,
-    "exclusive": s, "drain": s}`` (0.0 each without ``GATE_RESIDUAL_GPU_LOCK``). ``drain``
-    is the part of ``exclusive`` spent after taking the turnstile, waiting for the other
-    processes' current stretches of GPU work to end: every process that asked for the lock
-    meanwhile stood still with it."""
+    "exclusive": s, "drain": s, "long": s}`` (0.0 each without ``GATE_RESIDUAL_GPU_LOCK``).
+    ``drain`` is the part of ``exclusive`` spent after taking the turnstile, waiting for the
+    other processes' current stretches of GPU work to end: every process that asked for the
+    lock meanwhile stood still with it. ``long`` is the part of ``exclusive`` spent before
+    it, waiting for the other processes' long stretches in flight to end while nobody stood
+    still (:mod:`contract.stretch_board`)."""
     return dict(_WAITED)
 
 
@@ -218,6 +224,7 @@ def _take(main: int, turnstile: int) -> None:
     _taken[0] = True
     _since[0] = time.perf_counter()
     _site[0] = _caller()
+    _on_board(stretch_board.began)
 
 
 def _let_go(main: int) -> None:
@@ -231,6 +238,15 @@ def _let_go(main: int) -> None:
         fcntl.flock(main, fcntl.LOCK_UN)
         _taken[0] = False
         _count_stretch(time.perf_counter() - _since[0])
+        _on_board(stretch_board.ended)
+
+
+def _on_board(mark) -> None:
+    """``mark`` (:func:`contract.stretch_board.began` or ``ended``) for this process's
+    stretch under the lock file in use."""
+    lock_path = path()
+    if lock_path is not None:
+        mark(lock_path)
 
 
 def step_aside() -> bool:
@@ -333,7 +349,7 @@ def exclusive() -> Iterator[None]:
         main, turnstile, gate = _fds(lock_path)
         _flock(gate, fcntl.LOCK_SH, "exclusive")  # no compile workers beside (compiling())
         try:
-            _flock(turnstile, fcntl.LOCK_EX, "exclusive")  # new shared holders wait from now
+            _turnstile(lock_path, turnstile)  # new shared holders wait from now
             try:
                 # the current ones end their stretch
                 _flock(main, fcntl.LOCK_EX, "exclusive", also="drain")
@@ -349,3 +365,21 @@ def exclusive() -> Iterator[None]:
                 fcntl.flock(turnstile, fcntl.LOCK_UN)
         finally:
             fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+def _turnstile(lock_path: str, turnstile: int) -> None:
+    """Take the turnstile for a timing pass, after the other processes' long stretches in
+    flight have ended (:func:`contract.stretch_board.wait_for_long`: stopping nobody, their
+    seconds counted as ``long`` and ``exclusive``). Should a long one be in flight once it is
+    taken (one that began while this pass waited for another's turnstile), it is let go
+    and the wait repeated, within :data:`contract.stretch_board.WAIT_MAX_S` in all."""
+    left = stretch_board.WAIT_MAX_S
+    while True:
+        waited = stretch_board.wait_for_long(lock_path, max_s=left)
+        left -= waited
+        _WAITED["exclusive"] += waited
+        _WAITED["long"] += waited
+        _flock(turnstile, fcntl.LOCK_EX, "exclusive")
+        if left <= 0 or stretch_board.oldest_s(lock_path) < stretch_board.YOUNG_S:
+            return
+        fcntl.flock(turnstile, fcntl.LOCK_UN)

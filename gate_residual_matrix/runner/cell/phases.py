@@ -32,8 +32,10 @@ hashing thread's copies) while another process timed or was about to; ``exclusiv
 its own timing loops, while other processes timed or finished their stretch (a part of
 ``timings``), of which ``drain`` is the wait for the other processes' current stretches
 once no new one could start (every other process that asked for the GPU meanwhile stood
-still). A hashing thread's wait may overlap the main thread's work, so the figures
-are an upper bound on the time the cell stood still. ``gpu_exclusive`` is the time it held
+still) and ``long`` the wait before it for their long stretches in flight, with nobody
+standing still (:mod:`contract.stretch_board`). A hashing thread's wait may overlap the main
+thread's work, so the figures are an upper bound on the time the cell stood still.
+``gpu_exclusive`` is the time it held
 the GPU alone for its timing loops (:func:`contract.gpu_lock.held_s`, a part of
 ``timings``): what every other process on the host waited for. ``gpu_memory_wait`` is the
 time it waited for its share of the GPU's memory before a case or its timing pass
@@ -201,7 +203,7 @@ def _memory_waited() -> float:
     return budget.waited_s() if budget is not None else 0.0
 
 
-_NO_WAITS = {"shared": 0.0, "exclusive": 0.0, "drain": 0.0}
+_NO_WAITS = {"shared": 0.0, "exclusive": 0.0, "drain": 0.0, "long": 0.0}
 
 
 def _lock(figure: str, default):

@@ -70,9 +70,9 @@ def time_spent(data: dict, top: int = 3) -> str:
              and k not in ("other", "gpu_exclusive", "gpu_lock_set_aside")}  # parts of others
     for part in ("runs", "gpu_lock_wait"):
         values = phases.get(part)
-        if isinstance(values, dict):  # a lock wait's drain is a part of its exclusive
+        if isinstance(values, dict):  # a lock wait's drain and long are parts of exclusive
             spent[part] = sum(v for k, v in values.items()
-                              if isinstance(v, (int, float)) and k != "drain")
+                              if isinstance(v, (int, float)) and k not in ("drain", "long"))
     names = {"compilation": "compile", "batch_invariance": "batch inv.",
              "comparisons": "compare", "gpu_lock_wait": "GPU wait",
              "gpu_memory_wait": "memory wait"}

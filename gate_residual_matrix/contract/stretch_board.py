@@ -1,0 +1,137 @@
+"""The stretches of shared GPU work in flight on one host, one small file per process.
+
+A timing pass (:func:`contract.gpu_lock.exclusive`) stops every other process's new GPU
+work, then waits for the stretches in flight (its *drain*). When one of those is long (a
+compiled graph's first call, a library row's first launch), every process on the host
+stands still for it. So each process that shares the GPU writes when its stretch in flight
+began (:func:`began`, :func:`ended`), and a timing pass first waits, stopping nobody, until
+no other process's stretch has been in flight :data:`YOUNG_S` or longer
+(:func:`wait_for_long`, at most :data:`WAIT_MAX_S`); only then does it stop new stretches
+and drain the short ones. What the pass measures is unchanged: it still starts with no
+other process's GPU work in flight.
+
+Each process's file is ``<lock file>.stretches/<pid>``: 8 bytes, the start of its stretch in
+flight (``time.monotonic()``, one clock for every process on Linux), 0.0 when none. A file
+whose process is gone is skipped and removed. Where the folder cannot be written, nothing is
+recorded and a timing pass drains as it would without the board.
+
+Example::
+
+    began("/run/gpu.lock")        # this process took the lock shared
+    ended("/run/gpu.lock")        # ... and let it go
+    wait_for_long("/run/gpu.lock")  # in another process, before its timing pass: seconds waited
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import struct
+import time
+
+YOUNG_S = 0.25
+"""A stretch in flight this long or longer is waited for without stopping anyone; a younger
+one is left to the drain (nearly every stretch ends within it)."""
+WAIT_MAX_S = 15.0
+"""The longest a timing pass waits for long stretches before it drains as it would without
+the board (a host whose processes run long stretches back to back must not starve it)."""
+POLL_S = 0.01
+"""How often a waiting pass reads the board."""
+
+_START = struct.Struct("<d")
+_mine: dict[str, tuple[int, int]] = {}  # lock path -> (pid, fd) of this process's file
+
+
+def folder(lock_path: str) -> str:
+    """The board's folder beside ``lock_path``."""
+    return lock_path + ".stretches"
+
+
+def _fd(lock_path: str) -> int | None:
+    """This process's file (opened once per process; a forked child opens its own), or None
+    where the folder cannot be written."""
+    pid = os.getpid()
+    held = _mine.get(lock_path)
+    if held is not None and held[0] == pid:
+        return held[1] if held[1] >= 0 else None
+    name = os.path.join(folder(lock_path), str(pid))
+    try:
+        os.makedirs(folder(lock_path), exist_ok=True)
+        fd = os.open(name, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        _mine[lock_path] = (pid, -1)  # asked once per process
+        return None
+    _mine[lock_path] = (pid, fd)
+    atexit.register(_remove, name)
+    return fd
+
+
+def _remove(name: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(name)
+
+
+def _write(lock_path: str, start: float) -> None:
+    fd = _fd(lock_path)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.pwrite(fd, _START.pack(start), 0)
+
+
+def began(lock_path: str) -> None:
+    """This process's stretch of shared GPU work under ``lock_path`` began now."""
+    _write(lock_path, time.monotonic())
+
+
+def ended(lock_path: str) -> None:
+    """This process's stretch under ``lock_path`` ended (it holds the lock no more)."""
+    _write(lock_path, 0.0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def oldest_s(lock_path: str) -> float:
+    """How long the longest-running stretch in flight of any other live process has run
+    (seconds; 0.0 when none is in flight or there is no board). Removes the files of
+    processes that are gone."""
+    where = folder(lock_path)
+    try:
+        names = os.listdir(where)
+    except OSError:
+        return 0.0
+    now, me, oldest = time.monotonic(), str(os.getpid()), 0.0
+    for name in names:
+        if name == me or not name.isdigit():
+            continue
+        try:
+            with open(os.path.join(where, name), "rb") as f:
+                raw = f.read(_START.size)
+        except OSError:
+            continue
+        if len(raw) != _START.size:
+            continue
+        start = _START.unpack(raw)[0]
+        age = now - start if start > 0 else 0.0
+        if age >= YOUNG_S and not _alive(int(name)):
+            _remove(os.path.join(where, name))
+            continue
+        oldest = max(oldest, age)
+    return oldest
+
+
+def wait_for_long(lock_path: str, max_s: float = WAIT_MAX_S) -> float:
+    """Wait, stopping no other process, until no other process's stretch has been in flight
+    :data:`YOUNG_S` or longer, or ``max_s`` has passed; the seconds waited."""
+    t0 = time.monotonic()
+    while oldest_s(lock_path) >= YOUNG_S and time.monotonic() - t0 < max_s:
+        time.sleep(POLL_S)
+    return time.monotonic() - t0
