@@ -265,6 +265,11 @@ _ALL = (
             "Python's module path; on a GPU host the wrapper (scripts/gpu_host.sh) puts the "
             "carried wheels and the copy's root on it, and the env step shows it.",
             expected=PATH, shown_default="none"),
+    Setting("PYTHONPYCACHEPREFIX", Kind.EXTERNAL, "path", None,
+            "Where Python writes and reads bytecode; on a GPU host the wrapper "
+            "(scripts/gpu_host.sh) sets build/pycache and lifts PYTHONDONTWRITEBYTECODE, so "
+            "that no process compiles torch's modules from source again.", expected=PATH,
+            shown_default="beside each module"),
     Setting("UV", Kind.EXTERNAL, "command", None,
             "The uv binary nox looks for (read by nox); where none is found the noxfile tells "
             "nox so before it searches, since the sessions never use uv.", expected="a command",

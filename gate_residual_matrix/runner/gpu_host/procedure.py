@@ -36,7 +36,7 @@ PROBES = "gate_residual_matrix.runner.gpu_host.probes"
 VERSIONS = ("torch", "triton", "numba", "numba-cuda", "numpy", "pydantic", "jsonschema")
 CACHES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "RLK_BUILD_DIR",
           "GATE_RESIDUAL_CUBIN_CACHE", "GATE_RESIDUAL_INPUT_CACHE", "GATE_RESIDUAL_LAUNCH",
-          "PYTHONPATH")
+          "PYTHONPYCACHEPREFIX", "PYTHONPATH")
 GPU_QUERY = "name,driver_version,memory.total,clocks.sm,clocks.mem"
 
 
