@@ -855,17 +855,17 @@ def test_the_compile_gate_waits_for_rl_kernels_build_and_the_share_is_at_most_ha
 def test_the_wrapper_caches_bytecode_where_the_image_forbids_it(tmp_path):
     """An image that sets PYTHONDONTWRITEBYTECODE (the GPU image does, and ships no bytecode)
     would have every process compile torch's modules from source again: the wrapper lifts it
-    and puts the bytecode under the copy's build/ (here a preset prefix), which the env step
-    shows."""
+    and puts the bytecode under the copy's build/, which the env step shows."""
     copy = tmp_path / "copy"
     (copy / "scripts").mkdir(parents=True)
     shutil.copy(ROOT / "scripts" / "gpu_host.sh", copy / "scripts" / "gpu_host.sh")
     (copy / "gate_residual_matrix").symlink_to(ROOT / "gate_residual_matrix")
     for matrix in ROOT.glob("matrix*.yaml"):
         shutil.copy(matrix, copy / matrix.name)
-    prefix = tmp_path / "pycache"
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": str(prefix),
-           "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    prefix = copy / "build" / "pycache"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"}
+    env.update(PYTHONDONTWRITEBYTECODE="1",
+               PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
     done = subprocess.run(["bash", str(copy / "scripts" / "gpu_host.sh"), "--out",
                            str(tmp_path / "out"), "--steps", "env", "--target", "cpu"],
                           env=env, capture_output=True, text=True, timeout=300)

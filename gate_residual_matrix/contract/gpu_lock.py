@@ -338,6 +338,9 @@ def exclusive() -> Iterator[None]:
     if getattr(_state, "depth", 0):
         raise RuntimeError("gpu_lock.exclusive() inside shared(): release the shared lock first")
     lock_path = path()
+    left = stretch_board.WAIT_MAX_S
+    if lock_path is not None:  # before COPIES: this process's hashing threads go on meanwhile
+        left -= _wait_for_long(lock_path, left)
     with COPIES:
         if lock_path is None:
             _state.depth = 1
@@ -349,7 +352,7 @@ def exclusive() -> Iterator[None]:
         main, turnstile, gate = _fds(lock_path)
         _flock(gate, fcntl.LOCK_SH, "exclusive")  # no compile workers beside (compiling())
         try:
-            _turnstile(lock_path, turnstile)  # new shared holders wait from now
+            _turnstile(lock_path, turnstile, left)  # new shared holders wait from now
             try:
                 # the current ones end their stretch
                 _flock(main, fcntl.LOCK_EX, "exclusive", also="drain")
@@ -367,19 +370,23 @@ def exclusive() -> Iterator[None]:
             fcntl.flock(gate, fcntl.LOCK_UN)
 
 
-def _turnstile(lock_path: str, turnstile: int) -> None:
-    """Take the turnstile for a timing pass, after the other processes' long stretches in
-    flight have ended (:func:`contract.stretch_board.wait_for_long`: stopping nobody, their
-    seconds counted as ``long`` and ``exclusive``). Should a long one be in flight once it is
-    taken (one that began while this pass waited for another's turnstile), it is let go
-    and the wait repeated, within :data:`contract.stretch_board.WAIT_MAX_S` in all."""
-    left = stretch_board.WAIT_MAX_S
+def _wait_for_long(lock_path: str, max_s: float) -> float:
+    """:func:`contract.stretch_board.wait_for_long`, its seconds counted as ``long`` and
+    ``exclusive``; the seconds waited."""
+    waited = stretch_board.wait_for_long(lock_path, max_s=max(max_s, 0.0))
+    _WAITED["exclusive"] += waited
+    _WAITED["long"] += waited
+    return waited
+
+
+def _turnstile(lock_path: str, turnstile: int, left: float) -> None:
+    """Take the turnstile for a timing pass. Should another process's long stretch be in
+    flight once it is taken (one that began while this pass waited for another's turnstile
+    or the compile gate), it is let go and the wait for long stretches repeated
+    (:func:`_wait_for_long`, nobody stopped), within ``left`` seconds in all."""
     while True:
-        waited = stretch_board.wait_for_long(lock_path, max_s=left)
-        left -= waited
-        _WAITED["exclusive"] += waited
-        _WAITED["long"] += waited
         _flock(turnstile, fcntl.LOCK_EX, "exclusive")
         if left <= 0 or stretch_board.oldest_s(lock_path) < stretch_board.YOUNG_S:
             return
         fcntl.flock(turnstile, fcntl.LOCK_UN)
+        left -= max(_wait_for_long(lock_path, left), stretch_board.POLL_S)

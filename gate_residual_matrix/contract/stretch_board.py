@@ -11,8 +11,10 @@ and drain the short ones. What the pass measures is unchanged: it still starts w
 other process's GPU work in flight.
 
 Each process's file is ``<lock file>.stretches/<pid>``: 8 bytes, the start of its stretch in
-flight (``time.monotonic()``, one clock for every process on Linux), 0.0 when none. A file
-whose process is gone is skipped and removed. Where the folder cannot be written, nothing is
+flight (``time.monotonic()``, one clock for every process on Linux), 0.0 when none. Its
+process holds an exclusive ``flock(2)`` on it for as long as it lives, which the kernel drops
+when the process dies however it dies: a file nobody holds is a dead process's, whatever its
+pid now names, and is skipped and removed. Where the folder cannot be written, nothing is
 recorded and a timing pass drains as it would without the board.
 
 Example::
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import os
 import struct
 import time
@@ -58,18 +61,28 @@ def _fd(lock_path: str) -> int | None:
     name = os.path.join(folder(lock_path), str(pid))
     try:
         os.makedirs(folder(lock_path), exist_ok=True)
-        fd = os.open(name, os.O_RDWR | os.O_CREAT, 0o666)
+        for _ in range(3):  # a reader that found an earlier, dead owner may unlink it
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # held for life: this process is alive
+            if os.fstat(fd).st_nlink:
+                break
+            os.close(fd)
+        else:
+            raise OSError(f"{name} keeps being removed")
+        os.pwrite(fd, _START.pack(0.0), 0)
     except OSError:
         _mine[lock_path] = (pid, -1)  # asked once per process
         return None
     _mine[lock_path] = (pid, fd)
-    atexit.register(_remove, name)
+    atexit.register(_remove, name, pid)
     return fd
 
 
-def _remove(name: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(name)
+def _remove(name: str, pid: int | None = None) -> None:
+    """Unlink ``name`` (at exit: only in the process that made it, not a forked child)."""
+    if pid is None or pid == os.getpid():
+        with contextlib.suppress(OSError):
+            os.unlink(name)
 
 
 def _write(lock_path: str, start: float) -> None:
@@ -89,20 +102,10 @@ def ended(lock_path: str) -> None:
     _write(lock_path, 0.0)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def oldest_s(lock_path: str) -> float:
     """How long the longest-running stretch in flight of any other live process has run
     (seconds; 0.0 when none is in flight or there is no board). Removes the files of
-    processes that are gone."""
+    processes that are gone (files nobody holds)."""
     where = folder(lock_path)
     try:
         names = os.listdir(where)
@@ -110,22 +113,31 @@ def oldest_s(lock_path: str) -> float:
         return 0.0
     now, me, oldest = time.monotonic(), str(os.getpid()), 0.0
     for name in names:
-        if name == me or not name.isdigit():
-            continue
-        try:
-            with open(os.path.join(where, name), "rb") as f:
-                raw = f.read(_START.size)
-        except OSError:
-            continue
-        if len(raw) != _START.size:
-            continue
-        start = _START.unpack(raw)[0]
-        age = now - start if start > 0 else 0.0
-        if age >= YOUNG_S and not _alive(int(name)):
-            _remove(os.path.join(where, name))
-            continue
-        oldest = max(oldest, age)
+        if name != me:
+            oldest = max(oldest, _age(os.path.join(where, name), now))
     return oldest
+
+
+def _age(entry: str, now: float) -> float:
+    """How long the stretch in flight that ``entry`` records has run (0.0 when none, when
+    the file is unreadable or foreign, or when its process is gone: then it is removed)."""
+    try:
+        fd = os.open(entry, os.O_RDONLY)
+    except OSError:
+        return 0.0
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:  # its process holds it: alive
+            raw = os.pread(fd, _START.size, 0)
+            start = _START.unpack(raw)[0] if len(raw) == _START.size else 0.0
+            return now - start if start > 0 else 0.0
+        _remove(entry)  # nobody holds it: a dead process's (or not ours)
+        return 0.0
+    except OSError:
+        return 0.0
+    finally:
+        os.close(fd)
 
 
 def wait_for_long(lock_path: str, max_s: float = WAIT_MAX_S) -> float:
