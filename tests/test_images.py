@@ -110,6 +110,9 @@ def test_dockerfile_has_no_buildkit_syntax_and_ends_non_root(project: Path,
     users = [s for s in steps if s.startswith("USER ")]
     assert users[-1] == f"USER {images.IMAGE_UID}:{images.IMAGE_UID}"
     assert "COPY project/ /opt/gate-residual/" in steps
+    copied = steps.index("COPY project/ /opt/gate-residual/")
+    assert any(s.startswith("RUN python -m compileall -q /opt/gate-residual/gate_residual_matrix")
+               for s in steps[copied:])  # bytecode made once: the image writes none at run time
 
 
 def test_wheelhouse_stays_in_the_build_stage_else_the_image_goes_on_from_it(
