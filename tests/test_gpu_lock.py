@@ -225,6 +225,39 @@ def test_stretches_of_shared_work_are_counted_by_length(monkeypatch, tmp_path):
     assert 0.2 <= seconds["0.1-0.5s"] - seconds0["0.1-0.5s"] < 0.5
 
 
+def _long_hold(joins: int) -> None:
+    """One stretch of about 0.3 s on this thread, which ``joins`` other threads' sections
+    join while it holds."""
+    with gpu_lock.shared():
+        for _ in range(joins):
+            joiner = threading.Thread(target=_section)
+            joiner.start()
+            joiner.join(timeout=10)
+        time.sleep(0.3)
+
+
+def _section() -> None:
+    with gpu_lock.shared():
+        pass
+
+
+def test_long_stretches_count_the_threads_that_joined_them(monkeypatch, tmp_path):
+    """A long stretch that other threads joined while it was held (a chain: joiners pass no
+    turnstile) is told from a single long hold by its joins."""
+    monkeypatch.setenv(gpu_lock.ENV, str(tmp_path / "gpu.lock"))
+    monkeypatch.setattr(gpu_lock, "LONG_S", 0.2)
+    gpu_lock.doing("chained")
+    before = gpu_lock.long_stretch_joins()
+    _long_hold(joins=3)
+    gpu_lock.doing("alone")
+    _long_hold(joins=0)
+    gpu_lock.doing("")
+    after = gpu_lock.long_stretch_joins()
+    grew = {k: after[k] - before.get(k, 0) for k in after}
+    assert grew["_long_hold (chained)"] == 3
+    assert grew["_long_hold (alone)"] == 0
+
+
 _COMPILER = textwrap.dedent("""
     import sys, time
     from gate_residual_matrix.contract import gpu_lock

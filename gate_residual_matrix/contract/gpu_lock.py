@@ -124,6 +124,8 @@ _doing = [""]
 LONG_S = 2.0
 """A stretch at least this long is recorded by where it began (:func:`long_stretches`)."""
 _LONG: dict[str, float] = {}
+_LONG_JOINS: dict[str, int] = {}
+_joins = [0]  # threads that joined the stretch in progress (it held by another thread)
 
 
 def stretches() -> tuple[dict[str, float], dict[str, int]]:
@@ -142,9 +144,18 @@ def long_stretches() -> dict[str, float]:
     return dict(_LONG)
 
 
+def long_stretch_joins() -> dict[str, int]:
+    """For the sites of :func:`long_stretches`: how many times a thread joined one of those
+    stretches while another thread of this process held it (a hashing thread's copy, the
+    main thread's next call). A joiner passes no turnstile, so a long stretch with many
+    joins is a chain of overlapping holds; one with none is a single long hold."""
+    return dict(_LONG_JOINS)
+
+
 def _count_stretch(seconds: float) -> None:
     if seconds >= LONG_S:
         _LONG[_site[0]] = _LONG.get(_site[0], 0.0) + seconds
+        _LONG_JOINS[_site[0]] = _LONG_JOINS.get(_site[0], 0) + _joins[0]
     for name, bound in STRETCHES:
         if seconds < bound:
             _STRETCH_S[name] += seconds
@@ -199,6 +210,8 @@ def shared() -> Iterator[None]:
     with _mutex:
         if not _taken[0]:  # no thread of this process holds it (or it stepped aside)
             _take(main, turnstile)
+        elif _holders[0]:
+            _joins[0] += 1
         _holders[0] += 1
         _holder_thread[0] = me if _holders[0] == 1 else None  # several: none in particular
     _state.depth = 1
@@ -224,6 +237,7 @@ def _take(main: int, turnstile: int) -> None:
     _taken[0] = True
     _since[0] = time.perf_counter()
     _site[0] = _caller()
+    _joins[0] = 0
     _on_board(stretch_board.began)
 
 

@@ -44,8 +44,10 @@ lock, ``gpu_shared_stretches`` and ``gpu_shared_stretch_count`` are its stretche
 GPU work by length (:func:`contract.gpu_lock.stretches`): seconds and counts per bucket,
 what other processes' timing passes waited for; ``gpu_shared_long`` the seconds of those at
 least :data:`contract.gpu_lock.LONG_S` long by where each began (a function, and the
-implementation the cell was running); ``gpu_lock_set_aside`` the seconds its stretches spent
-without the lock while compiling (:mod:`contract.compile_aside`). ``setup_parts`` splits
+implementation the cell was running), and ``gpu_shared_long_joins`` how many times another
+thread joined those stretches in progress (many: a chain of overlapping holds);
+``gpu_lock_set_aside`` the seconds its stretches spent without the lock while compiling
+(:mod:`contract.compile_aside`). ``setup_parts`` splits
 ``setup`` by what took :data:`PART_MIN_S` or more in a process: ``environment`` (its
 capture) and each implementation row's availability check and code path (a library row
 imports its library there), longest first (a sharded cell's sums over its processes).
@@ -113,6 +115,7 @@ class PhaseClock:
         self._stretch0 = _lock("stretches", ({}, {}))
         self._aside0 = _lock("aside_s", 0.0)
         self._long0 = _lock("long_stretches", {})
+        self._joins0 = _lock("long_stretch_joins", {})
 
     def _now(self) -> float:
         if self.sync:
@@ -190,9 +193,12 @@ class PhaseClock:
             long = {k: round(v - self._long0.get(k, 0.0), 3)
                     for k, v in sorted(_lock("long_stretches", {}).items(), key=lambda kv: -kv[1])}
             out["gpu_shared_long"] = {k: v for k, v in long.items() if v > 0}
+            joins = _lock("long_stretch_joins", {})
+            out["gpu_shared_long_joins"] = {k: joins.get(k, 0) - self._joins0.get(k, 0)
+                                            for k in out["gpu_shared_long"]}
             out["gpu_lock_set_aside"] = round(max(_lock("aside_s", 0.0) - self._aside0, 0.0), 3)
             keys += ["gpu_shared_stretches", "gpu_shared_stretch_count", "gpu_shared_long",
-                     "gpu_lock_set_aside"]
+                     "gpu_shared_long_joins", "gpu_lock_set_aside"]
         return {k: out[k] for k in (*keys, "other")}
 
 
@@ -208,7 +214,8 @@ _NO_WAITS = {"shared": 0.0, "exclusive": 0.0, "drain": 0.0, "long": 0.0}
 
 def _lock(figure: str, default):
     """This process's ``contract.gpu_lock.<figure>()`` so far: ``waited_s``, ``held_s``,
-    ``stretches``, ``long_stretches`` or ``aside_s``; ``default`` when the lock module
+    ``stretches``, ``long_stretches``, ``long_stretch_joins`` or ``aside_s``; ``default`` when
+    the lock module
     never loaded (a process that shared no GPU)."""
     lock = sys.modules.get("gate_residual_matrix.contract.gpu_lock")
     return getattr(lock, figure)() if lock is not None else default
