@@ -138,3 +138,23 @@ def test_nested_compiles_step_aside_once_and_numba_loads_step_aside(tmp_path):
     assert seen["inner"] is True and seen["outer_after_inner"] is True
     assert seen["after"] is False
     assert seen["loading"] is True and seen["handle"] == 7 and seen["after_load"] is False
+
+
+def test_install_imports_what_torch_compile_imports_before_the_first_case(tmp_path):
+    """Where the lock is in use, install() imports inductor's compile_fx (what torch.compile
+    imports as it wraps its first function), so no compiled row's first call imports it
+    inside a stretch; the record says so."""
+    code = textwrap.dedent("""
+        import sys
+        import torch
+        from gate_residual_matrix.contract import compile_aside
+        before = "torch._inductor.compile_fx" in sys.modules
+        hooks = compile_aside.install()
+        print(before, "torch._inductor.compile_fx" in sys.modules,
+              "torch.compile's imports" in hooks)
+    """)
+    env = {**os.environ, "GATE_RESIDUAL_GPU_LOCK": str(tmp_path / "gpu.lock"),
+           "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.stdout.split() == ["False", "True", "True"], done.stdout + done.stderr

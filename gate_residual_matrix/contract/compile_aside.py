@@ -15,6 +15,9 @@ call that compiles first holds that stretch for seconds of CPU work:
 * our numba kernels compiled or loaded from the cubin cache (``kernels.launch``'s first use of
   a signature).
 
+And what ``torch.compile`` imports as it wraps its first function, which no callback
+covers, is imported by :func:`install` itself, before the first case (:data:`COMPILERS`).
+
 :func:`install` hooks each so that the process steps aside for the compile
 (:func:`contract.gpu_lock.step_aside`) and takes the lock again before the compiled code
 launches (:func:`contract.gpu_lock.step_back`), also when the compile raises (a caller may
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import threading
 from collections.abc import Iterator
 
@@ -103,7 +107,21 @@ def install() -> dict[str, str]:
             how = None
         if how:
             _INSTALLED[name] = how
+    try:  # what torch.compile imports as it wraps its first function: see COMPILERS
+        for module in COMPILERS:
+            importlib.import_module(module)
+        _INSTALLED["torch.compile's imports"] = "before the first case: " + ", ".join(COMPILERS)
+    except Exception:  # a torch without them: its first compiled call imports what it needs
+        pass
     return dict(_INSTALLED)
+
+
+COMPILERS = ("torch._inductor.compile_fx",)
+"""Imported by :func:`install`, before the cell's first case and outside the lock: what
+``torch.compile`` imports when it wraps its first function (hundreds of modules, seconds
+where the bytecode is not cached). A cell makes that call lazily, in its first compiled
+row's first call, inside a stretch of shared GPU work and before any compile callback,
+so a timing pass would wait for the import."""
 
 
 def _install_triton() -> str | None:

@@ -49,8 +49,10 @@ thread joined those stretches in progress (many: a chain of overlapping holds);
 ``gpu_lock_set_aside`` the seconds its stretches spent without the lock while compiling
 (:mod:`contract.compile_aside`). ``setup_parts`` splits
 ``setup`` by what took :data:`PART_MIN_S` or more in a process: ``environment`` (its
-capture) and each implementation row's availability check and code path (a library row
-imports its library there), longest first (a sharded cell's sums over its processes).
+capture), ``compile_aside`` (the compile hooks and what ``torch.compile`` imports,
+:mod:`contract.compile_aside`) and each implementation row's availability check and code
+path (a library row imports its library there), longest first (a sharded cell's sums over
+its processes).
 ``other`` is the cell's wall time not in any phase.
 
 Example::

@@ -260,7 +260,8 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
         rows = _entries(report, matrix, cell.target, clock)
         impls = _run_order(rows, matrix)
     cases = _cases_here(report, cases, cell.target)
-    _share_gpu(env, device)
+    with clock("setup"), clock.part("compile_aside"):
+        _share_gpu(env, device)
     _precompile(matrix, cell, cases, env, clock)
     per_case: dict[str, float] = {}
     with futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
