@@ -7,6 +7,7 @@ assertions are on the order of those events, never on a speed.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import subprocess
@@ -423,3 +424,67 @@ def test_an_error_at_the_end_of_a_stretch_still_lets_the_lock_go(monkeypatch, tm
     with pytest.raises(RuntimeError, match="illegal memory access"), gpu_lock.shared():
         assert not free_for_a_timer(lock)
     assert free_for_a_timer(lock)
+
+
+def _free(lock: Path) -> bool:
+    """Whether no process holds the lock file (a timer could take it now)."""
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def test_a_stretch_that_another_thread_joined_can_still_step_aside(monkeypatch, tmp_path):
+    """Once the joiner has left, the thread whose stretch it is may step aside for a compile
+    (a hashing thread's copy during the main thread's call used to keep every later compile
+    of that call under the lock)."""
+    lock = tmp_path / "gpu.lock"
+    monkeypatch.setenv(gpu_lock.ENV, str(lock))
+    with gpu_lock.shared():
+        joiner = threading.Thread(target=_section)
+        joiner.start()
+        joiner.join(timeout=10)
+        assert gpu_lock.step_aside()
+        assert _free(lock)
+        gpu_lock.step_back()
+        assert not _free(lock)
+    assert _free(lock)
+
+
+def test_a_thread_entering_while_its_process_steps_aside_lets_go_as_it_leaves(
+        monkeypatch, tmp_path):
+    """The main thread compiles (stepped aside); a hashing thread's copy takes the lock and,
+    as it leaves, lets it go again: the rest of the compile is not under the lock. The copy
+    counts as a join of the stretch that stepped aside, at its site."""
+    lock = tmp_path / "gpu.lock"
+    monkeypatch.setenv(gpu_lock.ENV, str(lock))
+    monkeypatch.setattr(gpu_lock, "LONG_S", 0.0)
+    gpu_lock.doing("aside")
+    before = gpu_lock.long_stretch_joins()
+    with gpu_lock.shared():
+        assert gpu_lock.step_aside()
+        inside = threading.Event()
+        go = threading.Event()
+
+        def copy():
+            with gpu_lock.shared():
+                inside.set()
+                go.wait(timeout=10)
+
+        joiner = threading.Thread(target=copy)
+        joiner.start()
+        assert inside.wait(timeout=10)
+        assert not _free(lock)  # the copy holds it
+        go.set()
+        joiner.join(timeout=10)
+        assert _free(lock)  # let go again: the main thread is still compiling
+        gpu_lock.step_back()
+        assert not _free(lock)
+    gpu_lock.doing("")
+    after = gpu_lock.long_stretch_joins()
+    site = "test_a_thread_entering_while_its_process_steps_aside_lets_go_as_it_leaves (aside)"
+    assert after.get(site, 0) - before.get(site, 0) >= 1

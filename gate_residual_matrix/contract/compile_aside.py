@@ -80,9 +80,10 @@ def aside() -> Iterator[None]:
         _back()
 
 
-def install() -> dict[str, str]:
+def install(compilers: bool = True) -> dict[str, str]:
     """Hook the compiles of the module's list, once per process, where the lock is in use
-    (``GATE_RESIDUAL_GPU_LOCK``): ``{compiler: how}`` for the hooks that are in (what the
+    (``GATE_RESIDUAL_GPU_LOCK``), and with ``compilers`` (a row uses ``torch.compile``)
+    import :data:`COMPILERS`: ``{compiler: how}`` for the hooks that are in (what the
     report's ``environment.compile_aside`` records; empty without the lock). Never raises: a
     torch or Triton without a hook runs as before there, holding the lock while it
     compiles."""
@@ -108,9 +109,11 @@ def install() -> dict[str, str]:
         if how:
             _INSTALLED[name] = how
     try:  # what torch.compile imports as it wraps its first function: see COMPILERS
-        for module in COMPILERS:
+        for module in COMPILERS if compilers else ():
             importlib.import_module(module)
-        _INSTALLED["torch.compile's imports"] = "before the first case: " + ", ".join(COMPILERS)
+        if compilers:
+            _INSTALLED["torch.compile's imports"] = ("before the first case: "
+                                                     + ", ".join(COMPILERS))
     except Exception:  # a torch without them: its first compiled call imports what it needs
         pass
     return dict(_INSTALLED)

@@ -103,7 +103,8 @@ def compiling(lock_path: str) -> Iterator[None]:
 
 _mutex = threading.Lock()
 _holders = [0]  # threads of this process inside shared(): flock is per process, not thread
-_holder_thread: list[int | None] = [None]  # the one thread inside shared(), when one is
+_threads: dict[int, int] = {}  # the threads inside shared() (outermost sections each)
+_aside_thread: list[int | None] = [None]  # the thread whose stretch stepped aside
 _WAITED = {"shared": 0.0, "exclusive": 0.0, "drain": 0.0, "long": 0.0}
 
 
@@ -195,7 +196,9 @@ def _flock(fd: int, op: int, kind: str, also: str | None = None) -> None:
 def shared() -> Iterator[None]:
     """GPU work that other cells may overlap, but no other cell's timing. Re-entrant and
     safe from any thread (the process holds the file lock while any thread is inside);
-    inside :func:`exclusive` it adds nothing."""
+    inside :func:`exclusive` it adds nothing. A thread that enters while its process has
+    stepped aside (:func:`step_aside`) takes the lock for its own work, counted in the
+    stretch that stepped aside, and lets it go again when it leaves."""
     lock_path = path()
     depth = getattr(_state, "depth", 0)
     if lock_path is None or depth:
@@ -209,11 +212,15 @@ def shared() -> Iterator[None]:
     me = threading.get_ident()
     with _mutex:
         if not _taken[0]:  # no thread of this process holds it (or it stepped aside)
+            site = _site[0] if _aside_since[0] is not None else None
             _take(main, turnstile)
+            if site is not None:  # it joins the stretch that stepped aside
+                _site[0] = site
+                _joins[0] += 1
         elif _holders[0]:
             _joins[0] += 1
         _holders[0] += 1
-        _holder_thread[0] = me if _holders[0] == 1 else None  # several: none in particular
+        _threads[me] = _threads.get(me, 0) + 1
     _state.depth = 1
     try:
         yield
@@ -221,12 +228,16 @@ def shared() -> Iterator[None]:
         _state.depth = 0
         with _mutex:
             _holders[0] -= 1
+            _threads[me] -= 1
+            if not _threads[me]:
+                del _threads[me]
             if _holders[0] == 0:
-                _holder_thread[0] = None
                 try:
                     _let_go(main)
                 finally:
                     _back_from_aside()
+            elif _aside_since[0] is not None and set(_threads) == {_aside_thread[0]}:
+                _let_go(main)  # only the thread still compiling is left: aside again
 
 
 def _take(main: int, turnstile: int) -> None:
@@ -279,12 +290,13 @@ def step_aside() -> bool:
     with _mutex:
         if _holders[0] != 1 or not _taken[0] or _aside_since[0] is not None:
             return False
-        holder = _holder_thread[0]
+        holder = next(iter(_threads)) if len(_threads) == 1 else None
         if holder != me and not (holder == threading.main_thread().ident
                                  and not getattr(_state, "depth", 0)):
             return False  # another thread's stretch: its GPU work needs the lock
         _let_go(_fds(lock_path)[0])
         _aside_since[0] = time.perf_counter()
+        _aside_thread[0] = holder
         return True
 
 
@@ -312,6 +324,7 @@ def _back_from_aside() -> None:
     if _aside_since[0] is not None:
         _ASIDE[0] += time.perf_counter() - _aside_since[0]
         _aside_since[0] = None
+        _aside_thread[0] = None
 
 
 def aside_s() -> float:

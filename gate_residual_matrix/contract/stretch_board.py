@@ -59,23 +59,36 @@ def _fd(lock_path: str) -> int | None:
     if held is not None and held[0] == pid:
         return held[1] if held[1] >= 0 else None
     name = os.path.join(folder(lock_path), str(pid))
-    try:
-        os.makedirs(folder(lock_path), exist_ok=True)
-        for _ in range(3):  # a reader that found an earlier, dead owner may unlink it
-            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
-            fcntl.flock(fd, fcntl.LOCK_EX)  # held for life: this process is alive
-            if os.fstat(fd).st_nlink:
-                break
-            os.close(fd)
-        else:
-            raise OSError(f"{name} keeps being removed")
-        os.pwrite(fd, _START.pack(0.0), 0)
-    except OSError:
-        _mine[lock_path] = (pid, -1)  # asked once per process
-        return None
-    _mine[lock_path] = (pid, fd)
-    atexit.register(_remove, name, pid)
+    fd = _own(name)
+    _mine[lock_path] = (pid, -1 if fd is None else fd)  # asked once per process
+    if fd is not None:
+        atexit.register(_remove, name, pid)
     return fd
+
+
+def _own(name: str) -> int | None:
+    """Open ``name`` as this process's entry, emptied, with the exclusive lock it holds for
+    life; None where that fails. Never blocks: a reader removing an earlier, dead owner's
+    file holds it for a moment (then this process makes a new one)."""
+    try:
+        os.makedirs(os.path.dirname(name), exist_ok=True)
+    except OSError:
+        return None
+    for _ in range(50):
+        try:
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(fd).st_nlink:  # still the file that name names
+                os.pwrite(fd, _START.pack(0.0), 0)
+                return fd
+        except OSError:  # BlockingIOError included: a reader has it
+            pass
+        os.close(fd)
+        time.sleep(POLL_S)
+    return None
 
 
 def _remove(name: str, pid: int | None = None) -> None:
@@ -127,12 +140,14 @@ def _age(entry: str, now: float) -> float:
         return 0.0
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:  # its process holds it: alive
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # its process holds it (or another reader, for a moment)
             raw = os.pread(fd, _START.size, 0)
             start = _START.unpack(raw)[0] if len(raw) == _START.size else 0.0
             return now - start if start > 0 else 0.0
-        _remove(entry)  # nobody holds it: a dead process's (or not ours)
+        opened, named = os.fstat(fd), os.stat(entry)
+        if (opened.st_dev, opened.st_ino) == (named.st_dev, named.st_ino):
+            _remove(entry)  # nobody holds it: a dead process's (or not ours)
         return 0.0
     except OSError:
         return 0.0

@@ -237,7 +237,7 @@ def add(a: dict | None, b: dict | None) -> dict | None:
         x, y = a.get(key), b.get(key)
         if isinstance(x, dict) or isinstance(y, dict):
             x, y = (v if isinstance(v, dict) else {} for v in (x, y))  # an older format: dropped
-            out[key] = {k: round(x.get(k, 0.0) + y.get(k, 0.0), 3)
+            out[key] = {k: round(x.get(k, 0) + y.get(k, 0), 3)  # counts stay whole
                         for k in dict.fromkeys([*x, *y])}
             if key in _LONGEST_FIRST:
                 out[key] = dict(sorted(out[key].items(), key=lambda kv: -kv[1]))
