@@ -261,8 +261,7 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
         impls = _run_order(rows, matrix)
     cases = _cases_here(report, cases, cell.target)
     with clock("setup"), clock.part("compile_aside"):
-        _share_gpu(env, device, compiles=any(getattr(i, "compiles_per_shape", False)
-                                             for i in impls))
+        _share_gpu(env, device, impls)
     _precompile(matrix, cell, cases, env, clock)
     per_case: dict[str, float] = {}
     with futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
@@ -298,12 +297,13 @@ def run_cell(matrix, cell, cases, *, backend: str = "host", run_id: str = "",
     return report
 
 
-def _share_gpu(env: dict, device: str, compiles: bool) -> None:
+def _share_gpu(env: dict, device: str, impls: list) -> None:
     """Record whether the cell shares its GPU under the lock (``env["gpu_lock"]``); on a
     GPU, let the lock go while compiling (:mod:`contract.compile_aside`; the hooks in are
-    ``env["compile_aside"]``), and where a row uses ``torch.compile`` (``compiles``), import
+    ``env["compile_aside"]``), and where one of ``impls`` uses ``torch.compile``, import
     what it imports first."""
     env["gpu_lock"] = gpu_lock.path() is not None
+    compiles = any(getattr(i, "compiles_per_shape", False) for i in impls)
     if device == "cuda" and (hooks := compile_aside.install(compilers=compiles)):
         env["compile_aside"] = hooks
 
