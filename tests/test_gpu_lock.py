@@ -7,7 +7,6 @@ assertions are on the order of those events, never on a speed.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import signal
 import subprocess
@@ -426,18 +425,6 @@ def test_an_error_at_the_end_of_a_stretch_still_lets_the_lock_go(monkeypatch, tm
     assert free_for_a_timer(lock)
 
 
-def _free(lock: Path) -> bool:
-    """Whether no process holds the lock file (a timer could take it now)."""
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-    return True
-
-
 def test_a_stretch_that_another_thread_joined_can_still_step_aside(monkeypatch, tmp_path):
     """Once the joiner has left, the thread whose stretch it is may step aside for a compile
     (a hashing thread's copy during the main thread's call used to keep every later compile
@@ -449,10 +436,10 @@ def test_a_stretch_that_another_thread_joined_can_still_step_aside(monkeypatch, 
         joiner.start()
         joiner.join(timeout=10)
         assert gpu_lock.step_aside()
-        assert _free(lock)
+        assert free_for_a_timer(lock)
         gpu_lock.step_back()
-        assert not _free(lock)
-    assert _free(lock)
+        assert not free_for_a_timer(lock)
+    assert free_for_a_timer(lock)
 
 
 def test_a_thread_entering_while_its_process_steps_aside_lets_go_as_it_leaves(
@@ -467,23 +454,11 @@ def test_a_thread_entering_while_its_process_steps_aside_lets_go_as_it_leaves(
     before = gpu_lock.long_stretch_joins()
     with gpu_lock.shared():
         assert gpu_lock.step_aside()
-        inside = threading.Event()
-        go = threading.Event()
-
-        def copy():
-            with gpu_lock.shared():
-                inside.set()
-                go.wait(timeout=10)
-
-        joiner = threading.Thread(target=copy)
-        joiner.start()
-        assert inside.wait(timeout=10)
-        assert not _free(lock)  # the copy holds it
-        go.set()
-        joiner.join(timeout=10)
-        assert _free(lock)  # let go again: the main thread is still compiling
+        with _copy_in_flight():
+            assert not free_for_a_timer(lock)  # the copy holds it
+        assert free_for_a_timer(lock)  # let go again: the main thread is still compiling
         gpu_lock.step_back()
-        assert not _free(lock)
+        assert not free_for_a_timer(lock)
     gpu_lock.doing("")
     after = gpu_lock.long_stretch_joins()
     site = "test_a_thread_entering_while_its_process_steps_aside_lets_go_as_it_leaves (aside)"
