@@ -102,8 +102,7 @@ def compiling(lock_path: str) -> Iterator[None]:
 
 
 _mutex = threading.Lock()
-_holders = [0]  # threads of this process inside shared(): flock is per process, not thread
-_threads: dict[int, int] = {}  # the threads inside shared() (outermost sections each)
+_inside: set[int] = set()  # threads of this process inside shared(): flock is per process
 _aside_thread: list[int | None] = [None]  # the thread whose stretch stepped aside
 _WAITED = {"shared": 0.0, "exclusive": 0.0, "drain": 0.0, "long": 0.0}
 
@@ -217,26 +216,22 @@ def shared() -> Iterator[None]:
             if site is not None:  # it joins the stretch that stepped aside
                 _site[0] = site
                 _joins[0] += 1
-        elif _holders[0]:
+        elif _inside:
             _joins[0] += 1
-        _holders[0] += 1
-        _threads[me] = _threads.get(me, 0) + 1
+        _inside.add(me)  # once: a nested section goes through the thread's depth
     _state.depth = 1
     try:
         yield
     finally:
         _state.depth = 0
         with _mutex:
-            _holders[0] -= 1
-            _threads[me] -= 1
-            if not _threads[me]:
-                del _threads[me]
-            if _holders[0] == 0:
+            _inside.discard(me)
+            if not _inside:
                 try:
                     _let_go(main)
                 finally:
                     _back_from_aside()
-            elif _aside_since[0] is not None and set(_threads) == {_aside_thread[0]}:
+            elif _aside_since[0] is not None and _inside == {_aside_thread[0]}:
                 _let_go(main)  # only the thread still compiling is left: aside again
 
 
@@ -288,9 +283,9 @@ def step_aside() -> bool:
         return False
     me = threading.get_ident()
     with _mutex:
-        if _holders[0] != 1 or not _taken[0] or _aside_since[0] is not None:
+        if len(_inside) != 1 or not _taken[0] or _aside_since[0] is not None:
             return False
-        holder = next(iter(_threads)) if len(_threads) == 1 else None
+        (holder,) = _inside
         if holder != me and not (holder == threading.main_thread().ident
                                  and not getattr(_state, "depth", 0)):
             return False  # another thread's stretch: its GPU work needs the lock
@@ -312,7 +307,7 @@ def step_back() -> None:
         if _aside_since[0] is None:
             return
         _back_from_aside()
-        if _holders[0] > 0 and not _taken[0]:
+        if _inside and not _taken[0]:
             main, turnstile, _ = _fds(lock_path)
             site = _site[0]  # the same stretch goes on
             _take(main, turnstile)
