@@ -193,11 +193,12 @@ def test_duplicate_cell_ids_keep_the_file_named_after_the_cell(tmp_path: Path) -
     text = GOOD.read_text()
     (tmp_path / "host-plain-cuda.json").write_text(text)
     (tmp_path / "a-copy.json").write_text(text)
-    (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / "host-plain-cuda.json").write_text(text)
+    for sub in ("sub", "a-archive"):  # a copy in a folder that sorts first loses too
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "host-plain-cuda.json").write_text(text)
     loaded = {r.path.relative_to(tmp_path).as_posix(): r for r in read_reports(tmp_path)}
     assert loaded["host-plain-cuda.json"].ok
-    for name in ("a-copy.json", "sub/host-plain-cuda.json"):
+    for name in ("a-copy.json", "sub/host-plain-cuda.json", "a-archive/host-plain-cuda.json"):
         assert loaded[name].problem == ('duplicate cell id "host-plain-cuda": host-plain-cuda.json'
                                         " is that cell's report; this one is left out")
 

@@ -361,9 +361,10 @@ def read_reports(directory: Path, skip: Collection[str] = ()) -> list[LoadedRepo
     :func:`write_text_atomic` and a backend's staging directories are never reports. A bad
     file does not stop the others: it comes back with ``problem`` set. So does a second
     report of one cell (ours: the same ``cell.id``, the file named ``<cell id>.json`` or else
-    the first by path is read; foreign: everything but ``results`` the same, the first by path
-    is read): each other is flagged as a duplicate and left out. Paths whose
-    :func:`os.path.realpath` is in ``skip`` are not read at all (the tables' own
+    any, the one nearest ``directory`` and then the first by path is read, so a copy kept in a
+    subfolder never stands in for the cell's own report; foreign: everything but ``results``
+    the same, the first by path is read): each other is flagged as a duplicate and left out.
+    Paths whose :func:`os.path.realpath` is in ``skip`` are not read at all (the tables' own
     ``summary.json``: a huge one took seconds to parse only to be dropped).
 
     Raises:
@@ -393,9 +394,9 @@ def _foreign_identity(data: Mapping[str, Any]) -> str:
 
 def _flag_duplicates(reports: list[LoadedReport], directory: Path) -> list[LoadedReport]:
     """``reports`` with every second report of a cell turned into a problem naming the one
-    kept (relative to ``directory``). Ours are one cell by ``cell.id`` (the file named
-    ``<cell id>.json`` is kept, else the first by path); foreign ones by
-    :func:`_foreign_identity` (the first by path is kept)."""
+    kept (relative to ``directory``). Ours are one cell by ``cell.id`` (of the files named
+    ``<cell id>.json``, else of all, the one fewest folders deep is kept, the first by path
+    among equals); foreign ones by :func:`_foreign_identity` (the first by path is kept)."""
     by_id: dict[tuple[str, str], list[int]] = {}
     for i, r in enumerate(reports):
         if not r.ok or r.data is None:  # not read: nothing to compare
@@ -409,7 +410,8 @@ def _flag_duplicates(reports: list[LoadedReport], directory: Path) -> list[Loade
         if len(indices) < 2:
             continue
         named = [i for i in indices if reports[i].path.name == f"{cell_id}.json"]
-        kept = (named or indices)[0]
+        kept = (min(named or indices, key=lambda i: len(reports[i].path.parts))
+                if origin == "ours" else indices[0])
         there = reports[kept].path.relative_to(directory).as_posix()
         problem = (f'duplicate cell id "{cell_id}": {there} is that cell\'s report; this one '
                    "is left out") if origin == "ours" else (
