@@ -203,6 +203,19 @@ def test_duplicate_cell_ids_keep_the_file_named_after_the_cell(tmp_path: Path) -
                                         " is that cell's report; this one is left out")
 
 
+def test_duplicate_cell_ids_under_other_names_keep_the_one_fewest_folders_deep(
+        tmp_path: Path) -> None:
+    """No file is named after the cell: a copy in a folder that sorts first still loses."""
+    text = GOOD.read_text()
+    (tmp_path / "copy.json").write_text(text)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "copy.json").write_text(text)
+    loaded = {r.path.relative_to(tmp_path).as_posix(): r for r in read_reports(tmp_path)}
+    assert loaded["copy.json"].ok
+    assert loaded["a/copy.json"].problem == ('duplicate cell id "host-plain-cuda": copy.json'
+                                             " is that cell's report; this one is left out")
+
+
 def test_our_report_without_schema_version_is_flagged_not_read_as_foreign(
         tmp_path: Path) -> None:
     """It used to be read as a foreign report: no N x D check, no cell id, a row anyway."""

@@ -360,10 +360,11 @@ def read_reports(directory: Path, skip: Collection[str] = ()) -> list[LoadedRepo
     hidden path (a name starting with ``.``): the temporary files of an interrupted
     :func:`write_text_atomic` and a backend's staging directories are never reports. A bad
     file does not stop the others: it comes back with ``problem`` set. So does a second
-    report of one cell (ours: the same ``cell.id``, the file named ``<cell id>.json`` or else
-    any, the one nearest ``directory`` and then the first by path is read, so a copy kept in a
-    subfolder never stands in for the cell's own report; foreign: everything but ``results``
-    the same, the first by path is read): each other is flagged as a duplicate and left out.
+    report of one cell (ours: the same ``cell.id``; of the files named ``<cell id>.json``, or
+    of all where none is, the one fewest folders below ``directory`` is read, the first by
+    path among equals, so a copy under a subfolder does not stand in for ``<cell id>.json``
+    beside it; foreign: everything but ``results`` the same, the first by path is read,
+    whatever its depth): each other is flagged as a duplicate and left out.
     Paths whose :func:`os.path.realpath` is in ``skip`` are not read at all (the tables' own
     ``summary.json``: a huge one took seconds to parse only to be dropped).
 
